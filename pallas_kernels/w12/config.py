@@ -1,0 +1,37 @@
+"""Tuning knobs of the fused W12 matmul kernel (static: each value is one compile)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class TuningConfig:
+  """Tile sizes for ``y.T = W.T @ x.T`` with weights on the wgmma M side.
+
+  tile_n: output channels per block (wgmma M: 64 per warpgroup).
+  tile_m: tokens per block (wgmma N: a multiple of 8, up to 256); small batches
+    waste no work because tokens sit on the flexible wgmma dimension.
+  tile_k: reduction depth per pipeline step; a multiple of 64 (one W12 nibble chunk)
+    that divides the weight's ``group_k`` so a step reads one base exponent.
+  max_concurrent_steps: TMA pipeline depth; deep pipelines keep HBM busy at small M.
+  split_k: independent K ranges reduced afterwards, to occupy all SMs when
+    ``N / tile_n`` alone is fewer blocks than SMs.
+  """
+
+  tile_n: int = 64
+  tile_m: int = 64
+  tile_k: int = 128
+  max_concurrent_steps: int = 4
+  split_k: int = 1
+
+  def __post_init__(self):
+    if self.tile_n % 64:
+      raise ValueError(f"tile_n must be a multiple of 64 (wgmma M), got {self.tile_n}")
+    if self.tile_m % 8 or not 8 <= self.tile_m <= 256:
+      raise ValueError(f"tile_m must be a multiple of 8 in [8, 256], got {self.tile_m}")
+    if self.tile_k % 64:
+      raise ValueError(f"tile_k must be a multiple of 64 (a W12 nibble chunk), got {self.tile_k}")
+    if self.max_concurrent_steps < 1 or self.split_k < 1:
+      raise ValueError(
+          f"max_concurrent_steps and split_k must be >= 1, got {self.max_concurrent_steps}, {self.split_k}")

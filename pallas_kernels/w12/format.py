@@ -1,0 +1,256 @@
+"""W12: a fixed-rate, bit-exact 12-bit storage format for bf16 weights.
+
+Why: a decode step reads every weight once, so bytes moved set its floor. A trained
+bf16 weight spends 8 bits on an exponent that, inside one output channel, takes only
+a dozen or so distinct values. Re-coding the exponent as 4 bits relative to a
+per-block base saves 25 % of weight traffic with no loss at all: every bf16 bit
+pattern round-trips exactly, the rare ones through a small side table.
+
+Layout (the spec; `pack` writes it, `unpack` and the kernels read it)
+---------------------------------------------------------------------
+The logical weight ``W`` is bf16 ``[K, N]`` (in_features x out_features), used as
+``x @ W``. The planes are stored *transposed*, output-channel major (``[N, ...]``,
+K contiguous), because the fused kernel puts weight rows on the wgmma M side and
+tokens on N (``y.T = W.T @ x.T``), as jax's ``hopper_mixed_type_matmul_mgpu`` does
+with int8 weights: a weight tile is then a plain ``[tile_n, tile_k]`` TMA box.
+
+``Kp`` is K rounded up to a multiple of ``PAIR_SPAN`` (64); the padding is +0.0.
+For a bf16 word ``u`` write ``s = u >> 15``, ``e = (u >> 7) & 0xFF``, ``m = u & 0x7F``.
+
+``sign_mantissa``   uint8 ``[N, Kp]``     ``s << 7 | m`` of ``W[k, n]`` at ``[n, k]``
+                    (0 for escaped elements).
+``exponent_codes``  uint8 ``[N, Kp // 2]``  one 4-bit code per element, two per byte.
+                    Nibble order: K is cut into chunks of ``PAIR_SPAN`` = 64; element
+                    ``k = 64 c + j`` lives in byte ``32 c + (j % 32)``, in the low
+                    nibble when ``j < 32`` and the high nibble when ``j >= 32``. So one
+                    byte tile ``[n0:n1, 32c:32c+32]`` holds two contiguous 32-wide K
+                    runs: ``codes & 0xF`` and ``codes >> 4`` decode into two adjacent
+                    sub-tiles with no register interleave, and any ``tile_k`` that is a
+                    multiple of 64 sees whole chunks.
+``base_exponent``   uint8 ``[N, ceil(Kp / group_k)]``  ``b`` for the block of one output
+                    channel ``n`` times the K range ``[g * group_k, (g + 1) * group_k)``.
+                    The default ``group_k`` (1024) costs 8/1024 bit per weight and still
+                    tracks magnitudes that drift along K; kernels need
+                    ``group_k % tile_k == 0`` so that a tile reads a single base.
+``escape_index``    int32 ``[E]``   flat index ``k * N + n`` into the logical ``[K, N]``.
+``escape_bits``     uint16 ``[E]``  the raw bf16 bits of those elements.
+
+Codes:
+  * ``0``      exponent field 0: +-0.0 and all subnormals, exact from the byte plane,
+               never escaped (pruned or padded zero columns cost nothing extra).
+  * ``1..14``  exponent field ``b + code``.
+  * ``15``     escape. The hot loop decodes it to +0.0 (its byte is 0), so a kernel
+               may add the side table afterwards as a sparse correction
+               ``y[:, n] += x[:, k] * W[k, n]``; ``unpack`` simply overwrites.
+
+Base choice: per block, ``b`` (0..241) maximises the number of elements whose
+exponent field lies in ``[b + 1, b + 14]``; elements with field 0 are free under any
+``b`` and are not counted. Ties go to the smallest ``b``. With ``b = 241`` the window
+reaches field 255, so +-inf and NaNs (payload in ``m``) are representable natively.
+
+Decode (what the hot loop computes, per element)::
+
+    e = b + code              if 1 <= code <= 14 else 0
+    u = (byte & 0x80) << 8 | e << 7 | (byte & 0x7F)
+
+Cost: 12 bits + 8 / group_k per weight for the base + 48 bits per escape. Normal
+weights with per-channel scales escape only values more than 2**13 below their
+channel's largest binade, a few in 10**4.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+PAIR_SPAN = 64
+"""K chunk whose two 32-wide halves share the bytes of the nibble plane."""
+
+NUM_WINDOW_CODES = 14
+"""Codes 1..14 map to the exponent window ``[b + 1, b + 14]``."""
+
+ESCAPE_CODE = 15
+ZERO_CODE = 0
+MAX_BASE = 255 - NUM_WINDOW_CODES
+"""Largest base: its window ends at exponent field 255 (inf / NaN)."""
+
+DEFAULT_GROUP_K = 1024
+ESCAPE_ENTRY_BITS = 32 + 16
+"""An escape stores an int32 index and the raw 16 bits."""
+
+_ROWS_PER_HISTOGRAM_CHUNK = 4096
+"""Bounds pack's host memory: histograms are 256 int64 counters per block."""
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class W12Array:
+  """A bf16 ``[K, N]`` weight stored in the W12 layout (see the module docstring).
+
+  A pytree: the five arrays are leaves, the logical shape and ``group_k`` are static,
+  so it passes through ``jit``, ``device_put`` and sharding like any weight leaf.
+  """
+
+  sign_mantissa: jax.Array
+  exponent_codes: jax.Array
+  base_exponent: jax.Array
+  escape_index: jax.Array
+  escape_bits: jax.Array
+  shape: tuple[int, int] = dataclasses.field(metadata=dict(static=True))
+  group_k: int = dataclasses.field(default=DEFAULT_GROUP_K, metadata=dict(static=True))
+
+  @property
+  def dtype(self):
+    return jnp.dtype(jnp.bfloat16)
+
+  @property
+  def ndim(self) -> int:
+    return 2
+
+  @property
+  def num_escapes(self) -> int:
+    return int(self.escape_index.shape[0])
+
+
+def padded_k(k: int) -> int:
+  return -(-k // PAIR_SPAN) * PAIR_SPAN
+
+
+def _as_bf16_bits(w) -> np.ndarray:
+  """Host uint16 view of a bf16 array; refuses anything else by name."""
+  dtype = getattr(w, "dtype", None)
+  if dtype is None or np.dtype(dtype) != np.dtype(ml_dtypes.bfloat16):
+    raise ValueError(f"w12.pack needs a bfloat16 array, got dtype {dtype}")
+  if np.ndim(w) != 2:
+    raise ValueError(f"w12.pack needs a 2-D [K, N] weight, got shape {tuple(np.shape(w))}")
+  if np.size(w) == 0:
+    raise ValueError(f"w12.pack needs a non-empty weight, got shape {tuple(np.shape(w))}")
+  return np.asarray(w).view(np.uint16)
+
+
+def _choose_bases(exponent: np.ndarray, num_groups: int, group_k: int) -> np.ndarray:
+  """Per (row, K group) base maximising the elements inside its 14-binade window.
+
+  ``exponent`` is the uint8 exponent field, ``[N, Kp]``. Counting in a histogram
+  per block and sliding a window over its prefix sums makes this exact (not a
+  heuristic around the max) at O(256) per block.
+  """
+  rows, kp = exponent.shape
+  group_of_col = np.arange(kp) // group_k
+  bases = np.empty((rows, num_groups), np.uint8)
+  for r0 in range(0, rows, _ROWS_PER_HISTOGRAM_CHUNK):
+    e = exponent[r0:r0 + _ROWS_PER_HISTOGRAM_CHUNK].astype(np.int64)
+    chunk_rows = e.shape[0]
+    block = np.arange(chunk_rows)[:, None] * num_groups + group_of_col[None, :]
+    hist = np.bincount((block * 256 + e).ravel(), minlength=chunk_rows * num_groups * 256)
+    hist = hist.reshape(chunk_rows * num_groups, 256)
+    hist[:, 0] = 0  # exponent field 0 has its own code under any base
+    cum = np.concatenate([np.zeros((hist.shape[0], 1), np.int64), np.cumsum(hist, axis=1)], axis=1)
+    # window for base b covers fields b+1 .. b+14, i.e. cum[b + 15] - cum[b + 1]
+    b = np.arange(MAX_BASE + 1)
+    inside = cum[:, b + NUM_WINDOW_CODES + 1] - cum[:, b + 1]
+    bases[r0:r0 + chunk_rows] = np.argmax(inside, axis=1).reshape(chunk_rows, num_groups)
+  return bases
+
+
+def pack(w, group_k: int = DEFAULT_GROUP_K) -> W12Array:
+  """Converts a bf16 ``[K, N]`` weight to W12 on the host (a one-time conversion).
+
+  Lossless for every bit pattern; see the module docstring for the layout.
+  """
+  if group_k <= 0 or group_k % PAIR_SPAN:
+    raise ValueError(f"group_k must be a positive multiple of {PAIR_SPAN}, got {group_k}")
+  bits = _as_bf16_bits(w)
+  k, n = bits.shape
+  if k * n >= 2**31:
+    raise ValueError(f"w12.pack indexes escapes with int32; {k}x{n} has too many elements")
+  kp = padded_k(k)
+  num_groups = -(-kp // group_k)
+
+  bits_t = np.zeros((n, kp), np.uint16)  # zero padding decodes to +0.0 under code 0
+  bits_t[:, :k] = bits.T
+  exponent = ((bits_t >> 7) & 0xFF).astype(np.uint8)
+  byte = (((bits_t >> 8) & 0x80) | (bits_t & 0x7F)).astype(np.uint8)
+
+  bases = _choose_bases(exponent, num_groups, group_k)
+  base_per_col = np.repeat(bases, group_k, axis=1)[:, :kp].astype(np.int16)
+  offset = exponent.astype(np.int16) - base_per_col
+  in_window = (offset >= 1) & (offset <= NUM_WINDOW_CODES)
+  is_zero_field = exponent == 0
+  escaped = ~(in_window | is_zero_field)
+  code = np.where(in_window, offset, np.where(is_zero_field, ZERO_CODE, ESCAPE_CODE)).astype(np.uint8)
+  byte = np.where(escaped, np.uint8(0), byte)
+
+  # nibble order: within each 64-chunk, j < 32 -> low nibble, j >= 32 -> high nibble
+  chunks = code.reshape(n, kp // PAIR_SPAN, 2, PAIR_SPAN // 2)
+  nibbles = (chunks[:, :, 0, :] | (chunks[:, :, 1, :] << 4)).reshape(n, kp // 2)
+
+  esc_n, esc_k = np.nonzero(escaped)  # padding never escapes, so esc_k < k
+  flat = esc_k.astype(np.int64) * n + esc_n
+  order = np.argsort(flat, kind="stable")
+  escape_index = flat[order].astype(np.int32)
+  escape_bits = bits_t[esc_n, esc_k][order].astype(np.uint16)
+
+  return W12Array(
+      sign_mantissa=jnp.asarray(byte),
+      exponent_codes=jnp.asarray(nibbles.astype(np.uint8)),
+      base_exponent=jnp.asarray(bases),
+      escape_index=jnp.asarray(escape_index),
+      escape_bits=jnp.asarray(escape_bits),
+      shape=(k, n),
+      group_k=group_k,
+  )
+
+
+def decode_codes(exponent_codes: jax.Array) -> jax.Array:
+  """Nibble plane ``[..., Kp // 2]`` -> one code per element ``[..., Kp]`` (uint8)."""
+  lead = exponent_codes.shape[:-1]
+  chunks = exponent_codes.reshape(*lead, -1, PAIR_SPAN // 2)
+  codes = jnp.stack([chunks & 0xF, chunks >> 4], axis=-2)
+  return codes.reshape(*lead, -1)
+
+
+def decode_bits(sign_mantissa: jax.Array, codes: jax.Array, base: jax.Array) -> jax.Array:
+  """The hot-loop decode: bf16 bits from the byte, the code and the block base.
+
+  Shapes broadcast; ``base`` is the per-element (already expanded) base. Escapes
+  come out as +0.0, which is what lets kernels patch them with a sparse add.
+  """
+  byte = sign_mantissa.astype(jnp.uint16)
+  codes = codes.astype(jnp.uint16)
+  in_window = (codes >= 1) & (codes <= NUM_WINDOW_CODES)
+  exponent = jnp.where(in_window, base.astype(jnp.uint16) + codes, jnp.uint16(0))
+  return ((byte & 0x80) << 8) | (exponent << 7) | (byte & 0x7F)
+
+
+def unpack_transposed_bits(packed: W12Array) -> jax.Array:
+  """uint16 ``[N, Kp]`` decoded planes, escapes still +0.0 (no side table)."""
+  n, kp = packed.sign_mantissa.shape
+  codes = decode_codes(packed.exponent_codes)
+  base = jnp.repeat(packed.base_exponent, packed.group_k, axis=1)[:, :kp]
+  return decode_bits(packed.sign_mantissa, codes, base)
+
+
+@jax.jit
+def unpack(packed: W12Array) -> jax.Array:
+  """W12 -> the exact bf16 ``[K, N]`` weight; pure jnp, so it runs on any backend.
+
+  Works on uint16 until the final bitcast so NaN payloads and -0.0 survive. Jitted
+  because eager dispatch of its dozen small ops costs more than the decode itself.
+  """
+  k, n = packed.shape
+  bits = unpack_transposed_bits(packed)[:, :k].T.reshape(-1)
+  bits = bits.at[packed.escape_index].set(packed.escape_bits, unique_indices=True, indices_are_sorted=True)
+  return jax.lax.bitcast_convert_type(bits.reshape(k, n), jnp.bfloat16)
+
+
+def bits_per_weight(packed: W12Array) -> float:
+  """Stored bits per logical weight: both planes (with K padding), bases and escapes."""
+  k, n = packed.shape
+  plane_bytes = packed.sign_mantissa.size + packed.exponent_codes.size + packed.base_exponent.size
+  escape_bits = packed.num_escapes * ESCAPE_ENTRY_BITS
+  return (8 * plane_bytes + escape_bits) / (k * n)

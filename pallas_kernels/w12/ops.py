@@ -1,0 +1,57 @@
+"""The public W12 matmul: one entry point, the implementation picked per backend."""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+import jax
+
+from pallas_kernels.w12.config import TuningConfig
+from pallas_kernels.w12.format import W12Array
+from pallas_kernels.w12.reference import w12_matmul_reference
+
+_log = logging.getLogger(__name__)
+
+Implementation = Literal["reference", "mosaic_gpu"]
+_IMPLEMENTATIONS = ("reference", "mosaic_gpu")
+
+
+def _on_hopper() -> bool:
+  device = jax.devices()[0]
+  return device.platform == "gpu" and getattr(device, "compute_capability", "") == "9.0"
+
+
+def _mosaic_gpu(x, packed, config):
+  from pallas_kernels.w12 import mosaic_gpu  # lazy: needs a Mosaic GPU capable jaxlib
+
+  return mosaic_gpu.w12_matmul(x, packed, config=config)
+
+
+def matmul(
+    x: jax.Array,
+    packed: W12Array,
+    *,
+    implementation: Implementation | None = None,
+    config: TuningConfig | None = None,
+) -> jax.Array:
+  """``x @ W`` for ``x`` ``[..., K]`` and a W12 weight ``[K, N]``; f32 accumulation.
+
+  ``implementation=None`` runs the fused kernel on Hopper and the reference
+  elsewhere; a shape the kernel does not support falls back to the reference with
+  a warning (at trace time), so the result is never silently wrong. Naming an
+  implementation disables the fallback, which is what tests and benchmarks want.
+  """
+  if implementation not in (None, *_IMPLEMENTATIONS):
+    raise ValueError(f"unknown w12 implementation {implementation!r}; expected one of {_IMPLEMENTATIONS}")
+  if implementation == "reference":
+    return w12_matmul_reference(x, packed)
+  if implementation == "mosaic_gpu":
+    return _mosaic_gpu(x, packed, config)
+  if not _on_hopper():
+    return w12_matmul_reference(x, packed)
+  try:
+    return _mosaic_gpu(x, packed, config)
+  except (NotImplementedError, ImportError) as e:
+    _log.warning("w12 matmul falls back to the reference for x%s, W%s: %s", x.shape, packed.shape, e)
+    return w12_matmul_reference(x, packed)

@@ -1,0 +1,130 @@
+"""One engine interface for AR and every speculative engine, and the jitted loop that drives it.
+
+An engine is `prefill(prompts) -> state` plus `round(state) -> state`, both pure and jittable. The
+whole generation is one `jax.lax.while_loop` over `round` (no host round trip per round); the host
+sees the state once at the end. `LoopState` holds what every engine shares (committed tokens, round
+counts, done flags, rng); `extra` holds the engine's own pytree (caches, drafter context, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specpilot.decoding.common import GenerateResult, append_tokens, check_prompts, first_eos, pad_prompts
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class LoopState:
+    out: jax.Array  # [B, max_new + slack] committed new tokens
+    n_out: jax.Array  # [B] how many are valid
+    last: jax.Array  # [B] last committed token (the next round's root)
+    done: jax.Array  # [B] bool
+    acc: jax.Array  # [B, max_rounds] tokens committed per round
+    n_rounds: jax.Array  # [B]
+    key: jax.Array
+    extra: Any  # engine-specific pytree
+    max_new: int = dataclasses.field(metadata=dict(static=True))
+
+
+def init_loop_state(first: jax.Array, max_new: int, slack: int, key: jax.Array, extra: Any) -> LoopState:
+    b = first.shape[0]
+    out = jnp.zeros((b, max_new + slack), jnp.int32).at[:, 0].set(first)
+    return LoopState(
+        out=out,
+        n_out=jnp.ones((b,), jnp.int32),
+        last=first,
+        done=jnp.zeros((b,), bool),
+        acc=jnp.zeros((b, max_new), jnp.int32),
+        n_rounds=jnp.zeros((b,), jnp.int32),
+        key=key,
+        extra=extra,
+        max_new=max_new,
+    )
+
+
+def commit(state: LoopState, new: jax.Array, n_new: jax.Array, eos_ids: tuple[int, ...], extra: Any) -> LoopState:
+    """Append each live request's committed tokens new[b, :n_new[b]]; finish on EOS or max_new.
+
+    Finished requests commit nothing (their rounds are not counted). The committed count recorded per
+    round is what the round produced, before truncation at max_new / EOS, as the reference loops do.
+    """
+    live = ~state.done
+    n_new = jnp.where(live, n_new, 0)
+    out = append_tokens(state.out, state.n_out, new, n_new)
+    n_out = state.n_out + n_new
+    stop = first_eos(out, n_out, eos_ids)
+    hit_eos = stop < n_out
+    n_out = jnp.minimum(jnp.minimum(n_out, stop), state.max_new)
+    done = state.done | hit_eos | (n_out >= state.max_new)
+    rows = jnp.arange(out.shape[0])
+    acc = state.acc.at[rows, state.n_rounds].set(jnp.where(live, n_new, state.acc[rows, state.n_rounds]), mode="drop")
+    last = jnp.take_along_axis(new, jnp.clip(n_new - 1, 0)[:, None], axis=1)[:, 0]
+    return dataclasses.replace(
+        state,
+        out=out,
+        n_out=n_out,
+        last=jnp.where(live, last, state.last),
+        done=done,
+        acc=acc,
+        n_rounds=state.n_rounds + live.astype(jnp.int32),
+        extra=extra,
+    )
+
+
+def run_rounds(round_fn, state: LoopState) -> LoopState:
+    """`round_fn` until every request is done: one while_loop, no host sync."""
+    return jax.lax.while_loop(lambda s: ~jnp.all(s.done), round_fn, state)
+
+
+def to_result(engine: str, state: LoopState, stats: dict | None = None) -> GenerateResult:
+    out, n_out = np.asarray(state.out), np.asarray(state.n_out)
+    acc, n_rounds = np.asarray(state.acc), np.asarray(state.n_rounds)
+    return GenerateResult(
+        engine=engine,
+        tokens=[out[i, : n_out[i]].tolist() for i in range(out.shape[0])],
+        acceptance_lengths=[acc[i, : n_rounds[i]].tolist() for i in range(acc.shape[0])],
+        stats=stats or {},
+    )
+
+
+class Engine:
+    """Base class. Subclasses set `name`, `cfg` (the target's ModelConfig), `params` (a pytree of all
+    weights the engine reads), `context` (cache capacity) and `slack` (most tokens one round commits),
+    and define `prefill(params, tokens, lens, max_new, key) -> LoopState` and
+    `round(params, state) -> LoopState`. Weights are jit arguments, never baked-in constants.
+    """
+
+    name = "engine"
+    slack = 1
+
+    def prefill(self, params, tokens, lens, max_new: int, key) -> LoopState:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def round(self, params, state: LoopState) -> LoopState:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def max_prompt_plus_new(self) -> int:
+        """Longest prompt + max_new_tokens that fits: rounds write up to `slack` scratch slots past it."""
+        return self.context - self.slack
+
+    @functools.partial(jax.jit, static_argnums=(0, 4))
+    def _generate(self, params, tokens, lens, max_new: int, key):
+        state = self.prefill(params, tokens, lens, max_new, key)
+        return run_rounds(lambda s: self.round(params, s), state)
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, seed: int = 0) -> GenerateResult:
+        check_prompts(prompts, self.cfg, max_new_tokens, self.max_prompt_plus_new())
+        tokens, lens = pad_prompts(prompts)
+        state = self._generate(self.params, tokens, lens, max_new_tokens, jax.random.key(seed))
+        return to_result(self.name, state, self.summarize(state))
+
+    def summarize(self, state: LoopState) -> dict:
+        """Engine-specific statistics for the result (e.g. tree sizes); JSON-serialisable."""
+        return {}

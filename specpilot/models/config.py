@@ -1,0 +1,204 @@
+"""Static model configs built from Hugging Face `config.json` files.
+
+Configs are frozen, hashable dataclasses so they can be passed as static arguments to `jax.jit`.
+Only what the forward pass needs is kept; anything we do not implement is rejected loudly here,
+at load time, rather than producing silently wrong logits later.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+SUPPORTED_TARGETS = {
+    "Qwen3ForCausalLM": "qwen3",
+    "LlamaForCausalLM": "llama",
+}
+SUPPORTED_DRAFTERS = {"DFlashDraftModel"}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder or file is unusable; the message names the file or tensor."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeConfig:
+    theta: float = 10000.0
+    kind: str = "default"  # "default" or "llama3"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """A decoder-only transformer (Qwen3 dense or Llama 3.x)."""
+
+    family: str  # "qwen3" | "llama"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope: RopeConfig = RopeConfig()
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 4096
+    eos_token_ids: tuple[int, ...] = ()
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.family == "qwen3"
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def replace(self, **kw) -> "ModelConfig":
+        return dataclasses.replace(self, **kw)
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterConfig:
+    """A DFlash block-diffusion drafter (z-lab layout).
+
+    It has Qwen3-style layers but no embedding or LM head: it borrows the target's.
+    `layers` describes the drafter's own transformer stack (vocab fields unused).
+    """
+
+    layers: ModelConfig
+    block_size: int
+    mask_token_id: int
+    target_layer_ids: tuple[int, ...]
+    num_target_layers: int
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        raise CheckpointError(f"missing file: {path}")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"unreadable JSON in {path}: {e}") from None
+
+
+def _rope_from_hf(d: dict) -> RopeConfig:
+    # transformers >= 5 writes `rope_parameters`; older files write `rope_theta` + `rope_scaling`.
+    params = dict(d.get("rope_parameters") or {})
+    scaling = d.get("rope_scaling") or {}
+    theta = float(params.get("rope_theta", d.get("rope_theta", 10000.0)))
+    merged = {**scaling, **params}
+    kind = merged.get("rope_type", merged.get("type", "default")) or "default"
+    if kind == "default":
+        return RopeConfig(theta=theta)
+    if kind == "llama3":
+        return RopeConfig(
+            theta=theta,
+            kind="llama3",
+            factor=float(merged["factor"]),
+            low_freq_factor=float(merged["low_freq_factor"]),
+            high_freq_factor=float(merged["high_freq_factor"]),
+            original_max_position=int(merged["original_max_position_embeddings"]),
+        )
+    raise CheckpointError(f"unsupported rope_type {kind!r} (supported: default, llama3)")
+
+
+def _eos_ids(d: dict) -> tuple[int, ...]:
+    eos = d.get("eos_token_id")
+    if eos is None:
+        return ()
+    return tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
+
+
+def _layers_from_hf(d: dict, family: str, where: str) -> ModelConfig:
+    try:
+        hidden = int(d["hidden_size"])
+        heads = int(d["num_attention_heads"])
+        cfg = ModelConfig(
+            family=family,
+            vocab_size=int(d.get("vocab_size", 0)),
+            hidden_size=hidden,
+            intermediate_size=int(d["intermediate_size"]),
+            num_layers=int(d["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(d.get("num_key_value_heads") or heads),
+            head_dim=int(d.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rope=_rope_from_hf(d),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
+            eos_token_ids=_eos_ids(d),
+        )
+    except KeyError as e:
+        raise CheckpointError(f"{where}: missing config key {e.args[0]!r}") from None
+    if d.get("attention_bias"):
+        raise CheckpointError(f"{where}: attention_bias=true is not supported")
+    if d.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(f"{where}: hidden_act={d.get('hidden_act')!r} is not supported (silu only)")
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise CheckpointError(f"{where}: num_attention_heads {heads} not divisible by num_key_value_heads")
+    return cfg
+
+
+def target_config_from_hf(path: str | Path) -> ModelConfig:
+    path = Path(path)
+    d = _read_json(path / "config.json")
+    archs = d.get("architectures") or []
+    family = next((SUPPORTED_TARGETS[a] for a in archs if a in SUPPORTED_TARGETS), None)
+    if family is None:
+        raise CheckpointError(
+            f"{path / 'config.json'}: unsupported architectures {archs} (supported: {sorted(SUPPORTED_TARGETS)})"
+        )
+    cfg = _layers_from_hf(d, family, str(path / "config.json"))
+    gen = path / "generation_config.json"
+    if not cfg.eos_token_ids and gen.is_file():
+        cfg = cfg.replace(eos_token_ids=_eos_ids(_read_json(gen)))
+    return cfg
+
+
+def drafter_config_from_hf(path: str | Path) -> DrafterConfig:
+    path = Path(path)
+    where = str(path / "config.json")
+    d = _read_json(path / "config.json")
+    archs = d.get("architectures") or []
+    if not SUPPORTED_DRAFTERS.intersection(archs):
+        raise CheckpointError(f"{where}: unsupported drafter architectures {archs} (supported: DFlashDraftModel)")
+    dflash = d.get("dflash_config") or {}
+    try:
+        return DrafterConfig(
+            layers=_layers_from_hf(d, "qwen3", where),
+            block_size=int(d["block_size"]),
+            mask_token_id=int(dflash["mask_token_id"]),
+            target_layer_ids=tuple(int(i) for i in dflash["target_layer_ids"]),
+            num_target_layers=int(d.get("num_target_layers", 0)),
+        )
+    except KeyError as e:
+        raise CheckpointError(f"{where}: missing DFlash config key {e.args[0]!r}") from None
+
+
+def rope_inv_freq(rope: RopeConfig, head_dim: int):
+    """Per-frequency inverse wavelengths (numpy, float64 then float32), incl. llama3 scaling."""
+    import numpy as np
+
+    inv = 1.0 / (rope.theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    if rope.kind == "llama3":
+        low_wl = rope.original_max_position / rope.low_freq_factor
+        high_wl = rope.original_max_position / rope.high_freq_factor
+        wavelen = 2 * math.pi / inv
+        scaled = np.where(wavelen > low_wl, inv / rope.factor, inv)
+        smooth = (rope.original_max_position / wavelen - rope.low_freq_factor) / (
+            rope.high_freq_factor - rope.low_freq_factor
+        )
+        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+        medium = (wavelen >= high_wl) & (wavelen <= low_wl)
+        inv = np.where(medium, smoothed, scaled)
+    return inv.astype(np.float32)

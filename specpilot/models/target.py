@@ -1,0 +1,130 @@
+"""Qwen3 / Llama 3 forward pass: pure functions over a `TargetWeights` pytree and an explicit KV cache.
+
+One function serves prefill, decode, chain verification and tree verification: it takes T new tokens
+per request at arbitrary positions, with an arbitrary visibility mask among them (causal for prefill and
+decode, ancestor-only for a tree), on top of each request's committed cache prefix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from specpilot.models.config import ModelConfig, rope_inv_freq
+from specpilot.models.kv_cache import KVCache, write_layer
+from specpilot.models.weights import Layer, TargetWeights, linear
+
+NEG_INF = -1e30
+
+
+def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return w.astype(x.dtype) * y.astype(x.dtype)
+
+
+def rope_tables(cfg: ModelConfig, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """cos/sin of shape [..., D] for integer `positions` (HF's half-rotation layout)."""
+    inv = jnp.asarray(rope_inv_freq(cfg.rope, cfg.head_dim))
+    ang = positions.astype(jnp.float32)[..., None] * inv
+    ang = jnp.concatenate([ang, ang], axis=-1)
+    return jnp.cos(ang), jnp.sin(ang)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x: [B, T, H, D]; cos/sin: [B, T, D]."""
+    half = x.shape[-1] // 2
+    x32 = x.astype(jnp.float32)
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    return (x32 * cos[:, :, None] + rotated * sin[:, :, None]).astype(x.dtype)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query attention. q: [B, T, Hq, D]; k, v: [B, S, Hkv, D]; mask: [B, T, S] bool."""
+    b, t, hq, d = q.shape
+    hkv = k.shape[2]
+    qg = q.reshape(b, t, hkv, hq // hkv, d)
+    s = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) * (d**-0.5)
+    s = jnp.where(mask[:, None, None], s, NEG_INF)
+    p = jax.nn.softmax(s, axis=-1)
+    o = jnp.einsum("bkgts,bskd->btkgd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return o.reshape(b, t, hq * d).astype(q.dtype)
+
+
+def cache_mask(lengths: jax.Array, block_mask: jax.Array, capacity: int) -> jax.Array:
+    """Visibility [B, T, S] over the cache buffer: the committed prefix, plus new tokens per `block_mask`.
+
+    `block_mask` [B, T, T] says which of this step's new tokens (written at slots lengths..lengths+T-1)
+    each new token sees: lower-triangular for causal steps, ancestor-or-self for a tree.
+    """
+    t = block_mask.shape[-1]
+    rel = jnp.arange(capacity)[None, :] - lengths[:, None]  # [B, S]
+    in_block = (rel >= 0) & (rel < t)
+    from_block = jnp.take_along_axis(block_mask, jnp.clip(rel, 0, t - 1)[:, None, :].repeat(t, axis=1), axis=2)
+    return (rel < 0)[:, None, :] | (in_block[:, None, :] & from_block)
+
+
+def causal_block_mask(batch: int, t: int) -> jax.Array:
+    return jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (batch, t, t))
+
+
+class StepOutput(NamedTuple):
+    logits: jax.Array  # [B, T, V] float32
+    cache: KVCache  # with the new tokens' K/V written, lengths unchanged
+    hidden: jax.Array | None  # [B, T, len(ids) * H]: outputs of the requested layers, concatenated
+
+
+def _layer(cfg: ModelConfig, lw: Layer, i: int, x, cos, sin, cache: KVCache, mask):
+    b, t, _ = x.shape
+    h = rms_norm(x, lw.attn_norm, cfg.rms_norm_eps)
+    qkv = linear(h, lw.w_qkv)
+    q = qkv[..., : cfg.q_size].reshape(b, t, cfg.num_heads, cfg.head_dim)
+    k = qkv[..., cfg.q_size : cfg.q_size + cfg.kv_size].reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+    v = qkv[..., cfg.q_size + cfg.kv_size :].reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+    if cfg.qk_norm:
+        q = rms_norm(q, lw.q_norm, cfg.rms_norm_eps)
+        k = rms_norm(k, lw.k_norm, cfg.rms_norm_eps)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    cache = dataclasses.replace(
+        cache, k=write_layer(cache.k, i, k, cache.lengths), v=write_layer(cache.v, i, v, cache.lengths)
+    )
+    x = x + linear(attention(q, cache.k[i], cache.v[i], mask), lw.w_o)
+    h = rms_norm(x, lw.mlp_norm, cfg.rms_norm_eps)
+    gate, up = jnp.split(linear(h, lw.w_gate_up), 2, axis=-1)
+    x = x + linear(jax.nn.silu(gate) * up, lw.w_down)
+    return x, cache
+
+
+def forward(
+    weights: TargetWeights,
+    cfg: ModelConfig,
+    tokens: jax.Array,
+    positions: jax.Array,
+    cache: KVCache,
+    block_mask: jax.Array | None = None,
+    hidden_layer_ids: tuple[int, ...] = (),
+) -> StepOutput:
+    """Run T new tokens per request through the target.
+
+    tokens, positions: [B, T] int32 (positions are RoPE positions: start + depth for a tree).
+    block_mask: [B, T, T] visibility among the new tokens (default causal); the committed cache prefix
+    is always visible. hidden_layer_ids: layers whose outputs to return (HF `hidden_states[i + 1]`).
+    """
+    b, t = tokens.shape
+    if block_mask is None:
+        block_mask = causal_block_mask(b, t)
+    mask = cache_mask(cache.lengths, block_mask, cache.capacity)
+    cos, sin = rope_tables(cfg, positions)
+    x = weights.embed[tokens].astype(cache.k.dtype)
+    hidden = {}
+    for i, lw in enumerate(weights.layers):
+        x, cache = _layer(cfg, lw, i, x, cos, sin, cache, mask)
+        if i in hidden_layer_ids:
+            hidden[i] = x
+    x = rms_norm(x, weights.final_norm, cfg.rms_norm_eps)
+    logits = linear(x, weights.lm_head).astype(jnp.float32)
+    hid = jnp.concatenate([hidden[i] for i in hidden_layer_ids], axis=-1) if hidden_layer_ids else None
+    return StepOutput(logits=logits, cache=cache, hidden=hid)

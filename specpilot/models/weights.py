@@ -1,0 +1,175 @@
+"""Weight pytrees, one abstract description of them, and the matmul that dispatches on the weight leaf.
+
+Linear weights are stored `[in_features, out_features]` and used as `x @ w`. Q/K/V and gate/up are
+fused at load time (one weight read per step instead of three / two). A linear leaf is one of:
+
+- a plain `jax.Array` (bf16 or f32),
+- a `QuantArray` (int8 or fp8 weight-only, per-output-column scale; TLV's cheap level-1 target),
+- a `pallas_kernels.w12.W12Array` (lossless 12-bit bf16).
+
+`linear(x, w)` is the only place that knows about formats, so model code never changes when the
+weight format does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specpilot.models.config import DrafterConfig, ModelConfig
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class QuantArray:
+    """Weight-only quantized matrix: `w ≈ q * scale`, scale per output column."""
+
+    q: jax.Array  # [K, N] int8 or float8_e4m3fn
+    scale: jax.Array  # [N] float32
+
+    @property
+    def shape(self):
+        return self.q.shape
+
+
+def quantize(w: jax.Array, fmt: str) -> QuantArray:
+    """Symmetric per-output-column weight-only quantization ("int8" or "fp8")."""
+    w32 = jnp.asarray(w, jnp.float32)
+    amax = jnp.max(jnp.abs(w32), axis=0)
+    if fmt == "int8":
+        scale = jnp.where(amax > 0, amax / 127.0, 1.0)
+        q = jnp.clip(jnp.round(w32 / scale), -127, 127).astype(jnp.int8)
+    elif fmt == "fp8":
+        scale = jnp.where(amax > 0, amax / 448.0, 1.0)
+        q = (w32 / scale).astype(jnp.float8_e4m3fn)
+    else:
+        raise ValueError(f"unknown quantization format {fmt!r} (expected 'int8' or 'fp8')")
+    return QuantArray(q=q, scale=scale.astype(jnp.float32))
+
+
+def _is_w12(w) -> bool:
+    return type(w).__name__ == "W12Array"
+
+
+def linear(x: jax.Array, w: Any) -> jax.Array:
+    """`x @ w` with float32 accumulation, dispatching on the weight leaf's format."""
+    if isinstance(w, QuantArray):
+        y = jnp.einsum("...k,kn->...n", x, w.q.astype(x.dtype), preferred_element_type=jnp.float32)
+        return (y * w.scale).astype(x.dtype)
+    if _is_w12(w):
+        from pallas_kernels import w12
+
+        return w12.matmul(x, w)
+    return jnp.einsum("...k,kn->...n", x, w.astype(x.dtype), preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Layer:
+    attn_norm: jax.Array  # [H]
+    w_qkv: Any  # [H, (Hq + 2 Hkv) D]
+    q_norm: jax.Array | None  # [D] (Qwen3 only)
+    k_norm: jax.Array | None  # [D]
+    w_o: Any  # [Hq D, H]
+    mlp_norm: jax.Array  # [H]
+    w_gate_up: Any  # [H, 2 I]
+    w_down: Any  # [I, H]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class TargetWeights:
+    embed: jax.Array  # [V, H]
+    layers: list[Layer]
+    final_norm: jax.Array  # [H]
+    lm_head: Any  # [H, V]; for tied embeddings, the transpose of `embed` is stored here too
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class DrafterWeights:
+    fc: Any  # [len(target_layer_ids) H, H]
+    hidden_norm: jax.Array  # [H]
+    layers: list[Layer]
+    final_norm: jax.Array  # [H]
+
+
+# ---- one abstract description drives random init and checkpoint validation -------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafSpec:
+    shape: tuple[int, ...]
+    kind: str  # "norm" | "linear" | "embed"
+
+
+def _layer_spec(cfg: ModelConfig) -> dict[str, LeafSpec]:
+    h, d = cfg.hidden_size, cfg.head_dim
+    spec = {
+        "attn_norm": LeafSpec((h,), "norm"),
+        "w_qkv": LeafSpec((h, cfg.q_size + 2 * cfg.kv_size), "linear"),
+        "w_o": LeafSpec((cfg.q_size, h), "linear"),
+        "mlp_norm": LeafSpec((h,), "norm"),
+        "w_gate_up": LeafSpec((h, 2 * cfg.intermediate_size), "linear"),
+        "w_down": LeafSpec((cfg.intermediate_size, h), "linear"),
+        "q_norm": LeafSpec((d,), "norm") if cfg.qk_norm else None,
+        "k_norm": LeafSpec((d,), "norm") if cfg.qk_norm else None,
+    }
+    return spec
+
+
+def _init_leaf(spec: LeafSpec | None, key, dtype):
+    if spec is None:
+        return None
+    if spec.kind == "norm":
+        return jnp.ones(spec.shape, dtype) + 0.1 * jax.random.normal(key, spec.shape, dtype)
+    scale = 0.02 if spec.kind == "embed" else spec.shape[0] ** -0.5
+    return (scale * jax.random.normal(key, spec.shape, jnp.float32)).astype(dtype)
+
+
+def _init_layers(cfg: ModelConfig, key, dtype) -> list[Layer]:
+    spec = _layer_spec(cfg)
+    layers = []
+    for lk in jax.random.split(key, cfg.num_layers):
+        keys = dict(zip(spec, jax.random.split(lk, len(spec))))
+        layers.append(Layer(**{n: _init_leaf(s, keys[n], dtype) for n, s in spec.items()}))
+    return layers
+
+
+def init_random_target(cfg: ModelConfig, seed: int = 0, dtype=jnp.bfloat16) -> TargetWeights:
+    """Random weights of the right shapes, for synthetic-shape benchmarks and tests."""
+    k_embed, k_layers, k_head, k_norm = jax.random.split(jax.random.key(seed), 4)
+    embed = _init_leaf(LeafSpec((cfg.vocab_size, cfg.hidden_size), "embed"), k_embed, dtype)
+    head = embed.T if cfg.tie_word_embeddings else _init_leaf(
+        LeafSpec((cfg.hidden_size, cfg.vocab_size), "linear"), k_head, dtype
+    )
+    return TargetWeights(
+        embed=embed,
+        layers=_init_layers(cfg, k_layers, dtype),
+        final_norm=_init_leaf(LeafSpec((cfg.hidden_size,), "norm"), k_norm, dtype),
+        lm_head=head,
+    )
+
+
+def init_random_drafter(cfg: DrafterConfig, seed: int = 0, dtype=jnp.bfloat16) -> DrafterWeights:
+    h = cfg.layers.hidden_size
+    k_fc, k_layers, k_n1, k_n2 = jax.random.split(jax.random.key(seed), 4)
+    return DrafterWeights(
+        fc=_init_leaf(LeafSpec((len(cfg.target_layer_ids) * h, h), "linear"), k_fc, dtype),
+        hidden_norm=_init_leaf(LeafSpec((h,), "norm"), k_n1, dtype),
+        layers=_init_layers(cfg.layers, k_layers, dtype),
+        final_norm=_init_leaf(LeafSpec((h,), "norm"), k_n2, dtype),
+    )
+
+
+def cast_floats(tree, dtype):
+    """Cast every floating leaf of a weight tree (not quantized/packed leaves' integer planes)."""
+    return jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, tree)
+
+
+def count_bytes(tree) -> int:
+    return int(sum(np.prod(a.shape) * a.dtype.itemsize for a in jax.tree.leaves(tree)))

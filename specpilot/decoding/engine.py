@@ -31,29 +31,36 @@ class LoopState:
     key: jax.Array
     extra: Any  # engine-specific pytree
     max_new: int = dataclasses.field(metadata=dict(static=True))
+    # The public DFlash/DDTree loops run rounds while (committed − first token) < max_new, i.e. one
+    # round more when the pending bonus token already completes max_new; True reproduces that.
+    reference_stop: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
 
-def init_loop_state(first: jax.Array, max_new: int, slack: int, key: jax.Array, extra: Any) -> LoopState:
+def init_loop_state(
+    first: jax.Array, max_new: int, slack: int, key: jax.Array, extra: Any, reference_stop: bool = False
+) -> LoopState:
     b = first.shape[0]
-    out = jnp.zeros((b, max_new + slack), jnp.int32).at[:, 0].set(first)
+    out = jnp.zeros((b, max_new + slack + 1), jnp.int32).at[:, 0].set(first)
     return LoopState(
         out=out,
         n_out=jnp.ones((b,), jnp.int32),
         last=first,
         done=jnp.zeros((b,), bool),
-        acc=jnp.zeros((b, max_new), jnp.int32),
+        acc=jnp.zeros((b, max_new + 1), jnp.int32),  # each round commits >= 1; +1 for reference_stop
         n_rounds=jnp.zeros((b,), jnp.int32),
         key=key,
         extra=extra,
         max_new=max_new,
+        reference_stop=reference_stop,
     )
 
 
 def commit(state: LoopState, new: jax.Array, n_new: jax.Array, eos_ids: tuple[int, ...], extra: Any) -> LoopState:
     """Append each live request's committed tokens new[b, :n_new[b]]; finish on EOS or max_new.
 
-    Finished requests commit nothing (their rounds are not counted). The committed count recorded per
-    round is what the round produced, before truncation at max_new / EOS, as the reference loops do.
+    Finished requests commit nothing (their rounds are not counted). The count recorded per round is
+    what the round produced, before truncation at max_new / EOS, as the reference loops do; `n_out`
+    may exceed max_new inside the loop and is cut in `to_result`.
     """
     live = ~state.done
     n_new = jnp.where(live, n_new, 0)
@@ -61,8 +68,8 @@ def commit(state: LoopState, new: jax.Array, n_new: jax.Array, eos_ids: tuple[in
     n_out = state.n_out + n_new
     stop = first_eos(out, n_out, eos_ids)
     hit_eos = stop < n_out
-    n_out = jnp.minimum(jnp.minimum(n_out, stop), state.max_new)
-    done = state.done | hit_eos | (n_out >= state.max_new)
+    n_out = jnp.minimum(n_out, stop)
+    done = state.done | hit_eos | (n_out >= state.max_new + int(state.reference_stop))
     rows = jnp.arange(out.shape[0])
     acc = state.acc.at[rows, state.n_rounds].set(jnp.where(live, n_new, state.acc[rows, state.n_rounds]), mode="drop")
     last = jnp.take_along_axis(new, jnp.clip(n_new - 1, 0)[:, None], axis=1)[:, 0]
@@ -84,7 +91,7 @@ def run_rounds(round_fn, state: LoopState) -> LoopState:
 
 
 def to_result(engine: str, state: LoopState, stats: dict | None = None) -> GenerateResult:
-    out, n_out = np.asarray(state.out), np.asarray(state.n_out)
+    out, n_out = np.asarray(state.out), np.minimum(np.asarray(state.n_out), state.max_new)
     acc, n_rounds = np.asarray(state.acc), np.asarray(state.n_rounds)
     return GenerateResult(
         engine=engine,

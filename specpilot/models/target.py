@@ -111,7 +111,9 @@ def forward(
 
     tokens, positions: [B, T] int32 (positions are RoPE positions: start + depth for a tree).
     block_mask: [B, T, T] visibility among the new tokens (default causal); the committed cache prefix
-    is always visible. hidden_layer_ids: layers whose outputs to return (HF `hidden_states[i + 1]`).
+    is always visible. hidden_layer_ids: layers whose outputs to return, as HF's `hidden_states[i + 1]`:
+    the residual stream after layer i, except that the last layer's entry is the final-RMSNormed state
+    (HF replaces it with `last_hidden_state`; DFlash drafters were trained on exactly that).
     """
     b, t = tokens.shape
     if block_mask is None:
@@ -125,6 +127,8 @@ def forward(
         if i in hidden_layer_ids:
             hidden[i] = x
     x = rms_norm(x, weights.final_norm, cfg.rms_norm_eps)
+    if cfg.num_layers - 1 in hidden:
+        hidden[cfg.num_layers - 1] = x
     logits = linear(x, weights.lm_head).astype(jnp.float32)
     hid = jnp.concatenate([hidden[i] for i in hidden_layer_ids], axis=-1) if hidden_layer_ids else None
     return StepOutput(logits=logits, cache=cache, hidden=hid)

@@ -1,0 +1,169 @@
+"""Fused W12 x bf16 matmul for Hopper, written with Mosaic GPU (``plgpu.kernel``).
+
+Status: correct in Pallas GPU-interpret mode on CPU (``tests/test_w12_matmul.py``);
+not yet compiled or timed on a real H100/H200, so the SMEM transforms (tiling,
+swizzle) that real wgmma needs are not chosen yet; see "Next" below.
+
+Shape of the kernel. It computes ``y.T = W.T @ x.T``: weight rows (output channels)
+sit on the wgmma M side, tokens on the N side, like jax's
+``hopper_mixed_type_matmul_mgpu`` does with int8 weights, because decode-time M
+(tokens) is 1..256 while N (channels) is thousands: putting tokens on wgmma N
+(a multiple of 8) wastes no work at small batch. One block owns ``tile_n`` channels
+and ``tile_m`` tokens and walks K with a TMA pipeline that streams the two W12
+planes (1.5 bytes per weight), the per-step base exponents and the activations.
+Each step decodes its ``[tile_n, tile_k]`` weight tile with integer ops into a bf16
+SMEM buffer (two 32-wide halves per 64-chunk: low and high nibbles, no interleave)
+and issues one wgmma from SMEM. Escapes decode to +0.0 inside the loop; their true
+values are added afterwards as a sparse f32 correction, outside the hot loop.
+
+Next (needs the GPU machine): SMEM transforms for the decoded tile and ``x``, a
+register-operand wgmma (skip the SMEM round trip of the decoded tile; interpret
+mode only takes SMEM operands, hence this version), double-buffering the decoded
+tile so decode of step i+1 overlaps wgmma of step i, split-K to fill 132 SMs when
+``N / tile_n`` is small, and benchmarks against the bf16 cuBLAS dot.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels.w12.config import TuningConfig
+from pallas_kernels.w12.format import PAIR_SPAN, W12Array, decode_bits
+
+_HALF = PAIR_SPAN // 2
+
+
+def _round_up(a: int, b: int) -> int:
+  return -(-a // b) * b
+
+
+def _check_supported(x: jax.Array, packed: W12Array, config: TuningConfig) -> None:
+  """Raises NotImplementedError (the caller falls back) for shapes not tiled yet."""
+  k, n = packed.shape
+  kp = packed.sign_mantissa.shape[1]
+  if x.dtype != jnp.bfloat16:
+    raise NotImplementedError(f"w12 mosaic_gpu needs bf16 activations, got {x.dtype}")
+  if x.shape[-1] != k:
+    raise ValueError(f"w12 matmul: x has {x.shape[-1]} features, the weight expects {k}")
+  if n % config.tile_n:
+    raise NotImplementedError(f"N={n} is not a multiple of tile_n={config.tile_n}")
+  if kp % config.tile_k:
+    raise NotImplementedError(f"padded K={kp} is not a multiple of tile_k={config.tile_k}")
+  if packed.group_k % config.tile_k:
+    raise NotImplementedError(f"group_k={packed.group_k} is not a multiple of tile_k={config.tile_k}")
+  if config.split_k != 1:
+    raise NotImplementedError("split_k > 1 is not implemented yet")
+
+
+def _escape_correction(y: jax.Array, x2: jax.Array, packed: W12Array) -> jax.Array:
+  """Adds ``x[:, k] * W[k, n]`` for every escaped element; ``y`` is f32 ``[M, N]``."""
+  _, n = packed.shape
+  rows = packed.escape_index // n
+  cols = packed.escape_index % n
+  values = lax.bitcast_convert_type(packed.escape_bits, jnp.bfloat16).astype(jnp.float32)
+  contributions = x2[:, rows].astype(jnp.float32) * values[None, :]
+  return y.at[:, cols].add(contributions)
+
+
+def _kernel_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_m, tile_k,
+                 max_concurrent_steps, out_dtype, interpret):
+  n, kp = byte_plane.shape
+  mp = x2.shape[0]
+  k_steps = kp // tile_k
+
+  def kernel(byte_gmem, nibble_gmem, base_gmem, x_gmem, out_gmem, w_smem, out_smem):
+    n_slice = pl.ds(lax.axis_index("n") * tile_n, tile_n)
+    m_slice = pl.ds(lax.axis_index("m") * tile_m, tile_m)
+
+    def accumulate(acc_ref):
+      def step(_, byte_smem, nibble_smem, base_smem, x_smem):
+        base = lax.broadcast_in_dim(base_smem[0].astype(jnp.uint16), (tile_n, _HALF), (0,))
+        for chunk in range(tile_k // PAIR_SPAN):
+          # Mosaic GPU has no 8-bit arithmetic (bar bitwise ops): widen first
+          nibbles = nibble_smem[:, pl.ds(chunk * _HALF, _HALF)].astype(jnp.uint16)
+          for half, codes in enumerate((nibbles & 0xF, nibbles >> 4)):
+            k0 = chunk * PAIR_SPAN + half * _HALF
+            bits = decode_bits(byte_smem[:, pl.ds(k0, _HALF)], codes, base)
+            w_smem[:, pl.ds(k0, _HALF)] = lax.bitcast_convert_type(bits, jnp.bfloat16)
+        plgpu.commit_smem()
+        plgpu.wgmma(acc_ref, w_smem, x_smem.transpose((1, 0)))
+        plgpu.wgmma_wait(0)  # w_smem is rewritten by the next step
+
+      pipeline = plgpu.emit_pipeline(
+          step,
+          grid=(k_steps,),
+          in_specs=[
+              plgpu.BlockSpec((tile_n, tile_k), lambda k: (0, k)),
+              plgpu.BlockSpec((tile_n, tile_k // 2), lambda k: (0, k)),
+              plgpu.BlockSpec((1, tile_n), lambda k: (k, 0)),
+              plgpu.BlockSpec((tile_m, tile_k), lambda k: (0, k)),
+          ],
+          max_concurrent_steps=min(max_concurrent_steps, k_steps),
+      )
+      pipeline(byte_gmem.at[n_slice], nibble_gmem.at[n_slice],
+               base_gmem.at[:, n_slice], x_gmem.at[m_slice])
+      return acc_ref[...]
+
+    acc = pl.run_scoped(accumulate, plgpu.ACC((tile_n, tile_m), jnp.float32))
+    out_smem[...] = acc.astype(out_dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(out_smem, out_gmem.at[n_slice, m_slice])
+    plgpu.wait_smem_to_gmem(0)
+
+  call = plgpu.kernel(
+      kernel,
+      out_type=jax.ShapeDtypeStruct((n, mp), out_dtype),
+      grid=(n // tile_n, mp // tile_m),
+      grid_names=("n", "m"),
+      scratch_types=dict(
+          w_smem=plgpu.SMEM((tile_n, tile_k), jnp.bfloat16),
+          out_smem=plgpu.SMEM((tile_n, tile_m), out_dtype),
+      ),
+      compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+      interpret=interpret,
+  )
+  return call(byte_plane, nibble_plane, base_tiles, x2)
+
+
+def w12_matmul(
+    x: jax.Array,
+    packed: W12Array,
+    *,
+    config: TuningConfig | None = None,
+    interpret: plgpu.InterpretGPUParams | None = None,
+) -> jax.Array:
+  """``x @ W`` for bf16 ``x`` ``[..., K]``: the fused kernel plus the escape patch.
+
+  ``interpret=plgpu.InterpretGPUParams()`` runs it on CPU for tests. Unsupported
+  shapes raise NotImplementedError so ``w12.matmul`` can fall back loudly.
+  """
+  config = config or TuningConfig()
+  _check_supported(x, packed, config)
+  k, n = packed.shape
+  kp = packed.sign_mantissa.shape[1]
+  lead = x.shape[:-1]
+  m = math.prod(lead)
+  tile_m = min(config.tile_m, _round_up(max(m, 1), 8))
+  mp = _round_up(max(m, 1), tile_m)
+  x2 = jnp.pad(x.reshape(m, k), ((0, mp - m), (0, kp - k)))
+
+  # one base row per K step, [Kp / tile_k, N]: a TMA box of tile_n bytes per step
+  steps_per_group = packed.group_k // config.tile_k
+  base_tiles = jnp.repeat(packed.base_exponent, steps_per_group, axis=1)[:, :kp // config.tile_k].T
+
+  has_escapes = packed.num_escapes > 0
+  y_t = _kernel_call(
+      x2, packed.sign_mantissa, packed.exponent_codes, base_tiles,
+      tile_n=config.tile_n, tile_m=tile_m, tile_k=config.tile_k,
+      max_concurrent_steps=config.max_concurrent_steps,
+      out_dtype=jnp.float32 if has_escapes else x.dtype, interpret=interpret)
+  y = y_t.T[:m]
+  if has_escapes:
+    y = _escape_correction(y, x2[:m], packed)
+  return y.astype(x.dtype).reshape(*lead, n)

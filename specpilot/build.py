@@ -1,0 +1,195 @@
+"""From a validated `RootConfig` to models, prompts and an engine: the one path every script takes.
+
+    cfg = validate(hydra_cfg)
+    target_cfg, target_w, drafter_cfg, drafter_w, tokenizer = load_models(cfg)
+    prompts = make_prompts(cfg, tokenizer)
+    engine = build_engine(cfg, target_cfg, target_w, drafter_cfg, drafter_w)
+    result = engine.generate(prompts, cfg.max_new_tokens, cfg.seed)
+
+A target is an HF checkpoint (`target.path`) or random weights of the `model` group's shapes; a drafter
+(every engine but `ar`) is a z-lab DFlash checkpoint (`drafter.path`) or random weights whose layers
+follow the target's shapes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specpilot.config import ConfigError, RootConfig
+from specpilot.models.config import CheckpointError, DrafterConfig, ModelConfig, RopeConfig
+
+# Used when no prompt is given and the target is random, so `scripts/generate.py` runs with no arguments.
+DEFAULT_PROMPT_IDS = (1, 17, 42, 7, 99, 3)
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def _dtype(name: str):
+    import jax.numpy as jnp
+
+    return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[name]
+
+
+def target_config_from_group(cfg: RootConfig) -> ModelConfig:
+    """A ModelConfig from the `model` group (synthetic shapes)."""
+    m = cfg.model
+    rope = RopeConfig(theta=m.rope_theta)
+    if m.rope_scaling is not None:
+        s = m.rope_scaling
+        rope = RopeConfig(
+            theta=m.rope_theta,
+            kind=s.rope_type,
+            factor=s.factor,
+            low_freq_factor=s.low_freq_factor,
+            high_freq_factor=s.high_freq_factor,
+            original_max_position=s.original_max_position_embeddings,
+        )
+    return ModelConfig(
+        family=m.family,
+        vocab_size=m.vocab_size,
+        hidden_size=m.hidden_size,
+        intermediate_size=m.intermediate_size,
+        num_layers=m.num_layers,
+        num_heads=m.num_heads,
+        num_kv_heads=m.num_kv_heads,
+        head_dim=m.head_dim,
+        rms_norm_eps=m.rms_norm_eps,
+        rope=rope,
+        tie_word_embeddings=m.tie_word_embeddings,
+        max_position_embeddings=m.max_position_embeddings,
+        eos_token_ids=tuple(m.eos_token_ids),
+    )
+
+
+def default_target_layer_ids(num_drafter_layers: int, num_target_layers: int) -> tuple[int, ...]:
+    """z-lab's spread of the drafter's context layers over the target (clamped for tiny targets)."""
+    n, t = num_drafter_layers, num_target_layers
+    if n == 1:
+        ids = [t // 2]
+    else:
+        ids = [int(round(1 + i * (t - 4) / (n - 1))) for i in range(n)]
+    return tuple(min(max(i, 0), t - 1) for i in ids)
+
+
+def synthetic_drafter_config(cfg: RootConfig, target: ModelConfig) -> DrafterConfig:
+    """A DrafterConfig of the `drafter` group's shapes whose layers match the target's width."""
+    d = cfg.drafter
+    t = target.num_layers
+    ids = tuple(d.target_layer_ids) if d.target_layer_ids is not None else default_target_layer_ids(d.num_layers, t)
+    bad = [i for i in ids if i >= t]
+    if bad:
+        raise ConfigError.at("drafter.target_layer_ids", f"layer {bad[0]} outside the target's {t} layers")
+    mask = d.mask_token_id if d.mask_token_id is not None else target.vocab_size - 1
+    if mask >= target.vocab_size:
+        raise ConfigError.at(
+            "drafter.mask_token_id", f"{mask} outside the target's vocabulary [0, {target.vocab_size})"
+        )
+    layers = ModelConfig(
+        family="qwen3",
+        vocab_size=target.vocab_size,
+        hidden_size=target.hidden_size,
+        intermediate_size=target.intermediate_size,
+        num_layers=d.num_layers,
+        num_heads=target.num_heads,
+        num_kv_heads=target.num_kv_heads,
+        head_dim=target.head_dim,
+        rms_norm_eps=target.rms_norm_eps,
+        rope=target.rope,
+        max_position_embeddings=target.max_position_embeddings,
+    )
+    return DrafterConfig(
+        layers=layers, block_size=d.block_size, mask_token_id=mask, target_layer_ids=ids, num_target_layers=t
+    )
+
+
+def _check_drafter_fits(path: str, drafter: DrafterConfig, target: ModelConfig) -> None:
+    if drafter.layers.hidden_size != target.hidden_size:
+        raise CheckpointError(
+            f"drafter {path}: hidden_size {drafter.layers.hidden_size} does not match the target's {target.hidden_size}"
+        )
+    bad = [i for i in drafter.target_layer_ids if not 0 <= i < target.num_layers]
+    if bad:
+        raise CheckpointError(f"drafter {path}: target layer {bad[0]} outside the target's {target.num_layers} layers")
+    if not 0 <= drafter.mask_token_id < target.vocab_size:
+        raise CheckpointError(
+            f"drafter {path}: mask_token_id {drafter.mask_token_id} outside the target's vocabulary "
+            f"[0, {target.vocab_size})"
+        )
+
+
+def load_tokenizer(path: str | Path):
+    """The checkpoint's tokenizer, or None when the folder has no tokenizer files."""
+    path = Path(path)
+    if not any((path / f).is_file() for f in _TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:  # a half-written tokenizer must be a clear error, not a deep traceback
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path}: unreadable tokenizer files: {first}") from None
+
+
+def load_models(cfg: RootConfig):
+    """(target_cfg, target_weights, drafter_cfg | None, drafter_weights | None, tokenizer | None)."""
+    from specpilot.models import hf, weights
+
+    dtype = _dtype(cfg.target.dtype)
+    cache_dir = cfg.target.cache_dir
+    tokenizer = None
+    if cfg.target.path:
+        target_cfg, target_w = hf.load_target(cfg.target.path, dtype, cache_dir)
+        tokenizer = load_tokenizer(cfg.target.path)
+    else:
+        target_cfg = target_config_from_group(cfg)
+        target_w = weights.init_random_target(target_cfg, cfg.target.seed, dtype)
+    drafter_cfg = drafter_w = None
+    if cfg.needs_drafter:
+        if cfg.drafter.path:
+            drafter_cfg, drafter_w = hf.load_drafter(cfg.drafter.path, dtype, cache_dir)
+            _check_drafter_fits(cfg.drafter.path, drafter_cfg, target_cfg)
+        else:
+            drafter_cfg = synthetic_drafter_config(cfg, target_cfg)
+            drafter_w = weights.init_random_drafter(drafter_cfg, cfg.target.seed + 1, dtype)
+    return target_cfg, target_w, drafter_cfg, drafter_w, tokenizer
+
+
+def make_prompts(cfg: RootConfig, tokenizer) -> list[list[int]]:
+    """Token-id prompts from `prompt_ids` or `prompt` (exactly one); a default one for a random target."""
+    if cfg.prompt is not None and cfg.prompt_ids is not None:
+        raise ConfigError.at("prompt", "give either prompt or prompt_ids, not both")
+    if cfg.prompt_ids is not None:
+        ids = cfg.prompt_ids
+        rows = ids if isinstance(ids[0], list) else [ids]
+        return [list(r) for r in rows]
+    if cfg.prompt is not None:
+        if tokenizer is None:
+            raise ConfigError.at("prompt", "target checkpoint has no tokenizer; use prompt_ids")
+        texts = [cfg.prompt] if isinstance(cfg.prompt, str) else list(cfg.prompt)
+        return [list(tokenizer.encode(t)) for t in texts]
+    if cfg.target.path is None:
+        return [[i % cfg.model.vocab_size for i in DEFAULT_PROMPT_IDS]]
+    raise ConfigError.at("prompt", "no prompt given; set prompt=TEXT or prompt_ids=[...]")
+
+
+def sampling_of(cfg: RootConfig):
+    from specpilot.decoding.sampling import Sampling
+
+    s = cfg.sampling
+    return Sampling(temperature=float(s.temperature), top_k=s.top_k, top_p=float(s.top_p))
+
+
+def build_engine(cfg: RootConfig, target_cfg: ModelConfig, target_w, drafter_cfg=None, drafter_w=None):
+    """The engine named by `cfg.engine`, via `specpilot.decoding.make_engine`."""
+    import specpilot.decoding as decoding
+
+    sampling = sampling_of(cfg)
+    make_engine = getattr(decoding, "make_engine", None)
+    if make_engine is None:  # TODO(lead): drop once make_engine has landed
+        if cfg.engine.name != "ar":
+            raise ConfigError.at("engine.name", f"engine {cfg.engine.name!r} is not available yet")
+        from specpilot.decoding.ar import AREngine
+
+        return AREngine(target_cfg, target_w, sampling, cfg.context)
+    return make_engine(cfg.engine.model_dump(), target_cfg, target_w, drafter_cfg, drafter_w, sampling, cfg.context)

@@ -1,0 +1,211 @@
+"""Speculative engines with a DFlash drafter: stock (chain), ddtree (best-first tree), specpilot
+(cost-aware tree budget) and tlv (two-level verification). One round, all on device:
+
+  draft → build tree → verify (one target pass, ancestor-only mask) → walk → compact KV → ingest features
+
+Lossless by construction: every committed token is the target's own choice (argmax, or a sample from
+`target_probs`) given the committed prefix; the draft only decides how many of them one pass yields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specpilot.decoding import tree as trees
+from specpilot.decoding.chain import speculative_accept
+from specpilot.decoding.common import new_cache, prefill
+from specpilot.decoding.engine import Engine, LoopState, commit, init_loop_state
+from specpilot.decoding.sampling import Sampling, pick, sample, target_probs
+from specpilot.models import dflash
+from specpilot.models.config import DrafterConfig, ModelConfig
+from specpilot.models.kv_cache import compact
+from specpilot.models.target import forward
+from specpilot.models.weights import QuantArray, quantize
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class SpecState:
+    cache: Any  # target KVCache
+    ctx: Any  # drafter context KVCache
+    prompt_lens: jax.Array  # [B]
+    nodes: jax.Array  # [B] draft nodes verified so far (for stats)
+    level1_right: jax.Array  # [B] TLV rounds where level 2 accepted all level-1 accepted nodes
+
+
+def quantize_target(weights, fmt: str):
+    """Level-1 weights for TLV: every linear leaf weight-only quantized; embeddings and norms kept."""
+
+    def q(layer):
+        return dataclasses.replace(
+            layer,
+            w_qkv=quantize(layer.w_qkv, fmt),
+            w_o=quantize(layer.w_o, fmt),
+            w_gate_up=quantize(layer.w_gate_up, fmt),
+            w_down=quantize(layer.w_down, fmt),
+        )
+
+    return dataclasses.replace(weights, layers=[q(lw) for lw in weights.layers], lm_head=quantize(weights.lm_head, fmt))
+
+
+class SpecEngine(Engine):
+    """`tree` = "chain" (stock) or "best_first" (ddtree / specpilot / tlv)."""
+
+    def __init__(
+        self,
+        name: str,
+        cfg: ModelConfig,
+        target_weights,
+        dcfg: DrafterConfig,
+        drafter_weights,
+        sampling: Sampling = Sampling(),
+        context: int | None = None,
+        tree: str = "chain",
+        tree_budget: int | None = None,
+        block_size: int | None = None,
+        level1_format: str | None = None,
+        budget_for_round=None,
+        reference_loop: bool = False,
+    ):
+        if dcfg.layers.hidden_size != cfg.hidden_size:
+            raise ValueError(
+                f"drafter hidden_size {dcfg.layers.hidden_size} != target hidden_size {cfg.hidden_size}"
+            )
+        if max(dcfg.target_layer_ids) >= cfg.num_layers:
+            raise ValueError(f"drafter target_layer_ids {dcfg.target_layer_ids} exceed the target's {cfg.num_layers} layers")
+        self.name, self.cfg, self.dcfg, self.sampling = name, cfg, dcfg, sampling
+        self.block = block_size or dcfg.block_size
+        if self.block < 2:
+            raise ValueError(f"engine.block_size must be >= 2, got {self.block}")
+        self.depth = self.block - 1
+        self.tree = tree
+        self.n_nodes = self.depth if tree == "chain" else int(tree_budget or self.depth)
+        self.budget_for_round = budget_for_round
+        self.reference_loop = reference_loop
+        self.slack = self.n_nodes + 1  # scratch cache slots one verify writes past the committed prefix
+        self.context = context or cfg.max_position_embeddings
+        self.dtype = target_weights.embed.dtype
+        params = {"target": target_weights, "drafter": drafter_weights}
+        if level1_format:
+            params["level1"] = quantize_target(target_weights, level1_format)
+        self.level1 = bool(level1_format)
+        self.params = params
+
+    # ---- prefill ------------------------------------------------------------------------------------
+    def prefill(self, params, tokens, lens, max_new, key):
+        tw, dw = params["target"], params["drafter"]
+        b = tokens.shape[0]
+        cache = new_cache(self.cfg, b, self.context, self.dtype)
+        logits, cache, feats = prefill(tw, self.cfg, tokens, lens, cache, self.dcfg.target_layer_ids)
+        ctx = dflash.ingest(dw, self.dcfg, dflash.init_context(self.dcfg, b, self.context, self.dtype), feats, lens)
+        key, sub = jax.random.split(key)
+        zeros = jnp.zeros((b,), jnp.int32)
+        extra = SpecState(cache=cache, ctx=ctx, prompt_lens=lens, nodes=zeros, level1_right=zeros)
+        return init_loop_state(pick(sub, logits, self.sampling), max_new, self.slack, key, extra, self.reference_loop)
+
+    # ---- one round ----------------------------------------------------------------------------------
+    def _draft(self, params, state: LoopState, ex: SpecState):
+        """Drafter logits for depths 1..D [B, D, V], and the depth limit per request."""
+        tw = params["target"]
+        b = state.last.shape[0]
+        block = jnp.concatenate(
+            [state.last[:, None], jnp.full((b, self.depth), self.dcfg.mask_token_id, jnp.int32)], axis=1
+        )
+        block_valid, shifted = None, None
+        if self.reference_loop and self.tree != "chain":
+            # DDTree's reference buffers hold max_length + budget + 1 tokens: near the end its block is
+            # cut short, and it then reads drafter rows from the root row on (see docs/dflash_semantics.md).
+            room = ex.prompt_lens + state.max_new + self.n_nodes + 1 - ex.cache.lengths
+            block_valid = jnp.minimum(self.block, room)
+            shifted = block_valid < self.block
+        logits = dflash.draft_logits(params["drafter"], self.dcfg, tw.embed, tw.lm_head, ex.ctx, block, block_valid)
+        rows = logits[:, 1:]
+        depth_limit = jnp.full((b,), self.depth, jnp.int32)
+        if shifted is not None:
+            rows = jnp.where(shifted[:, None, None], logits[:, :-1], rows)
+            depth_limit = jnp.where(shifted, block_valid, depth_limit)
+        return rows, depth_limit
+
+    def _build(self, rows, depth_limit, key):
+        """Draft tree per request, plus drafter probabilities (chain sampling only)."""
+        if self.tree == "chain":
+            if self.sampling.greedy:
+                return jax.vmap(trees.chain)(jnp.argmax(rows, -1)), None
+            q = target_probs(rows, self.sampling)
+            return jax.vmap(trees.chain)(sample(key, q)), q
+        logp = jax.nn.log_softmax(rows, axis=-1)
+        return jax.vmap(lambda lp, lim: trees.best_first(lp, self.n_nodes, lim))(logp, depth_limit), None
+
+    def _verify(self, weights, last, tree, cache):
+        anc = jax.vmap(lambda t: trees.ancestor_mask(t, self.depth))(tree)
+        toks = jnp.concatenate([last[:, None], tree.tokens], axis=1)
+        depth = jnp.concatenate([jnp.zeros_like(tree.depth[:, :1]), tree.depth], axis=1)
+        out = forward(weights, self.cfg, toks, cache.lengths[:, None] + depth, cache, anc, self.dcfg.target_layer_ids)
+        return out, anc
+
+    def _accept(self, key, state, tree, anc, q, logits):
+        if q is not None:  # sampled chain: speculative sampling against the drafter's distribution
+            p = target_probs(logits, self.sampling)
+            keys = jax.random.split(key, tree.tokens.shape[0])
+            return jax.vmap(speculative_accept)(keys, tree.tokens, q, p)
+        choice = pick(key, logits, self.sampling)  # argmax, or an independent sample per node
+        return jax.vmap(lambda t, r, c, a: trees.walk(t, r, c, a, self.depth))(tree, state.last, choice, anc)
+
+    def _select_path(self, params, state, ex, tree, anc):
+        """TLV level 1: the cheap target walks the big tree; its accepted path plus its own next token
+        become a chain for the exact target."""
+        out1 = forward(params["level1"], self.cfg, jnp.concatenate([state.last[:, None], tree.tokens], 1),
+                       ex.cache.lengths[:, None] + jnp.concatenate([jnp.zeros_like(tree.depth[:, :1]), tree.depth], 1),
+                       ex.cache, anc)
+        w1 = jax.vmap(lambda t, r, c, a: trees.walk(t, r, c, a, self.depth))(
+            tree, state.last, jnp.argmax(out1.logits, -1).astype(jnp.int32), anc
+        )
+        chain = jax.vmap(trees.chain)(w1.new_tokens[:, : self.depth])
+        n_valid = jnp.minimum(w1.n_accepted + 1, self.depth)
+        chain = chain._replace(valid=jnp.arange(self.depth)[None, :] < n_valid[:, None])
+        return chain, w1.n_accepted
+
+    def round(self, params, state: LoopState) -> LoopState:
+        ex: SpecState = state.extra
+        tw = params["target"]
+        key, k_build, k_accept = jax.random.split(state.key, 3)
+        rows, depth_limit = self._draft(params, state, ex)
+        tree, q = self._build(rows, depth_limit, k_build)
+        n1 = None
+        if self.level1:
+            anc1 = jax.vmap(lambda t: trees.ancestor_mask(t, self.depth))(tree)
+            tree, n1 = self._select_path(params, state, ex, tree, anc1)
+        out, anc = self._verify(tw, state.last, tree, ex.cache)
+        w = self._accept(k_accept, state, tree, anc, q, out.logits)
+        live = ~state.done
+        n_commit = jnp.where(live, w.n_accepted + 1, 0)
+        cache = compact(out.cache, w.path, n_commit)
+        feats = jnp.take_along_axis(out.hidden, w.path[:, :, None], axis=1)
+        ctx = dflash.ingest(params["drafter"], self.dcfg, ex.ctx, feats, n_commit)
+        live_i = live.astype(jnp.int32)
+        right = ex.level1_right + (live_i * (w.n_accepted >= n1) if n1 is not None else 0)
+        ex = dataclasses.replace(
+            ex, cache=cache, ctx=ctx, nodes=ex.nodes + live_i * jnp.sum(tree.valid, -1), level1_right=right
+        )
+        state = commit(state, w.new_tokens, w.n_accepted + 1, self.cfg.eos_token_ids, ex)
+        return dataclasses.replace(state, key=key)
+
+    def summarize(self, state: LoopState) -> dict:
+        ex = state.extra
+        rounds = np.asarray(state.n_rounds)
+        acc = np.asarray(state.acc)
+        lengths = np.concatenate([acc[i, : rounds[i]] for i in range(len(rounds))])
+        hist = np.bincount(lengths, minlength=self.block + 1)[1:].tolist() if lengths.size else []
+        stats = {
+            "tau": float(lengths.mean()) if lengths.size else 0.0,
+            "acceptance_histogram": hist,
+            "mean_tree_nodes": float(np.asarray(ex.nodes).sum() / max(rounds.sum(), 1)),
+        }
+        if self.level1:
+            stats["level1_picked_right"] = float(np.asarray(ex.level1_right).sum() / max(rounds.sum(), 1))
+        return stats

@@ -1,0 +1,126 @@
+"""Draft trees on device: chain and best-first (DDTree) construction, ancestor masks, the verify walk.
+
+A tree for one request is fixed-size arrays over N draft nodes; verify index 0 is the root (the last
+committed token) and node j sits at verify index j + 1:
+  tokens [N], depth [N] (1-based), parent [N] (a verify index, 0 = root), valid [N].
+Functions here handle one request; engines `jax.vmap` them over the batch.
+
+Best-first without a heap: every depth's top-k list is shared by all parents (one drafter pass), so
+the best-first tree of budget N is exactly the N highest-scoring prefixes in the lattice of rank
+sequences (a child never outscores its parent, nor a sibling its elder). We find them depth by depth
+— the top N children of depth d's survivors — then take the global top N. Ties go to the shallower,
+then earlier-ranked node, as the reference heap's tuple order does.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class Tree(NamedTuple):
+    tokens: jax.Array  # [N] int32
+    depth: jax.Array  # [N] int32, 1-based
+    parent: jax.Array  # [N] int32 verify index of the parent (0 = root)
+    valid: jax.Array  # [N] bool
+    score: jax.Array  # [N] float32 log-probability of the path under the drafter
+
+
+def chain(drafts: jax.Array, logp: jax.Array | None = None) -> Tree:
+    """The stock DFlash draft: a single path of the block's drafts."""
+    n = drafts.shape[0]
+    score = jnp.zeros((n,), jnp.float32) if logp is None else jnp.cumsum(logp)
+    return Tree(
+        tokens=drafts.astype(jnp.int32),
+        depth=jnp.arange(1, n + 1, dtype=jnp.int32),
+        parent=jnp.arange(n, dtype=jnp.int32),
+        valid=jnp.ones((n,), bool),
+        score=score,
+    )
+
+
+def best_first(logp: jax.Array, budget: int, depth_limit: jax.Array | int | None = None) -> Tree:
+    """DDTree's best-first tree of `budget` draft nodes from per-depth log-probs `logp` [D, V].
+
+    depth_limit (optional, may be traced): depths beyond it are not expanded.
+    """
+    d_max, vocab = logp.shape
+    n = budget
+    k = min(budget, vocab)
+    top_lp, top_id = jax.lax.top_k(logp.astype(jnp.float32), k)  # [D, K], descending
+    neg = jnp.float32(-jnp.inf)
+    allowed = jnp.ones((d_max,), bool) if depth_limit is None else jnp.arange(d_max) < depth_limit
+
+    def pad(x, fill):
+        return jnp.concatenate([x, jnp.full((n - x.shape[0],), fill, x.dtype)]) if x.shape[0] < n else x[:n]
+
+    # depth 1: the best min(n, k) first tokens
+    score = pad(jnp.where(allowed[0], top_lp[0], neg), neg)
+    rank = pad(jnp.arange(k, dtype=jnp.int32), 0)
+    par = jnp.full((n,), -1, jnp.int32)
+    scores, ranks, parents = [score], [rank], [par]
+    for d in range(1, d_max):
+        cand = scores[-1][:, None] + top_lp[d][None, :]  # [n, K]: parent-major, then rank
+        best, flat = jax.lax.top_k(cand.reshape(-1), n)
+        best = jnp.where(allowed[d], best, neg)
+        scores.append(best)
+        ranks.append((flat % k).astype(jnp.int32))
+        parents.append((flat // k).astype(jnp.int32))
+    all_scores = jnp.stack(scores)  # [D, n]
+    chosen_score, sel = jax.lax.top_k(all_scores.reshape(-1), n)  # depth-major order breaks ties shallow-first
+    sel_depth = sel // n
+    sel_idx = sel % n
+    ranks, parents = jnp.stack(ranks), jnp.stack(parents)
+    verify_index = jnp.zeros((d_max, n), jnp.int32).at[sel_depth, sel_idx].set(jnp.arange(1, n + 1, dtype=jnp.int32))
+    par_in_prev = parents[sel_depth, sel_idx]
+    parent = jnp.where(sel_depth == 0, 0, verify_index[jnp.maximum(sel_depth - 1, 0), jnp.maximum(par_in_prev, 0)])
+    tokens = top_id[sel_depth, ranks[sel_depth, sel_idx]]
+    valid = chosen_score > neg
+    return Tree(
+        tokens=tokens.astype(jnp.int32),
+        depth=(sel_depth + 1).astype(jnp.int32),
+        parent=jnp.where(valid, parent, 0).astype(jnp.int32),
+        valid=valid,
+        score=jnp.where(valid, chosen_score, neg),
+    )
+
+
+def ancestor_mask(tree: Tree, max_depth: int) -> jax.Array:
+    """[N+1, N+1] bool: row i sees verify index j iff j is i's ancestor or i itself. Invalid nodes see
+    only themselves and no one sees them. `max_depth` parent steps suffice (depth ≤ block − 1)."""
+    n = tree.tokens.shape[0]
+    parent_full = jnp.concatenate([jnp.zeros((1,), jnp.int32), tree.parent])
+    valid_full = jnp.concatenate([jnp.ones((1,), bool), tree.valid])
+    eye = jnp.eye(n + 1, dtype=bool)
+    anc = jax.lax.fori_loop(0, max_depth, lambda _, a: eye | a[parent_full], eye)
+    return (anc & valid_full[None, :] & valid_full[:, None]) | eye
+
+
+class Walk(NamedTuple):
+    n_accepted: jax.Array  # number of accepted draft nodes (the round commits n_accepted + 1 tokens)
+    path: jax.Array  # [D + 1] verify indices of root, accepted nodes by depth (rest: 0)
+    new_tokens: jax.Array  # [D + 1] committed tokens: accepted drafts then the bonus token
+    bonus: jax.Array
+
+
+def walk(tree: Tree, root_token: jax.Array, target_choice: jax.Array, anc: jax.Array, max_depth: int) -> Walk:
+    """Follow the target: from the root, step to the child whose token the target chose at the current
+    node, until none matches. `target_choice` [N+1] is the target's token at each verify index (argmax
+    when greedy, one independent sample per node otherwise — DDTree's exact sampling rule)."""
+    tokens_full = jnp.concatenate([root_token[None].astype(jnp.int32), tree.tokens])
+    match = tree.valid & (tree.tokens == target_choice[tree.parent])
+    match_full = jnp.concatenate([jnp.ones((1,), bool), match])
+    accepted = jnp.all(~anc | match_full[None, :], axis=1)  # every ancestor-or-self matched
+    accepted_nodes = accepted[1:]
+    n_acc = jnp.sum(accepted_nodes).astype(jnp.int32)
+    depth_full = jnp.concatenate([jnp.zeros((1,), jnp.int32), tree.depth])
+    path = jnp.zeros((max_depth + 1,), jnp.int32).at[jnp.where(accepted, depth_full, max_depth + 1)].set(
+        jnp.arange(tokens_full.shape[0], dtype=jnp.int32), mode="drop"
+    )
+    bonus = target_choice[path[n_acc]]
+    i = jnp.arange(max_depth + 1)
+    drafted = tokens_full[path[jnp.minimum(i + 1, max_depth)]]
+    new_tokens = jnp.where(i < n_acc, drafted, bonus).astype(jnp.int32)
+    return Walk(n_accepted=n_acc, path=path, new_tokens=new_tokens, bonus=bonus)

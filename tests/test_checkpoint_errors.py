@@ -1,0 +1,204 @@
+"""Broken checkpoints fail at load time with a one-line `CheckpointError` naming the file or tensor."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from specpilot.models.config import CheckpointError
+from specpilot.models.hf import load_target
+
+H, HEADS, KV_HEADS, D, I, V, LAYERS = 32, 4, 2, 8, 64, 50, 2
+CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "vocab_size": V,
+    "hidden_size": H,
+    "intermediate_size": I,
+    "num_hidden_layers": LAYERS,
+    "num_attention_heads": HEADS,
+    "num_key_value_heads": KV_HEADS,
+    "head_dim": D,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 128,
+    "hidden_act": "silu",
+}
+
+
+def qwen3_tensors(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    shapes = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,), "lm_head.weight": (V, H)}
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "input_layernorm.weight": (H,),
+            p + "post_attention_layernorm.weight": (H,),
+            p + "self_attn.q_proj.weight": (HEADS * D, H),
+            p + "self_attn.k_proj.weight": (KV_HEADS * D, H),
+            p + "self_attn.v_proj.weight": (KV_HEADS * D, H),
+            p + "self_attn.o_proj.weight": (H, HEADS * D),
+            p + "self_attn.q_norm.weight": (D,),
+            p + "self_attn.k_norm.weight": (D,),
+            p + "mlp.gate_proj.weight": (I, H),
+            p + "mlp.up_proj.weight": (I, H),
+            p + "mlp.down_proj.weight": (H, I),
+        }
+    return {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+
+
+def write_checkpoint(folder: Path, tensors: dict[str, np.ndarray], config: dict = CONFIG, shards: int = 1) -> Path:
+    """An HF-layout folder: config.json plus one model.safetensors or `shards` files and an index."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    if shards == 1:
+        save_file(tensors, folder / "model.safetensors")
+        return folder
+    names = sorted(tensors)
+    weight_map = {}
+    for s in range(shards):
+        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: tensors[n] for n in names[s::shards]}
+        save_file(part, folder / fname)
+        weight_map |= dict.fromkeys(part, fname)
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return folder
+
+
+def load_error(folder: Path) -> str:
+    with pytest.raises(CheckpointError) as info:
+        load_target(folder, dtype=jnp.float32)
+    msg = str(info.value)
+    assert "\n" not in msg, f"message should be one line: {msg!r}"
+    return msg
+
+
+@pytest.fixture
+def good(tmp_path) -> Path:
+    return write_checkpoint(tmp_path / "good", qwen3_tensors())
+
+
+@pytest.fixture
+def sharded(tmp_path) -> Path:
+    return write_checkpoint(tmp_path / "sharded", qwen3_tensors(), shards=3)
+
+
+def test_valid_checkpoints_load(good, sharded):
+    """The broken copies below differ from these in one respect only."""
+    cfg, w = load_target(good, dtype=jnp.float32)
+    assert (cfg.family, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim) == ("qwen3", LAYERS, KV_HEADS, D)
+    _, ws = load_target(sharded, dtype=jnp.float32)
+    np.testing.assert_array_equal(np.asarray(w.layers[1].w_qkv), np.asarray(ws.layers[1].w_qkv))
+    np.testing.assert_array_equal(np.asarray(w.lm_head), np.asarray(ws.lm_head))
+
+
+def test_missing_tensor(good):
+    name = "model.layers.1.mlp.down_proj.weight"
+    tensors = load_file(good / "model.safetensors")
+    del tensors[name]
+    save_file(tensors, good / "model.safetensors")
+    msg = load_error(good)
+    assert name in msg and "missing" in msg
+
+
+def test_missing_lm_head_when_untied(good):
+    tensors = load_file(good / "model.safetensors")
+    del tensors["lm_head.weight"]
+    save_file(tensors, good / "model.safetensors")
+    assert "lm_head.weight" in load_error(good)
+
+
+def test_wrong_shape(good):
+    name = "model.layers.0.self_attn.k_proj.weight"
+    tensors = load_file(good / "model.safetensors")
+    tensors[name] = np.zeros((HEADS * D, H), np.float32)  # q's shape: a GQA checkpoint read as MHA
+    save_file(tensors, good / "model.safetensors")
+    msg = load_error(good)
+    assert name in msg and str((HEADS * D, H)) in msg and str((KV_HEADS * D, H)) in msg
+
+
+def test_unsupported_architecture(good):
+    config = dict(CONFIG, architectures=["MixtralForCausalLM"])
+    (good / "config.json").write_text(json.dumps(config))
+    msg = load_error(good)
+    assert "MixtralForCausalLM" in msg and "config.json" in msg
+
+
+def test_unreadable_config(good):
+    (good / "config.json").write_text('{"architectures": ["Qwen3ForCausalLM"], ')
+    assert "config.json" in load_error(good)
+
+
+def test_missing_config(good):
+    (good / "config.json").unlink()
+    assert "config.json" in load_error(good)
+
+
+@pytest.mark.parametrize("keep", ["all_but_100", "header_only_half", "four_bytes"])
+def test_truncated_safetensors(good, keep):
+    path = good / "model.safetensors"
+    data = path.read_bytes()
+    header_len = int.from_bytes(data[:8], "little")
+    cut = {"all_but_100": len(data) - 100, "header_only_half": 8 + header_len // 2, "four_bytes": 4}[keep]
+    path.write_bytes(data[:cut])
+    msg = load_error(good)
+    assert "model.safetensors" in msg and "truncated" in msg
+
+
+def test_missing_model_safetensors(good):
+    (good / "model.safetensors").unlink()
+    assert "model.safetensors" in load_error(good)
+
+
+def test_missing_shard(sharded):
+    shard = sharded / "model-00002-of-00003.safetensors"
+    shard.unlink()
+    assert shard.name in load_error(sharded)
+
+
+def test_truncated_shard(sharded):
+    shard = sharded / "model-00003-of-00003.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-64])
+    assert shard.name in load_error(sharded)
+
+
+def test_index_lists_tensor_in_no_shard(sharded):
+    index = sharded / "model.safetensors.index.json"
+    shard = "model-00001-of-00003.safetensors"
+    tensors = load_file(sharded / shard)
+    name = sorted(tensors)[0]
+    del tensors[name]
+    save_file(tensors, sharded / shard)
+    msg = load_error(sharded)
+    assert name in msg and index.name in msg
+
+
+def test_unreadable_shard_index(sharded):
+    (sharded / "model.safetensors.index.json").write_text("not json")
+    assert "model.safetensors.index.json" in load_error(sharded)
+
+
+def test_missing_folder(tmp_path):
+    assert "nowhere" in load_error(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize(
+    "change, expect",
+    [
+        ({"hidden_size": None}, "hidden_size"),
+        ({"attention_bias": True}, "attention_bias"),
+        ({"hidden_act": "gelu"}, "gelu"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn"),
+    ],
+    ids=["missing_key", "attention_bias", "hidden_act", "rope_type"],
+)
+def test_unsupported_config(good, change, expect):
+    config = {k: v for k, v in {**CONFIG, **change}.items() if v is not None}
+    (good / "config.json").write_text(json.dumps(config))
+    assert expect in load_error(good)

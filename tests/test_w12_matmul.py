@@ -1,0 +1,91 @@
+"""One W12 matmul suite, run by every implementation: reference, Mosaic GPU interpreted
+on CPU, and Mosaic GPU on a real Hopper when one is present."""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels import w12
+from pallas_kernels.w12 import mosaic_gpu as w12_mosaic_gpu
+from pallas_kernels.w12 import ops as w12_ops
+
+BF16 = ml_dtypes.bfloat16
+
+
+def weights_with_escapes(k, n, seed):
+  """Per-channel scaled normals plus the values the hot loop must not see."""
+  rng = np.random.default_rng(seed)
+  w = rng.normal(0.0, 0.02, size=(k, n)) * np.exp(rng.uniform(np.log(1e-3), np.log(1e1), n))
+  w = w.astype(BF16)
+  w[1, 2] = BF16(1e30)  # escape
+  w[2, 3] = BF16(-3e-30)  # escape
+  w[3, 4] = BF16(-0.0)
+  w[4, 5] = np.uint16(0x0003).view(BF16)  # subnormal, code 0
+  return w
+
+
+class W12MatmulSuite:
+  """Cases every implementation must pass; subclasses say how to run one."""
+
+  def run(self, x, packed, config):
+    raise NotImplementedError
+
+  @pytest.mark.parametrize(
+      "k,n,m,group_k,config",
+      [
+          (256, 128, 5, 128, w12.TuningConfig(tile_n=64, tile_m=8, tile_k=128)),
+          (200, 64, 20, 128, w12.TuningConfig(tile_n=64, tile_m=8, tile_k=64)),  # K padded, 3 token blocks
+          (256, 64, 1, 256, w12.TuningConfig(tile_n=64, tile_m=64, tile_k=128)),  # decode-sized M
+      ],
+  )
+  def test_matches_f32_matmul(self, k, n, m, group_k, config):
+    w = weights_with_escapes(k, n, seed=m)
+    x = np.random.default_rng(k + m).normal(size=(m, k)).astype(BF16)
+    packed = w12.pack(w, group_k=group_k)
+    assert packed.num_escapes >= 2
+    y = self.run(jnp.asarray(x), packed, config)
+    assert y.dtype == jnp.bfloat16 and y.shape == (m, n)
+    expected = x.astype(np.float32) @ w.astype(np.float32)
+    reference = w12.matmul(x, packed, implementation="reference")
+    np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(reference, np.float32), rtol=1e-2, atol=1e-3)
+    typical = np.abs(expected[:, 8:]).max()  # columns past the planted 1e30 escape
+    np.testing.assert_allclose(np.asarray(y, np.float32), expected, rtol=1e-2, atol=1e-2 * typical)
+
+
+class TestReference(W12MatmulSuite):
+
+  def run(self, x, packed, config):
+    return w12.matmul(x, packed, implementation="reference")
+
+
+class TestMosaicGpuInterpret(W12MatmulSuite):
+
+  def run(self, x, packed, config):
+    return w12_mosaic_gpu.w12_matmul(x, packed, config=config, interpret=plgpu.InterpretGPUParams())
+
+  def test_unsupported_shapes_raise_not_implemented(self):
+    packed = w12.pack(np.ones((128, 48), BF16))
+    with pytest.raises(NotImplementedError, match="tile_n"):
+      self.run(jnp.ones((1, 128), jnp.bfloat16), packed, w12.TuningConfig(tile_n=64))
+
+
+@pytest.mark.skipif(not w12_ops._on_hopper(), reason="needs an H100/H200")
+class TestMosaicGpu(W12MatmulSuite):
+
+  def run(self, x, packed, config):
+    return jax.jit(lambda x, p: w12.matmul(x, p, implementation="mosaic_gpu", config=config))(x, packed)
+
+
+def test_default_falls_back_to_reference_loudly(monkeypatch, caplog):
+  monkeypatch.setattr(w12_ops, "_on_hopper", lambda: True)
+  packed = w12.pack(np.ones((64, 64), BF16))
+  x = jnp.ones((2, 64), jnp.float32)  # the kernel wants bf16 activations
+  with caplog.at_level(logging.WARNING, logger=w12_ops.__name__):
+    y = w12.matmul(x, packed)
+  assert "falls back" in caplog.text
+  np.testing.assert_array_equal(np.asarray(y), np.full((2, 64), 64.0, np.float32))

@@ -165,7 +165,8 @@ def make_prompts(cfg: RootConfig, tokenizer) -> list[list[int]]:
         return [list(r) for r in rows]
     if cfg.prompt is not None:
         if tokenizer is None:
-            raise ConfigError.at("prompt", "target checkpoint has no tokenizer; use prompt_ids")
+            owner = "target checkpoint" if cfg.target.path else "random target (target.path is null)"
+            raise ConfigError.at("prompt", f"{owner} has no tokenizer; use prompt_ids")
         texts = [cfg.prompt] if isinstance(cfg.prompt, str) else list(cfg.prompt)
         return [list(tokenizer.encode(t)) for t in texts]
     if cfg.target.path is None:

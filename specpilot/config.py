@@ -262,6 +262,15 @@ def _model_at(loc: list) -> type[BaseModel] | None:
     return cls
 
 
+def is_known_key(dotted: str) -> bool:
+    """Whether `a.b.c` names a field of the schema (any engine's field counts under `engine.`)."""
+    parts = dotted.split(".")
+    if parts[0] == "engine":
+        return len(parts) == 2 and any(parts[1] in c.model_fields for c in _ENGINE_CLASSES.values())
+    owner = _model_at(parts[:-1]) if len(parts) > 1 else RootConfig
+    return owner is not None and parts[-1] in owner.model_fields
+
+
 def _format(err: dict) -> str:
     loc = list(err["loc"])
     kind, inp, ctx = err["type"], err.get("input"), err.get("ctx") or {}

@@ -71,43 +71,74 @@ def _escape_correction(y: jax.Array, x2: jax.Array, packed: W12Array) -> jax.Arr
   return y.at[:, cols].add(contributions)
 
 
+def _smem_transforms(minor_dim: int, dtype) -> tuple:
+  """Tiling + swizzle that wgmma descriptors and conflict-free SMEM access need."""
+  bits = jnp.dtype(dtype).itemsize * 8
+  swizzle = plgpu.find_swizzle(minor_dim * bits)
+  if swizzle < 32:  # a 16-byte row has nothing to swizzle
+    return ()
+  return (plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle))
+
+
 def _kernel_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_m, tile_k,
                  max_concurrent_steps, out_dtype, interpret):
+  """One block per (tile_n channels, tile_m tokens); a TMA pipeline over K.
+
+  Every operand moves in 32-wide K pieces (one nibble half each): a piece of the
+  byte plane, of the nibble plane and of ``x`` is then a whole swizzled SMEM tile,
+  so decoding and wgmma never slice inside a swizzle atom.
+  """
   n, kp = byte_plane.shape
   mp = x2.shape[0]
   k_steps = kp // tile_k
+  pieces = tile_k // _HALF  # 32-wide K pieces per step; nibble chunks are pieces // 2
+  chunks = pieces // 2
+
+  byte_transforms = _smem_transforms(_HALF, jnp.uint8)
+  x_transforms = _smem_transforms(_HALF, jnp.bfloat16)
+  out_transforms = _smem_transforms(tile_m, out_dtype)
+
+  def piece_spec(rows, per_step, j, transforms):
+    return plgpu.BlockSpec((rows, _HALF), lambda k, j=j: (0, per_step * k + j), transforms=transforms)
+
+  in_specs = (
+      [piece_spec(tile_n, pieces, j, byte_transforms) for j in range(pieces)]
+      + [piece_spec(tile_n, chunks, c, byte_transforms) for c in range(chunks)]
+      + [plgpu.BlockSpec((1, tile_n), lambda k: (k, 0))]
+      + [piece_spec(tile_m, pieces, j, x_transforms) for j in range(pieces)]
+  )
 
   def kernel(byte_gmem, nibble_gmem, base_gmem, x_gmem, out_gmem, w_smem, out_smem):
     n_slice = pl.ds(lax.axis_index("n") * tile_n, tile_n)
     m_slice = pl.ds(lax.axis_index("m") * tile_m, tile_m)
 
     def accumulate(acc_ref):
-      def step(_, byte_smem, nibble_smem, base_smem, x_smem):
+      def step(_, *refs):
+        byte_smem = refs[:pieces]
+        nibble_smem = refs[pieces:pieces + chunks]
+        base_smem = refs[pieces + chunks]
+        x_smem = refs[pieces + chunks + 1:]
         base = lax.broadcast_in_dim(base_smem[0].astype(jnp.uint16), (tile_n, _HALF), (0,))
-        for chunk in range(tile_k // PAIR_SPAN):
+        for c in range(chunks):
           # Mosaic GPU has no 8-bit arithmetic (bar bitwise ops): widen first
-          nibbles = nibble_smem[:, pl.ds(chunk * _HALF, _HALF)].astype(jnp.uint16)
+          nibbles = nibble_smem[c][...].astype(jnp.uint16)
           for half, codes in enumerate((nibbles & 0xF, nibbles >> 4)):
-            k0 = chunk * PAIR_SPAN + half * _HALF
-            bits = decode_bits(byte_smem[:, pl.ds(k0, _HALF)], codes, base)
-            w_smem[:, pl.ds(k0, _HALF)] = lax.bitcast_convert_type(bits, jnp.bfloat16)
+            j = 2 * c + half
+            bits = decode_bits(byte_smem[j][...], codes, base)
+            w_smem[j] = lax.bitcast_convert_type(bits, jnp.bfloat16)
         plgpu.commit_smem()
-        plgpu.wgmma(acc_ref, w_smem, x_smem.transpose((1, 0)))
+        for j in range(pieces):
+          plgpu.wgmma(acc_ref, w_smem.at[j], x_smem[j].transpose((1, 0)))
         plgpu.wgmma_wait(0)  # w_smem is rewritten by the next step
 
       pipeline = plgpu.emit_pipeline(
-          step,
-          grid=(k_steps,),
-          in_specs=[
-              plgpu.BlockSpec((tile_n, tile_k), lambda k: (0, k)),
-              plgpu.BlockSpec((tile_n, tile_k // 2), lambda k: (0, k)),
-              plgpu.BlockSpec((1, tile_n), lambda k: (k, 0)),
-              plgpu.BlockSpec((tile_m, tile_k), lambda k: (0, k)),
-          ],
-          max_concurrent_steps=min(max_concurrent_steps, k_steps),
-      )
-      pipeline(byte_gmem.at[n_slice], nibble_gmem.at[n_slice],
-               base_gmem.at[:, n_slice], x_gmem.at[m_slice])
+          step, grid=(k_steps,), in_specs=in_specs,
+          max_concurrent_steps=min(max_concurrent_steps, k_steps))
+      byte_rows = byte_gmem.at[n_slice]
+      nibble_rows = nibble_gmem.at[n_slice]
+      x_rows = x_gmem.at[m_slice]
+      pipeline(*[byte_rows] * pieces, *[nibble_rows] * chunks, base_gmem.at[:, n_slice],
+               *[x_rows] * pieces)
       return acc_ref[...]
 
     acc = pl.run_scoped(accumulate, plgpu.ACC((tile_n, tile_m), jnp.float32))
@@ -122,8 +153,8 @@ def _kernel_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_m, ti
       grid=(n // tile_n, mp // tile_m),
       grid_names=("n", "m"),
       scratch_types=dict(
-          w_smem=plgpu.SMEM((tile_n, tile_k), jnp.bfloat16),
-          out_smem=plgpu.SMEM((tile_n, tile_m), out_dtype),
+          w_smem=plgpu.SMEM((pieces, tile_n, _HALF), jnp.bfloat16, transforms=x_transforms),
+          out_smem=plgpu.SMEM((tile_n, tile_m), out_dtype, transforms=out_transforms),
       ),
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
       interpret=interpret,

@@ -170,9 +170,14 @@ class SpecEngine(Engine):
         chain = chain._replace(valid=jnp.arange(self.depth)[None, :] < n_valid[:, None])
         return chain, w1.n_accepted
 
+    def _verify_accept(self, params, state, ex: SpecState, tree, q, key):
+        out, anc = self._verify(params["target"], state.last, tree, ex.cache)
+        w = self._accept(key, state, tree, anc, q, out.logits)
+        feats = jnp.take_along_axis(out.hidden, w.path[:, :, None], axis=1)  # root + accepted path
+        return w, out.cache, feats, jnp.sum(tree.valid, -1).astype(jnp.int32)
+
     def round(self, params, state: LoopState) -> LoopState:
         ex: SpecState = state.extra
-        tw = params["target"]
         key, k_build, k_accept = jax.random.split(state.key, 3)
         rows, depth_limit = self._draft(params, state, ex)
         tree, q = self._build(rows, depth_limit, k_build)
@@ -180,18 +185,22 @@ class SpecEngine(Engine):
         if self.level1:
             anc1 = jax.vmap(lambda t: trees.ancestor_mask(t, self.depth))(tree)
             tree, n1 = self._select_path(params, state, ex, tree, anc1)
-        out, anc = self._verify(tw, state.last, tree, ex.cache)
-        w = self._accept(k_accept, state, tree, anc, q, out.logits)
+        if self.budget_for_round is None:
+            w, cache, feats, nodes = self._verify_accept(params, state, ex, tree, q, k_accept)
+        else:  # best-first nodes are sorted by score and parents precede children: a prefix is a tree
+            policy = self.budget_for_round
+            branches = [
+                lambda tr, c=c: self._verify_accept(params, state, ex, jax.tree.map(lambda a: a[:, :c], tr), q, k_accept)
+                for c in policy.candidates
+            ]
+            w, cache, feats, nodes = jax.lax.switch(policy.choose(tree.score, tree.valid), branches, tree)
         live = ~state.done
         n_commit = jnp.where(live, w.n_accepted + 1, 0)
-        cache = compact(out.cache, w.path, n_commit)
-        feats = jnp.take_along_axis(out.hidden, w.path[:, :, None], axis=1)
+        cache = compact(cache, w.path, n_commit)
         ctx = dflash.ingest(params["drafter"], self.dcfg, ex.ctx, feats, n_commit)
         live_i = live.astype(jnp.int32)
         right = ex.level1_right + (live_i * (w.n_accepted >= n1) if n1 is not None else 0)
-        ex = dataclasses.replace(
-            ex, cache=cache, ctx=ctx, nodes=ex.nodes + live_i * jnp.sum(tree.valid, -1), level1_right=right
-        )
+        ex = dataclasses.replace(ex, cache=cache, ctx=ctx, nodes=ex.nodes + live_i * nodes, level1_right=right)
         state = commit(state, w.new_tokens, w.n_accepted + 1, self.cfg.eos_token_ids, ex)
         return dataclasses.replace(state, key=key)
 

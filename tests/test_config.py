@@ -1,0 +1,161 @@
+"""The composed Hydra config validates, and every bad key is one line naming it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from specpilot import build
+from specpilot.config import ENGINE_NAMES, ConfigError, RootConfig, is_known_key, validate
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def composed(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        return compose("config", overrides=list(overrides))
+
+
+def error_of(*overrides: str) -> str:
+    with pytest.raises(ConfigError) as e:
+        validate(composed(*overrides))
+    message = str(e.value)
+    assert "\n" not in message and message.startswith("config error: ")
+    return message
+
+
+def test_default_config_validates():
+    cfg = validate(composed())
+    assert isinstance(cfg, RootConfig)
+    assert cfg.engine.name == "ar" and cfg.engine.weight_format == "bf16" and cfg.engine.attention == "xla"
+    assert cfg.model.num_layers == 2 and cfg.target.path is None
+
+
+@pytest.mark.parametrize("engine", ENGINE_NAMES)
+def test_every_engine_option_validates(engine):
+    assert validate(composed(f"engine={engine}")).engine.name == engine
+
+
+@pytest.mark.parametrize("option", sorted(p.stem for p in (CONF / "model").glob("*.yaml")))
+def test_every_model_option_validates(option):
+    validate(composed(f"model={option}"))
+
+
+@pytest.mark.parametrize("option", sorted(p.stem for p in (CONF / "deployment").glob("*.yaml")))
+def test_every_deployment_option_validates(option):
+    validate(composed(f"deployment={option}"))
+
+
+def test_unknown_key_added_with_plus_is_rejected():
+    message = error_of("+engine.foo=1")
+    assert message.startswith("config error: engine.foo: unknown key")
+    assert "config error: foo: unknown key" in error_of("+foo=1")
+    assert "model.bar: unknown key" in error_of("+model.bar=2")
+
+
+def test_wrong_type_names_key_and_value():
+    assert error_of("engine=ddtree", "engine.tree_budget=abc") == (
+        "config error: engine.tree_budget: expected an integer, got 'abc'"
+    )
+    assert "model.tie_word_embeddings: expected true or false" in error_of("model.tie_word_embeddings=1")
+    assert "engine.level1_format: expected 'int8' or 'fp8', got 'int4'" in error_of(
+        "engine=tlv", "engine.level1_format=int4"
+    )
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("sampling.top_p=0", "sampling.top_p: must be > 0"),
+        ("sampling.top_p=1.5", "sampling.top_p: must be <= 1"),
+        ("sampling.temperature=-1", "sampling.temperature: must be >= 0"),
+        ("max_new_tokens=0", "max_new_tokens: must be >= 1"),
+        ("engine.name=beam", "engine.name: expected one of 'ar'"),
+        ("model.num_kv_heads=3", "model.num_kv_heads: must divide num_heads 4"),
+        ("drafter.target_layer_ids=[1,-1]", "drafter.target_layer_ids[1]: must be >= 0"),
+        ("prompt_ids=[1,x]", "prompt_ids: expected a non-empty list of token ids"),
+    ],
+)
+def test_out_of_range_values(override, expected):
+    assert expected in error_of(override)
+
+
+@pytest.mark.parametrize("engine", ["stock", "ddtree", "specpilot", "tlv"])
+def test_block_size_range(engine):
+    assert "engine.block_size: must be >= 2, got 1" in error_of(f"engine={engine}", "engine.block_size=1")
+    assert error_of(f"engine={engine}", "engine.tree_budget=0" if engine != "stock" else "engine.block_size=x")
+
+
+def test_both_prompts_rejected():
+    assert "prompt: give either prompt or prompt_ids, not both" in error_of("prompt=hi", "prompt_ids=[1]")
+
+
+def test_is_known_key():
+    assert is_known_key("model.rms_norm_eps") and is_known_key("engine.tree_budget")
+    assert not is_known_key("engine.foo") and not is_known_key("model.bar") and not is_known_key("foo")
+
+
+# ---- build: synthetic shapes and prompts (no JAX arrays needed) ---------------------------------------
+
+
+def test_default_target_layer_ids_rule():
+    assert build.default_target_layer_ids(5, 36) == (1, 9, 17, 25, 33)
+    assert build.default_target_layer_ids(1, 36) == (18,)
+    ids = build.default_target_layer_ids(5, 2)  # tiny targets are clamped into range
+    assert len(ids) == 5 and all(0 <= i <= 1 for i in ids)
+
+
+def test_synthetic_drafter_config_follows_target():
+    cfg = validate(composed("model=qwen3_8b", "engine=ddtree"))
+    target = build.target_config_from_group(cfg)
+    drafter = build.synthetic_drafter_config(cfg, target)
+    assert drafter.target_layer_ids == (1, 9, 17, 25, 33)
+    assert drafter.num_target_layers == 36 and drafter.block_size == 16
+    assert drafter.mask_token_id == target.vocab_size - 1
+    assert drafter.layers.num_layers == 5
+    assert (drafter.layers.hidden_size, drafter.layers.head_dim) == (target.hidden_size, target.head_dim)
+    assert drafter.layers.intermediate_size == target.intermediate_size
+
+
+def test_synthetic_drafter_rejects_layer_outside_target():
+    cfg = validate(composed("drafter.target_layer_ids=[0,5]"))
+    with pytest.raises(ConfigError, match="drafter.target_layer_ids: layer 5 outside the target's 2 layers"):
+        build.synthetic_drafter_config(cfg, build.target_config_from_group(cfg))
+
+
+def test_llama_rope_scaling_reaches_model_config():
+    target = build.target_config_from_group(validate(composed("model=llama31_8b")))
+    assert target.rope.kind == "llama3" and target.rope.factor == 8.0 and not target.qk_norm
+
+
+def test_make_prompts():
+    assert build.make_prompts(validate(composed("prompt_ids=[1,2,3]")), None) == [[1, 2, 3]]
+    assert build.make_prompts(validate(composed("prompt_ids=[[1,2],[3]]")), None) == [[1, 2], [3]]
+    default = build.make_prompts(validate(composed()), None)
+    assert len(default) == 1 and len(default[0]) > 1
+    with pytest.raises(ConfigError, match="prompt: .* has no tokenizer; use prompt_ids"):
+        build.make_prompts(validate(composed("prompt=hello")), None)
+    with pytest.raises(ConfigError, match="prompt: no prompt given"):
+        build.make_prompts(validate(composed("target.path=/some/checkpoint")), None)
+
+    class Tok:
+        def encode(self, text):
+            return [len(text)]
+
+    assert build.make_prompts(validate(composed("prompt=hello")), Tok()) == [[5]]
+
+
+def test_load_tokenizer_absent(tmp_path):
+    assert build.load_tokenizer(tmp_path) is None
+
+
+def test_load_random_models_and_engine():
+    cfg = validate(composed("engine=stock", "max_new_tokens=4", "drafter.num_layers=1"))
+    target_cfg, target_w, drafter_cfg, drafter_w, tokenizer = build.load_models(cfg)
+    assert tokenizer is None and drafter_cfg is not None and drafter_w is not None
+    assert drafter_cfg.target_layer_ids == (1,)
+    assert build.load_models(validate(composed("engine=ar")))[2] is None  # ar needs no drafter
+    engine = build.build_engine(cfg, target_cfg, target_w, drafter_cfg, drafter_w)
+    assert callable(engine.generate)

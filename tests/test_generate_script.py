@@ -1,0 +1,52 @@
+"""scripts/generate.py end to end, as a user runs it (a few subprocesses: each starts JAX)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "generate.py"
+
+
+def run_generate(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), f"hydra.run.dir={tmp_path}", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+
+
+def test_no_arguments_runs_the_tiny_random_model(tmp_path):
+    proc = run_generate(tmp_path, "max_new_tokens=8")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {"tokens", "engine", "steps", "tokens_per_step", "acceptance_lengths"} <= set(result)
+    assert result["engine"] == "ar" and len(result["tokens"]) == 8
+    assert "Traceback" not in proc.stderr
+
+
+def test_unknown_key_is_one_line_and_exit_2(tmp_path):
+    proc = run_generate(tmp_path, "+engine.foo=1")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("config error: engine.foo: unknown key")
+    assert proc.stdout == ""
+
+
+def test_typo_without_plus_is_one_line_and_exit_2(tmp_path):
+    proc = run_generate(tmp_path, "engine.tree_budgt=3")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == ["config error: engine.tree_budgt: unknown key"]
+
+
+def test_token_id_outside_vocabulary_is_one_line_and_exit_2(tmp_path):
+    proc = run_generate(tmp_path, "prompt_ids=[1,2,99999]")
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "99999" in last and last.startswith("prompt error: ")
+    assert "Traceback" not in proc.stderr

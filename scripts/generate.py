@@ -87,11 +87,13 @@ def _summary(prompts, result, tokenizer, load_s: float, gen_s: float) -> str:
 def run(hydra_cfg: DictConfig) -> None:
     from specpilot.config import validate
 
-    logging.getLogger("jax").setLevel(logging.WARNING)  # Hydra sets the root to INFO; JAX's INFO is noise
+    for noisy in ("jax", "absl"):  # Hydra sets the root logger to INFO; theirs is noise here
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
     cfg = validate(hydra_cfg)  # before any heavy import: a typo costs no JAX start-up
-    from specpilot.build import build_engine, load_models, make_prompts
+    from specpilot.build import build_engine, check_prompt_source, load_models, make_prompts
 
+    check_prompt_source(cfg)
     t0 = time.perf_counter()
     target_cfg, target_w, drafter_cfg, drafter_w, tokenizer = load_models(cfg)
     prompts = make_prompts(cfg, tokenizer)

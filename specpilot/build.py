@@ -120,7 +120,7 @@ def _check_drafter_fits(path: str, drafter: DrafterConfig, target: ModelConfig) 
 def load_tokenizer(path: str | Path):
     """The checkpoint's tokenizer, or None when the folder has no tokenizer files."""
     path = Path(path)
-    if not any((path / f).is_file() for f in _TOKENIZER_FILES):
+    if not has_tokenizer_files(path):
         return None
     from transformers import AutoTokenizer
 
@@ -155,23 +155,42 @@ def load_models(cfg: RootConfig):
     return target_cfg, target_w, drafter_cfg, drafter_w, tokenizer
 
 
-def make_prompts(cfg: RootConfig, tokenizer) -> list[list[int]]:
-    """Token-id prompts from `prompt_ids` or `prompt` (exactly one); a default one for a random target."""
+def has_tokenizer_files(path: str | Path) -> bool:
+    return any((Path(path) / f).is_file() for f in _TOKENIZER_FILES)
+
+
+def _no_tokenizer(cfg: RootConfig) -> ConfigError:
+    owner = "target checkpoint" if cfg.target.path else "random target (target.path is null)"
+    return ConfigError.at("prompt", f"{owner} has no tokenizer; use prompt_ids")
+
+
+def _check_prompt_choice(cfg: RootConfig) -> None:
     if cfg.prompt is not None and cfg.prompt_ids is not None:
         raise ConfigError.at("prompt", "give either prompt or prompt_ids, not both")
+    if cfg.prompt is None and cfg.prompt_ids is None and cfg.target.path is not None:
+        raise ConfigError.at("prompt", "no prompt given; set prompt=TEXT or prompt_ids=[...]")
+
+
+def check_prompt_source(cfg: RootConfig) -> None:
+    """The prompt checks that need no weights, so a bad prompt config fails before a long load."""
+    _check_prompt_choice(cfg)
+    if cfg.prompt is not None and not (cfg.target.path and has_tokenizer_files(cfg.target.path)):
+        raise _no_tokenizer(cfg)
+
+
+def make_prompts(cfg: RootConfig, tokenizer) -> list[list[int]]:
+    """Token-id prompts from `prompt_ids` or `prompt` (exactly one); a default one for a random target."""
+    _check_prompt_choice(cfg)
+    if cfg.prompt is not None and tokenizer is None:
+        raise _no_tokenizer(cfg)
     if cfg.prompt_ids is not None:
         ids = cfg.prompt_ids
         rows = ids if isinstance(ids[0], list) else [ids]
         return [list(r) for r in rows]
     if cfg.prompt is not None:
-        if tokenizer is None:
-            owner = "target checkpoint" if cfg.target.path else "random target (target.path is null)"
-            raise ConfigError.at("prompt", f"{owner} has no tokenizer; use prompt_ids")
         texts = [cfg.prompt] if isinstance(cfg.prompt, str) else list(cfg.prompt)
         return [list(tokenizer.encode(t)) for t in texts]
-    if cfg.target.path is None:
-        return [[i % cfg.model.vocab_size for i in DEFAULT_PROMPT_IDS]]
-    raise ConfigError.at("prompt", "no prompt given; set prompt=TEXT or prompt_ids=[...]")
+    return [[i % cfg.model.vocab_size for i in DEFAULT_PROMPT_IDS]]
 
 
 def sampling_of(cfg: RootConfig):

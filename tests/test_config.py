@@ -159,3 +159,24 @@ def test_load_random_models_and_engine():
     assert build.load_models(validate(composed("engine=ar")))[2] is None  # ar needs no drafter
     engine = build.build_engine(cfg, target_cfg, target_w, drafter_cfg, drafter_w)
     assert callable(engine.generate)
+
+
+ORACLE_TARGET = Path(__file__).resolve().parents[2] / "shared" / "oracle_pair" / "target"
+
+
+@pytest.mark.skipif(not ORACLE_TARGET.is_dir(), reason="shared/oracle_pair not present")
+def test_checkpoint_with_tokenizer_encodes_text_prompt(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    for f in ORACLE_TARGET.iterdir():
+        (tmp_path / f.name).symlink_to(f)
+    words = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 5, "world": 6}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]").save_pretrained(tmp_path)
+
+    cfg = validate(composed(f"target.path={tmp_path}", "target.cache_dir=null", "prompt=hello world"))
+    build.check_prompt_source(cfg)
+    target_cfg, _, drafter_cfg, _, tokenizer = build.load_models(cfg)
+    assert target_cfg.num_layers == 3 and drafter_cfg is None and tokenizer is not None
+    assert build.make_prompts(cfg, tokenizer) == [[5, 6]]

@@ -37,6 +37,8 @@ from pallas_kernels.w12.config import TuningConfig
 from pallas_kernels.w12.format import PAIR_SPAN, W12Array, decode_bits
 
 _HALF = PAIR_SPAN // 2
+_BASE_DTYPE = jnp.uint16
+"""Bases widened for the kernel: a 1-D uint8 SMEM row faults (misaligned) on H200."""
 
 
 def _round_up(a: int, b: int) -> int:
@@ -187,6 +189,7 @@ def w12_matmul(
   # one base row per K step, [Kp / tile_k, N]: a TMA box of tile_n bytes per step
   steps_per_group = packed.group_k // config.tile_k
   base_tiles = jnp.repeat(packed.base_exponent, steps_per_group, axis=1)[:, :kp // config.tile_k].T
+  base_tiles = base_tiles.astype(_BASE_DTYPE)
 
   has_escapes = packed.num_escapes > 0
   y_t = _kernel_call(

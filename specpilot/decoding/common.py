@@ -35,10 +35,11 @@ def check_prompts(prompts: Sequence[Sequence[int]], cfg: ModelConfig, max_new_to
             )
 
 
-def pad_prompts(prompts: Sequence[Sequence[int]]) -> tuple[jax.Array, jax.Array]:
-    """Right-padded [B, T] token ids and [B] lengths."""
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_to: int | None = None) -> tuple[jax.Array, jax.Array]:
+    """Right-padded [B, T] token ids and [B] lengths; T = pad_to (a fixed shape reuses one compiled
+    program across calls) or the longest prompt."""
     lens = np.array([len(p) for p in prompts], np.int32)
-    toks = np.zeros((len(prompts), int(lens.max())), np.int32)
+    toks = np.zeros((len(prompts), max(int(lens.max()), pad_to or 0)), np.int32)
     for i, p in enumerate(prompts):
         toks[i, : len(p)] = p
     return jnp.asarray(toks), jnp.asarray(lens)

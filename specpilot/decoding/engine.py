@@ -126,9 +126,11 @@ class Engine:
         state = self.prefill(params, tokens, lens, max_new, key)
         return run_rounds(lambda s: self.round(params, s), state)
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, seed: int = 0) -> GenerateResult:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, seed: int = 0, pad_to: int | None = None
+    ) -> GenerateResult:
         check_prompts(prompts, self.cfg, max_new_tokens, self.max_prompt_plus_new())
-        tokens, lens = pad_prompts(prompts)
+        tokens, lens = pad_prompts(prompts, pad_to)
         state = self._generate(self.params, tokens, lens, max_new_tokens, jax.random.key(seed))
         return to_result(self.name, state, self.summarize(state))
 

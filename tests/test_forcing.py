@@ -1,0 +1,120 @@
+"""Token forcing passes honest engines and flags planted cheats (so the gate can fail)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specpilot.decoding import make_engine
+from specpilot.decoding.spec import SpecEngine, quantize_target
+from specpilot.decoding.tree import Walk, ancestor_mask
+from specpilot.forcing import force
+from specpilot.models.config import DrafterConfig, ModelConfig
+from specpilot.models.target import forward
+from specpilot.models.weights import init_random_drafter, init_random_target
+
+VOCAB = 16
+MAX_NEW = 24
+CONTEXT = 96
+
+
+@pytest.fixture(scope="module")
+def pair():
+    cfg = ModelConfig(family="qwen3", vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=CONTEXT)
+    w = init_random_target(cfg, seed=3, dtype=jnp.float32)
+    w = dataclasses.replace(w, lm_head=w.lm_head * 4.0)  # decisive logits: honest margins are far above ties
+    dcfg = DrafterConfig(layers=cfg.replace(num_layers=1), block_size=5, mask_token_id=VOCAB - 1,
+                         target_layer_ids=(0, 1), num_target_layers=2)
+    dw = init_random_drafter(dcfg, seed=4, dtype=jnp.float32)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, VOCAB - 1, size=int(rng.integers(3, 9))).tolist() for _ in range(6)]
+    ref = make_engine({"name": "ar"}, cfg, w, context=CONTEXT).generate(prompts, MAX_NEW).tokens
+    return cfg, w, dcfg, dw, prompts, ref
+
+
+def run_force(engine, pair):
+    cfg, w, _, _, prompts, ref = pair
+    return force(engine, ref, prompts, w, cfg, reference_name="ar")
+
+
+@pytest.mark.parametrize("spec", [
+    {"name": "stock"},
+    {"name": "ddtree", "tree_budget": 12},
+    {"name": "tlv", "tree_budget": 12, "level1_format": "fp8"},
+])
+def test_honest_engines_pass(pair, spec):
+    cfg, w, dcfg, dw, prompts, ref = pair
+    report = run_force(make_engine(spec, cfg, w, dcfg, dw, context=CONTEXT), pair)
+    assert report.passed, report.to_json()
+    assert report.positions_checked == sum(len(r) for r in ref)
+
+
+class SkipVerification(SpecEngine):
+    """Commits every draft without looking at the target."""
+
+    def _accept(self, key, state, tree, anc, q, logits):
+        w = super()._accept(key, state, tree, anc, q, logits)
+        d = self.depth
+        new = jnp.concatenate([tree.tokens, w.new_tokens[:, -1:]], axis=1)
+        return Walk(n_accepted=jnp.full_like(w.n_accepted, d), path=jnp.broadcast_to(jnp.arange(d + 1), w.path.shape),
+                    new_tokens=new, bonus=w.bonus)
+
+
+class DraftOnMismatch(SpecEngine):
+    """At the first mismatch, commits the drafter's token instead of the target's."""
+
+    def _accept(self, key, state, tree, anc, q, logits):
+        w = super()._accept(key, state, tree, anc, q, logits)
+        drafted = jnp.concatenate([tree.tokens, tree.tokens[:, -1:]], axis=1)
+        at = jnp.arange(self.depth + 1)[None, :] == w.n_accepted[:, None]
+        mismatch = (w.n_accepted < self.depth)[:, None]
+        return w._replace(new_tokens=jnp.where(at & mismatch, drafted, w.new_tokens))
+
+
+class SiblingVisible(SpecEngine):
+    """Tree verify whose mask lets every node see all nodes up to its own depth (siblings too)."""
+
+    def _verify(self, weights, last, tree, cache):
+        out, anc = super()._verify(weights, last, tree, cache)
+        depth = jnp.concatenate([jnp.zeros_like(tree.depth[:, :1]), tree.depth], axis=1)
+        leaky = depth[:, None, :] <= depth[:, :, None]
+        toks = jnp.concatenate([last[:, None], tree.tokens], axis=1)
+        out = forward(weights, self.cfg, toks, cache.lengths[:, None] + depth, cache, leaky, self.dcfg.target_layer_ids)
+        return out, anc
+
+
+def cheat(kind, pair):
+    cfg, w, dcfg, dw, _, _ = pair
+    if kind == "skip_verification":
+        return SkipVerification("cheat", cfg, w, dcfg, dw, context=CONTEXT)
+    if kind == "draft_on_mismatch":
+        return DraftOnMismatch("cheat", cfg, w, dcfg, dw, context=CONTEXT)
+    if kind == "lossy_weights_declared_exact":
+        return SpecEngine("cheat", cfg, quantize_target(w, "fp8"), dcfg, dw, context=CONTEXT, tree="best_first",
+                          tree_budget=12)
+    if kind == "sibling_visible_mask":
+        return SiblingVisible("cheat", cfg, w, dcfg, dw, context=CONTEXT, tree="best_first", tree_budget=12)
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize(
+    "kind", ["skip_verification", "draft_on_mismatch", "lossy_weights_declared_exact", "sibling_visible_mask"]
+)
+def test_planted_cheats_are_flagged(pair, kind):
+    report = run_force(cheat(kind, pair), pair)
+    assert not report.passed
+    assert report.violations, f"{kind}: no violation found: {report.to_json()}"
+    v = report.violations[0]
+    assert v["margin"] >= report.tie_tolerance and v["expected"] != v["got"]
+
+
+def test_ties_are_not_violations(pair):
+    """A mismatch at a position where the target's top-2 margin is below tolerance is a tie."""
+    cfg, w, dcfg, dw, prompts, ref = pair
+    report = force(cheat("draft_on_mismatch", pair), ref, prompts, w, cfg, tie_tolerance=1e9)
+    assert report.ties and not report.violations

@@ -11,62 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import time
 
 import hydra
 from omegaconf import DictConfig
 
-# Hydra prints its own errors (a bad override, a missing group option) over several lines and exits 1;
-# with HYDRA_FULL_ERROR it raises them instead, and `_cli` turns them into one line and exit 2. A user who
-# set HYDRA_FULL_ERROR themselves gets Hydra's traceback as asked.
-_USER_FULL_ERROR = "HYDRA_FULL_ERROR" in os.environ
-os.environ.setdefault("HYDRA_FULL_ERROR", "1")
-
-EXIT_USER_ERROR = 2
-
-
-def _one_line(text: str) -> str:
-    return " ".join(part.strip() for part in str(text).strip().splitlines() if part.strip())
-
-
-def _fail(message: str) -> None:
-    print(_one_line(message), file=sys.stderr, flush=True)
-    sys.exit(EXIT_USER_ERROR)
-
-
-def _user_error(e: Exception) -> str | None:
-    """The one-line message for an error the user can fix, else None (a bug: keep the traceback)."""
-    from specpilot.config import ConfigError
-    from specpilot.models.config import CheckpointError
-
-    if isinstance(e, ConfigError):
-        return str(e)
-    if isinstance(e, CheckpointError):
-        return f"checkpoint error: {e}"
-    common = sys.modules.get("specpilot.decoding.common")  # loaded by then if a PromptError can exist
-    if common is not None and isinstance(e, common.PromptError):
-        return f"prompt error: {e}"
-    return None
-
-
-def _hydra_error(e: Exception) -> str:
-    from hydra.errors import MissingConfigException, OverrideParseException
-
-    from specpilot.config import is_known_key
-
-    if isinstance(e, MissingConfigException) and e.missing_cfg_file and e.options:
-        group, _, option = e.missing_cfg_file.rpartition("/")
-        return f"config error: {group or option}: no option {option!r} (available: {', '.join(e.options)})"
-    if isinstance(e, OverrideParseException):
-        return f"config error: cannot parse override {e.override!r}: {_one_line(e.message)}"
-    key = getattr(e.__cause__, "full_key", None)
-    if key and "not in struct" in str(e.__cause__):
-        if is_known_key(key):
-            return f"config error: {key}: not set in conf/; add it with +{key}=VALUE"
-        return f"config error: {key}: unknown key"
-    return f"config error: {_one_line(e)}"
+from specpilot.cli import guarded, run_cli
 
 
 def _summary(prompts, result, tokenizer, load_s: float, gen_s: float) -> str:
@@ -107,25 +58,8 @@ def run(hydra_cfg: DictConfig) -> None:
 
 @hydra.main(config_path="../conf", config_name="config", version_base=None)
 def main(hydra_cfg: DictConfig) -> None:
-    try:
-        run(hydra_cfg)
-    except Exception as e:
-        message = _user_error(e)
-        if message is None:
-            raise
-        _fail(message)
-
-
-def _cli() -> None:
-    from hydra.errors import HydraException
-
-    try:
-        main()
-    except HydraException as e:
-        if _USER_FULL_ERROR:
-            raise
-        _fail(_hydra_error(e))
+    guarded(run, hydra_cfg)
 
 
 if __name__ == "__main__":
-    _cli()
+    run_cli(main)

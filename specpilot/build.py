@@ -131,8 +131,10 @@ def load_tokenizer(path: str | Path):
         raise CheckpointError(f"{path}: unreadable tokenizer files: {first}") from None
 
 
-def load_models(cfg: RootConfig):
-    """(target_cfg, target_weights, drafter_cfg | None, drafter_weights | None, tokenizer | None)."""
+def load_models(cfg: RootConfig, with_drafter: bool | None = None):
+    """(target_cfg, target_weights, drafter_cfg | None, drafter_weights | None, tokenizer | None).
+
+    The drafter is loaded when the engine needs one, or when `with_drafter` says so."""
     from specpilot.models import hf, weights
 
     dtype = _dtype(cfg.target.dtype)
@@ -145,7 +147,7 @@ def load_models(cfg: RootConfig):
         target_cfg = target_config_from_group(cfg)
         target_w = weights.init_random_target(target_cfg, cfg.target.seed, dtype)
     drafter_cfg = drafter_w = None
-    if cfg.needs_drafter:
+    if cfg.needs_drafter if with_drafter is None else with_drafter:
         if cfg.drafter.path:
             drafter_cfg, drafter_w = hf.load_drafter(cfg.drafter.path, dtype, cache_dir)
             _check_drafter_fits(cfg.drafter.path, drafter_cfg, target_cfg)

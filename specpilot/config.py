@@ -123,6 +123,12 @@ class DeploymentGroup(_Strict):
     proposer: Literal["offline", "gemini"]
 
 
+class ForcingGroup(_Strict):
+    reference: Literal["stock", "ar"]
+    tie_tolerance: NonNegFloat
+    max_restarts: NonNegInt
+
+
 class SearchGroup(_Strict):
     rounds: PosInt
     candidates_per_round: PosInt
@@ -201,6 +207,7 @@ class RootConfig(_Strict):
     context: PosInt | None
     seed: NonNegInt
     sampling: SamplingGroup
+    forcing: ForcingGroup
 
     @field_validator("prompt", mode="before")
     @classmethod

@@ -79,7 +79,9 @@ def force(
     pending = [i for i in range(len(prompts)) if reference_tokens[i]]
     while pending:
         seqs = [list(prompts[i]) + list(reference_tokens[i][: prefix[i]]) for i in pending]
-        got = candidate.generate(seqs, max_new, pad_to=pad_to).tokens
+        # same batch shape on every pass (padded with a repeat), so one compiled program serves all
+        filler = [seqs[0]] * (len(prompts) - len(seqs))
+        got = candidate.generate(seqs + filler, max_new, pad_to=pad_to).tokens[: len(seqs)]
         judge = []
         for i, out in zip(pending, got):
             expected = list(reference_tokens[i][prefix[i] :])

@@ -9,7 +9,12 @@ import subprocess
 import uuid
 from pathlib import Path
 
+import jax
 import pytest
+
+# Tests run tiny models on 2 CPU cores, where XLA compile time dominates: skip the slow optimisation
+# passes (numerics are unchanged; timings never come from tests).
+jax.config.update("jax_disable_most_optimizations", True)
 
 REPO = Path(__file__).resolve().parents[1]
 MAKE_REFERENCE = REPO / "tests" / "hf_reference" / "make_reference.py"

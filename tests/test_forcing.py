@@ -37,9 +37,9 @@ def pair():
     return cfg, w, dcfg, dw, prompts, ref
 
 
-def run_force(engine, pair):
+def run_force(engine, pair, **kw):
     cfg, w, _, _, prompts, ref = pair
-    return force(engine, ref, prompts, w, cfg, reference_name="ar")
+    return force(engine, ref, prompts, w, cfg, reference_name="ar", **kw)
 
 
 @pytest.mark.parametrize("spec", [
@@ -88,7 +88,17 @@ class SiblingVisible(SpecEngine):
         return out, anc
 
 
+_CHEATS = {}
+
+
 def cheat(kind, pair):
+    """One engine per cheat for the whole module (each compiles once)."""
+    if kind not in _CHEATS:
+        _CHEATS[kind] = _make_cheat(kind, pair)
+    return _CHEATS[kind]
+
+
+def _make_cheat(kind, pair):
     cfg, w, dcfg, dw, _, _ = pair
     if kind == "skip_verification":
         return SkipVerification("cheat", cfg, w, dcfg, dw, context=CONTEXT)
@@ -106,7 +116,7 @@ def cheat(kind, pair):
     "kind", ["skip_verification", "draft_on_mismatch", "lossy_weights_declared_exact", "sibling_visible_mask"]
 )
 def test_planted_cheats_are_flagged(pair, kind):
-    report = run_force(cheat(kind, pair), pair)
+    report = run_force(cheat(kind, pair), pair, max_restarts=1)
     assert not report.passed
     assert report.violations, f"{kind}: no violation found: {report.to_json()}"
     v = report.violations[0]
@@ -116,5 +126,5 @@ def test_planted_cheats_are_flagged(pair, kind):
 def test_ties_are_not_violations(pair):
     """A mismatch at a position where the target's top-2 margin is below tolerance is a tie."""
     cfg, w, dcfg, dw, prompts, ref = pair
-    report = force(cheat("draft_on_mismatch", pair), ref, prompts, w, cfg, tie_tolerance=1e9)
+    report = force(cheat("draft_on_mismatch", pair), ref, prompts, w, cfg, tie_tolerance=1e9, max_restarts=1)
     assert report.ties and not report.violations

@@ -50,3 +50,21 @@ def test_token_id_outside_vocabulary_is_one_line_and_exit_2(tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert "99999" in last and last.startswith("prompt error: ")
     assert "Traceback" not in proc.stderr
+
+
+def test_force_script_passes_an_honest_engine(tmp_path):
+    """scripts/force.py: JSON report as the last line, exit 0 when the candidate matches the reference."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, str(repo / "scripts" / "force.py"), "engine=ddtree", "engine.tree_budget=8",
+         "prompt_ids=[[1,2,3],[5,6,7,8]]", "max_new_tokens=12", f"hydra.run.dir={tmp_path}"],
+        capture_output=True, text=True, cwd=repo, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["passed"] and report["positions_checked"] == 24 and report["violations"] == []

@@ -38,9 +38,12 @@ class W12MatmulSuite:
   @pytest.mark.parametrize(
       "k,n,m,group_k,config",
       [
+          # 2 channel blocks x 2 K steps, one base group per step
           (256, 128, 5, 128, w12.TuningConfig(tile_n=64, tile_m=8, tile_k=128)),
-          (200, 64, 20, 128, w12.TuningConfig(tile_n=64, tile_m=8, tile_k=64)),  # K padded, 3 token blocks
-          (256, 64, 1, 256, w12.TuningConfig(tile_n=64, tile_m=64, tile_k=128)),  # decode-sized M
+          # K padded 120 -> 128, 3 token blocks
+          (120, 64, 20, 128, w12.TuningConfig(tile_n=64, tile_m=8, tile_k=64)),
+          # decode-sized M, one base group wider than K
+          (128, 64, 1, 256, w12.TuningConfig(tile_n=64, tile_m=64, tile_k=128)),
       ],
   )
   def test_matches_f32_matmul(self, k, n, m, group_k, config):

@@ -18,4 +18,6 @@ def w12_matmul_reference(x: jax.Array, packed: W12Array) -> jax.Array:
   if x.shape[-1] != k:
     raise ValueError(f"w12 matmul: x has {x.shape[-1]} features, the weight expects {k}")
   w = unpack(packed)
-  return jnp.matmul(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+  # HIGHEST: f32 activations must not be rounded to TF32 on GPU; bf16 ones are unaffected
+  return jnp.matmul(x, w, precision=jax.lax.Precision.HIGHEST,
+                    preferred_element_type=jnp.float32).astype(x.dtype)

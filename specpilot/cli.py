@@ -1,0 +1,81 @@
+"""Shared command-line plumbing for the Hydra entry points in scripts/: a user error (bad config key,
+checkpoint or prompt) is one line on stderr and exit code 2; anything else keeps its traceback."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Hydra prints its own errors (a bad override, a missing group option) over several lines and exits 1;
+# with HYDRA_FULL_ERROR it raises them instead, and `_cli` turns them into one line and exit 2. A user who
+# set HYDRA_FULL_ERROR themselves gets Hydra's traceback as asked.
+_USER_FULL_ERROR = "HYDRA_FULL_ERROR" in os.environ
+os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+
+EXIT_USER_ERROR = 2
+
+
+def one_line(text: str) -> str:
+    return " ".join(part.strip() for part in str(text).strip().splitlines() if part.strip())
+
+
+def fail(message: str) -> None:
+    print(one_line(message), file=sys.stderr, flush=True)
+    sys.exit(EXIT_USER_ERROR)
+
+
+def _user_error(e: Exception) -> str | None:
+    """The one-line message for an error the user can fix, else None (a bug: keep the traceback)."""
+    from specpilot.config import ConfigError
+    from specpilot.models.config import CheckpointError
+
+    if isinstance(e, ConfigError):
+        return str(e)
+    if isinstance(e, CheckpointError):
+        return f"checkpoint error: {e}"
+    common = sys.modules.get("specpilot.decoding.common")  # loaded by then if a PromptError can exist
+    if common is not None and isinstance(e, common.PromptError):
+        return f"prompt error: {e}"
+    return None
+
+
+def _hydra_error(e: Exception) -> str:
+    from hydra.errors import MissingConfigException, OverrideParseException
+
+    from specpilot.config import is_known_key
+
+    if isinstance(e, MissingConfigException) and e.missing_cfg_file and e.options:
+        group, _, option = e.missing_cfg_file.rpartition("/")
+        return f"config error: {group or option}: no option {option!r} (available: {', '.join(e.options)})"
+    if isinstance(e, OverrideParseException):
+        return f"config error: cannot parse override {e.override!r}: {one_line(e.message)}"
+    key = getattr(e.__cause__, "full_key", None)
+    if key and "not in struct" in str(e.__cause__):
+        if is_known_key(key):
+            return f"config error: {key}: not set in conf/; add it with +{key}=VALUE"
+        return f"config error: {key}: unknown key"
+    return f"config error: {one_line(e)}"
+
+
+
+def run_cli(hydra_main) -> None:
+    """Call a `@hydra.main` function, turning user errors (ours or Hydra's) into one line + exit 2."""
+    from hydra.errors import HydraException
+
+    try:
+        hydra_main()
+    except HydraException as e:
+        if _USER_FULL_ERROR:
+            raise
+        fail(_hydra_error(e))
+
+
+def guarded(run, hydra_cfg) -> None:
+    """Run `run(hydra_cfg)` inside a Hydra main, mapping user errors to one line + exit 2."""
+    try:
+        run(hydra_cfg)
+    except Exception as e:
+        message = _user_error(e)
+        if message is None:
+            raise
+        fail(message)

@@ -1,0 +1,169 @@
+"""Greedy speculative engines are lossless: stock, ddtree, specpilot and tlv commit exactly the AR
+target's tokens, batched (ragged prompts) or not, with or without EOS, for tree budgets below the
+block's depth and above the vocabulary.
+
+Models: `models.repeat_pair` (tiny float32 target over 16 tokens that mostly repeats its last token and
+switches depending on context; a drafter built from the target's embedding that drafts "repeat"), so
+rounds often commit several tokens and often reject. Engines compile once per module (see
+`models.generate`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import models as tm
+from specpilot.decoding import make_engine
+
+VOCAB, BLOCK, MAX_NEW, CONTEXT = 16, 8, 64, 100
+MASK = VOCAB - 1
+N_PROMPTS, BATCH = 20, 4
+SINGLE = (0, 5)  # prompts also run alone: both have 3 tokens, padded to 9 in their batches
+
+SPEC_ENGINES = {
+    "stock": dict(name="stock"),
+    "ddtree_budget24_gt_vocab": dict(name="ddtree", tree_budget=24),
+    "specpilot": dict(name="specpilot", tree_budget=24, budget_candidates=[4, 24],
+                      verify_cost_ms={1: 1.0, 24: 1.6}, draft_cost_ms=0.5),
+    "tlv_int8_budget5_lt_depth": dict(name="tlv", tree_budget=5, level1_format="int8"),
+}
+# The EOS runs use the other budgets / formats, so every variant costs one compile only.
+EOS_ENGINES = {
+    "stock": dict(name="stock"),
+    "ddtree_budget3_lt_depth": dict(name="ddtree", tree_budget=3),
+    "specpilot": dict(name="specpilot", tree_budget=12, budget_candidates=[2, 6, 12],
+                      verify_cost_ms={1: 1.0, 12: 1.3}, draft_cost_ms=0.2),
+    "tlv_fp8_budget40_gt_vocab": dict(name="tlv", tree_budget=40, level1_format="fp8"),
+}
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tm.repeat_pair(tm.target_config(vocab=VOCAB), block_size=BLOCK, embed_scale=0.6, seed=0)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    ps = tm.prompts(N_PROMPTS, VOCAB, lengths=(3, 6, 9, 5, 3), seed=1, exclude=(MASK,))
+    assert all(len(ps[i]) == 3 for i in SINGLE)
+    return ps
+
+
+_engines: dict = {}
+
+
+def engine(name: str, engine_cfg: dict, cfg, pair):
+    key = (name, cfg.eos_token_ids)
+    if key not in _engines:
+        _, tw, dcfg, dw = pair
+        _engines[key] = make_engine(engine_cfg, cfg, tw, dcfg, dw, context=CONTEXT)
+    return _engines[key]
+
+
+def run_batched(eng, prompts):
+    tokens, acc, stats = [], [], []
+    for i in range(0, len(prompts), BATCH):
+        r = tm.generate(eng, prompts[i : i + BATCH], MAX_NEW, seed=0)
+        tokens += r.tokens
+        acc += r.acceptance_lengths
+        stats.append(r.stats)
+    return tokens, acc, stats
+
+
+@pytest.fixture(scope="module")
+def ar_tokens(pair, prompts):
+    cfg = pair[0]
+    tokens, _, _ = run_batched(engine("ar", dict(name="ar"), cfg, pair), prompts)
+    assert all(len(t) == MAX_NEW for t in tokens)
+    # the workload is not degenerate: prompts differ in output, and outputs are not one repeated token
+    assert len({tuple(t) for t in tokens}) >= N_PROMPTS - 3
+    assert sum(len(set(t)) > 2 for t in tokens) >= N_PROMPTS // 2
+    return tokens
+
+
+@pytest.fixture(scope="module")
+def spec_batched(pair, prompts):
+    cfg = pair[0]
+    return {n: run_batched(engine(n, c, cfg, pair), prompts) for n, c in SPEC_ENGINES.items()}
+
+
+def test_ar_batch1_equals_batched(pair, prompts, ar_tokens):
+    eng = engine("ar", dict(name="ar"), pair[0], pair)
+    for i in SINGLE:
+        assert tm.generate(eng, [prompts[i]], MAX_NEW).tokens[0] == ar_tokens[i]
+
+
+@pytest.mark.parametrize("name", list(SPEC_ENGINES))
+def test_greedy_batched_equals_ar(name, spec_batched, ar_tokens):
+    tokens, acc, _ = spec_batched[name]
+    for i, (got, want) in enumerate(zip(tokens, ar_tokens)):
+        assert got == want, f"{name}: prompt {i} diverges from AR at token {_first_diff(got, want)}"
+    for i, a in enumerate(acc):
+        assert sum(a) >= MAX_NEW - 1 and all(1 <= x <= BLOCK for x in a), (name, i, a)
+    hist = np.bincount(np.concatenate(acc), minlength=BLOCK + 1)[1:]
+    # rounds that accept >= 2 drafts exercise acceptance + KV compaction; rejections must happen too
+    assert hist[2:].sum() >= 20 and hist[:-1].sum() >= 20, f"{name}: committed-per-round histogram {hist.tolist()}"
+
+
+@pytest.mark.parametrize("name", list(SPEC_ENGINES))
+def test_greedy_batch1_equals_batched(name, pair, prompts, spec_batched, ar_tokens):
+    """Each request alone gives the same tokens (and, except specpilot whose budget is chosen for the
+    whole batch, the same per-round counts) as inside a ragged batch of 4."""
+    eng = engine(name, SPEC_ENGINES[name], pair[0], pair)
+    tokens, acc, _ = spec_batched[name]
+    for i in SINGLE:
+        r = tm.generate(eng, [prompts[i]], MAX_NEW)
+        assert r.tokens[0] == ar_tokens[i] == tokens[i]
+        if SPEC_ENGINES[name]["name"] != "specpilot":
+            assert r.acceptance_lengths[0] == acc[i]
+
+
+def test_tree_engines_build_real_trees(spec_batched):
+    """The tree engines verify trees of the configured size (not chains), and specpilot picks sizes."""
+    nodes = {n: np.mean([s["mean_tree_nodes"] for s in spec_batched[n][2]]) for n in SPEC_ENGINES}
+    assert nodes["stock"] == BLOCK - 1
+    assert nodes["ddtree_budget24_gt_vocab"] == 24
+    assert 4 <= nodes["specpilot"] <= 24
+    assert 1 <= nodes["tlv_int8_budget5_lt_depth"] <= BLOCK - 1  # level 2 verifies the chosen chain
+
+
+# ---- EOS ------------------------------------------------------------------------------------------
+
+
+def _first_diff(a, b):
+    return next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _cut_at(tokens, eos):
+    return tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
+
+
+@pytest.fixture(scope="module")
+def eos_setup(pair, ar_tokens):
+    """An EOS id that ends most outputs midway while some requests never emit it."""
+    def score(t):
+        firsts = [toks.index(t) for toks in ar_tokens if t in toks]
+        return sum(0 < f < MAX_NEW - 1 for f in firsts), len(firsts) < len(ar_tokens)
+
+    eos = max((t for t in range(VOCAB - 1) if score(t)[1]), key=lambda t: score(t)[0])
+    assert score(eos)[0] >= 5, "no token stops enough outputs midway; change the seeds"
+    cfg = pair[0].replace(eos_token_ids=(eos,))
+    return eos, cfg, [_cut_at(t, eos) for t in ar_tokens]
+
+
+def test_ar_eos(pair, prompts, eos_setup):
+    eos, cfg, want = eos_setup
+    tokens, _, _ = run_batched(engine("ar", dict(name="ar"), cfg, pair), prompts)
+    assert tokens == want
+    assert any(len(t) < MAX_NEW for t in want) and any(len(t) == MAX_NEW for t in want)
+
+
+@pytest.mark.parametrize("name", list(EOS_ENGINES))
+def test_greedy_eos_matches_ar(name, pair, prompts, eos_setup):
+    eos, cfg, want = eos_setup
+    tokens, acc, _ = run_batched(engine(name, EOS_ENGINES[name], cfg, pair), prompts)
+    for i, (got, w) in enumerate(zip(tokens, want)):
+        assert got == w, f"{name}: prompt {i} (eos {eos}) diverges at token {_first_diff(got, w)}: {got} vs {w}"
+        # the rounds stop once EOS is committed: no round runs after the one that produced it
+        assert len(acc[i]) <= 1 or sum(acc[i][:-1]) < len(w) - 1, (i, acc[i], w)

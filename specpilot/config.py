@@ -140,7 +140,8 @@ class SearchGroup(_Strict):
 
 class _EngineBase(_Strict):
     weight_format: Literal["bf16", "w12"] = "bf16"
-    attention: Literal["xla", "cudnn", "pallas_tree"] = "xla"
+    # only plain XLA attention exists today; cudnn / pallas_tree land with the tree-attention kernel
+    attention: Literal["xla"] = "xla"
 
 
 class AREngineConfig(_EngineBase):

@@ -14,6 +14,11 @@ def make_engine(engine_cfg: dict, target_cfg, target_weights, drafter_cfg=None, 
     from specpilot.decoding.spec import SpecEngine
 
     name = engine_cfg["name"]
+    if engine_cfg.get("weight_format", "bf16") == "w12":
+        from specpilot.models.weights import pack_w12
+
+        target_weights = pack_w12(target_weights)
+        drafter_weights = None if drafter_weights is None else pack_w12(drafter_weights)
     if name == "ar":
         return AREngine(target_cfg, target_weights, sampling, context)
     if name not in ENGINES:

@@ -166,6 +166,27 @@ def init_random_drafter(cfg: DrafterConfig, seed: int = 0, dtype=jnp.bfloat16) -
     )
 
 
+def pack_w12(weights):
+    """Every linear leaf of a target or drafter tree as a lossless `W12Array` (needs bf16 weights)."""
+    from pallas_kernels import w12
+
+    def pack_layer(layer: Layer) -> Layer:
+        return dataclasses.replace(
+            layer,
+            w_qkv=w12.pack(layer.w_qkv),
+            w_o=w12.pack(layer.w_o),
+            w_gate_up=w12.pack(layer.w_gate_up),
+            w_down=w12.pack(layer.w_down),
+        )
+
+    packed = dataclasses.replace(weights, layers=[pack_layer(lw) for lw in weights.layers])
+    if isinstance(weights, TargetWeights):
+        packed = dataclasses.replace(packed, lm_head=w12.pack(weights.lm_head))
+    else:
+        packed = dataclasses.replace(packed, fc=w12.pack(weights.fc))
+    return packed
+
+
 def cast_floats(tree, dtype):
     """Cast every floating leaf of a weight tree (not quantized/packed leaves' integer planes)."""
     return jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, tree)

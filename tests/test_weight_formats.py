@@ -1,0 +1,27 @@
+"""Weight formats plug in through the weight leaf: W12 is bit-exact, so tokens must not change."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import pytest
+
+from specpilot.decoding import make_engine
+from specpilot.models.config import DrafterConfig, ModelConfig
+from specpilot.models.weights import init_random_drafter, init_random_target
+
+
+@pytest.mark.parametrize("engine", ["ar", "stock"])
+def test_w12_weights_give_identical_tokens(engine):
+    cfg = ModelConfig(family="qwen3", vocab_size=64, hidden_size=64, intermediate_size=96, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=128)
+    dcfg = DrafterConfig(layers=cfg.replace(num_layers=1), block_size=4, mask_token_id=63,
+                         target_layer_ids=(0, 1), num_target_layers=2)
+    w = init_random_target(cfg, seed=1, dtype=jnp.bfloat16)
+    dw = init_random_drafter(dcfg, seed=2, dtype=jnp.bfloat16)
+    prompts = [[1, 2, 3, 4], [9, 8, 7]]
+    outs = {}
+    for fmt in ("bf16", "w12"):
+        e = make_engine({"name": engine, "weight_format": fmt}, cfg, w, dcfg, dw, context=128)
+        outs[fmt] = e.generate(prompts, 16).tokens
+    assert type(e.params["target"].layers[0].w_qkv if engine != "ar" else e.params.layers[0].w_qkv).__name__ == "W12Array"
+    assert outs["w12"] == outs["bf16"]

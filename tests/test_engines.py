@@ -34,7 +34,7 @@ EOS_ENGINES = {
     "ddtree_budget3_lt_depth": dict(name="ddtree", tree_budget=3),
     "specpilot": dict(name="specpilot", tree_budget=12, budget_candidates=[2, 6, 12],
                       verify_cost_ms={1: 1.0, 12: 1.3}, draft_cost_ms=0.2),
-    "tlv_fp8_budget40_gt_vocab": dict(name="tlv", tree_budget=40, level1_format="fp8"),
+    "tlv_fp8_budget20_gt_vocab": dict(name="tlv", tree_budget=20, level1_format="fp8"),
 }
 
 

@@ -86,6 +86,7 @@ class TestMosaicGpu(W12MatmulSuite):
 
 def test_default_falls_back_to_reference_loudly(monkeypatch, caplog):
   monkeypatch.setattr(w12_ops, "_on_hopper", lambda: True)
+  monkeypatch.setattr(w12_ops, "DEFAULT_TO_KERNEL", True)
   packed = w12.pack(np.ones((64, 64), BF16))
   x = jnp.ones((2, 64), jnp.float32)  # the kernel wants bf16 activations
   with caplog.at_level(logging.WARNING, logger=w12_ops.__name__):

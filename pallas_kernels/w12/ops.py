@@ -15,6 +15,7 @@ _log = logging.getLogger(__name__)
 
 Implementation = Literal["reference", "mosaic_gpu"]
 _IMPLEMENTATIONS = ("reference", "mosaic_gpu")
+DEFAULT_TO_KERNEL = False  # see `matmul`
 
 
 def _on_hopper() -> bool:
@@ -37,8 +38,10 @@ def matmul(
 ) -> jax.Array:
   """``x @ W`` for ``x`` ``[..., K]`` and a W12 weight ``[K, N]``; f32 accumulation.
 
-  ``implementation=None`` runs the fused kernel on Hopper and the reference
-  elsewhere; a shape the kernel does not support falls back to the reference with
+  ``implementation=None`` runs the reference (unpack + dot) everywhere for now: the
+  first fused kernel is correct but ~2x slower than a bf16 dot on the H200
+  (docs/results/2026-11-30-w12-matmul-h200.md); flip ``DEFAULT_TO_KERNEL`` once it
+  wins. Then a shape the kernel does not support falls back to the reference with
   a warning (at trace time), so the result is never silently wrong. Naming an
   implementation disables the fallback, which is what tests and benchmarks want.
   """
@@ -48,7 +51,7 @@ def matmul(
     return w12_matmul_reference(x, packed)
   if implementation == "mosaic_gpu":
     return _mosaic_gpu(x, packed, config)
-  if not _on_hopper():
+  if not (DEFAULT_TO_KERNEL and _on_hopper()):
     return w12_matmul_reference(x, packed)
   try:
     return _mosaic_gpu(x, packed, config)

@@ -66,13 +66,14 @@ def append_tokens(out: jax.Array, n_out: jax.Array, new: jax.Array, n_new: jax.A
     return out.at[jnp.arange(out.shape[0])[:, None], slots].set(jnp.where(keep, new, cur), mode="drop")
 
 
-def first_eos(tokens: jax.Array, n: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
-    """Per row, the length up to and including the first EOS among tokens[:, :n] (n if none)."""
+def first_eos(tokens: jax.Array, n: jax.Array, eos_ids: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+    """Per row: (length up to and including the first EOS among tokens[:, :n], or n; whether one exists)."""
     if not eos_ids:
-        return n
+        return n, jnp.zeros(n.shape, bool)
     idx = jnp.arange(tokens.shape[1])[None, :]
     is_eos = jnp.isin(tokens, jnp.asarray(eos_ids)) & (idx < n[:, None])
-    return jnp.where(is_eos.any(axis=1), jnp.argmax(is_eos, axis=1) + 1, n).astype(jnp.int32)
+    found = is_eos.any(axis=1)
+    return jnp.where(found, jnp.argmax(is_eos, axis=1) + 1, n).astype(jnp.int32), found
 
 
 @dataclasses.dataclass

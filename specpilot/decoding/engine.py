@@ -66,8 +66,7 @@ def commit(state: LoopState, new: jax.Array, n_new: jax.Array, eos_ids: tuple[in
     n_new = jnp.where(live, n_new, 0)
     out = append_tokens(state.out, state.n_out, new, n_new)
     n_out = state.n_out + n_new
-    stop = first_eos(out, n_out, eos_ids)
-    hit_eos = stop < n_out
+    stop, hit_eos = first_eos(out, n_out, eos_ids)
     n_out = jnp.minimum(n_out, stop)
     done = state.done | hit_eos | (n_out >= state.max_new + int(state.reference_stop))
     rows = jnp.arange(out.shape[0])

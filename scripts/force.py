@@ -30,7 +30,7 @@ def run(hydra_cfg: DictConfig) -> None:
         raise ConfigError.at("sampling.temperature", "token forcing compares greedy outputs; set it to 0")
     from specpilot.build import check_prompt_source, load_models, make_prompts, sampling_of
     from specpilot.decoding import make_engine
-    from specpilot.forcing import force
+    from specpilot.forcing import force, target_margin_fn
 
     check_prompt_source(cfg)
     with_drafter = cfg.forcing.reference == "stock" or cfg.engine.name != "ar"
@@ -43,7 +43,7 @@ def run(hydra_cfg: DictConfig) -> None:
         engines[role] = make_engine(engine_cfg, target_cfg, target_w, drafter_cfg, drafter_w, sampling_of(cfg), context)
     ref_tokens = engines["reference"].generate(prompts, cfg.max_new_tokens, cfg.seed).tokens
     candidate = engines["candidate"]
-    report = force(candidate, ref_tokens, prompts, target_w, target_cfg, cfg.forcing.reference,
+    report = force(candidate, ref_tokens, prompts, target_margin_fn(target_w, target_cfg), cfg.forcing.reference,
                    cfg.forcing.tie_tolerance, cfg.forcing.max_restarts)
     out = report.to_json()
     print(f"{candidate.name} vs {cfg.forcing.reference}: {out['positions_checked']} positions, "

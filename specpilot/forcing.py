@@ -52,17 +52,24 @@ def top2_margins(weights, cfg, sequences: Sequence[Sequence[int]]) -> np.ndarray
     return np.asarray(top2[:, 0] - top2[:, 1])
 
 
+def target_margin_fn(weights, cfg):
+    """`margin_fn` for `force`: the exact target's top-2 logit margins."""
+    return lambda sequences: top2_margins(weights, cfg, sequences)
+
+
 def force(
     candidate,
     reference_tokens: Sequence[Sequence[int]],
     prompts: Sequence[Sequence[int]],
-    target_weights,
-    target_cfg,
+    margin_fn,
     reference_name: str = "stock",
     tie_tolerance: float = 1e-3,
     max_restarts: int = 4,
 ) -> ForcingReport:
     """Check `candidate` (an Engine, greedy) against `reference_tokens` position by position.
+
+    margin_fn(sequences) -> the exact target's top-1 − top-2 logit after each sequence (used only at
+    disagreements; `target_margin_fn(weights, cfg)` for a real target).
 
     Each prompt restarts at most `max_restarts` times; positions after that stay unchecked and the
     report does not pass. The candidate must have room for prompt + 2 × max_new tokens (it always
@@ -96,9 +103,7 @@ def force(
             checked[i] += diff + 1
             judge.append((i, prefix[i] + diff, expected[diff], out[diff] if diff < len(out) else None))
         if judge:
-            margins = top2_margins(
-                target_weights, target_cfg, [list(prompts[i]) + list(reference_tokens[i][:pos]) for i, pos, _, _ in judge]
-            )
+            margins = margin_fn([list(prompts[i]) + list(reference_tokens[i][:pos]) for i, pos, _, _ in judge])
             for (i, pos, exp, got_tok), margin in zip(judge, margins):
                 entry = {"prompt": i, "position": pos, "expected": exp, "got": got_tok, "margin": float(margin)}
                 (report.ties if margin < tie_tolerance else report.violations).append(entry)

@@ -12,7 +12,7 @@ import pytest
 from specpilot.decoding import make_engine
 from specpilot.decoding.spec import SpecEngine, quantize_target
 from specpilot.decoding.tree import Walk, ancestor_mask
-from specpilot.forcing import force
+from specpilot.forcing import force, target_margin_fn
 from specpilot.models.config import DrafterConfig, ModelConfig
 from specpilot.models.target import forward
 from specpilot.models.weights import init_random_drafter, init_random_target
@@ -39,7 +39,7 @@ def pair():
 
 def run_force(engine, pair, **kw):
     cfg, w, _, _, prompts, ref = pair
-    return force(engine, ref, prompts, w, cfg, reference_name="ar", **kw)
+    return force(engine, ref, prompts, target_margin_fn(w, cfg), reference_name="ar", **kw)
 
 
 @pytest.mark.parametrize("spec", [
@@ -126,5 +126,19 @@ def test_planted_cheats_are_flagged(pair, kind):
 def test_ties_are_not_violations(pair):
     """A mismatch at a position where the target's top-2 margin is below tolerance is a tie."""
     cfg, w, dcfg, dw, prompts, ref = pair
-    report = force(cheat("draft_on_mismatch", pair), ref, prompts, w, cfg, tie_tolerance=1e9, max_restarts=1)
+    report = force(cheat("draft_on_mismatch", pair), ref, prompts, target_margin_fn(w, cfg), tie_tolerance=1e9,
+                   max_restarts=1)
     assert report.ties and not report.violations
+
+
+def test_fake_engine_forcing():
+    """The scripted engine continues any reference prefix exactly; its corrupting twin is flagged."""
+    from specpilot.decoding.fake import FakeEngine
+
+    prompts = [[1, 2, 3], [4, 5]]
+    ref = FakeEngine().generate(prompts, 20).tokens
+    always_decisive = lambda seqs: np.ones(len(seqs))  # noqa: E731
+    assert force(FakeEngine(acceptance=(2, 3)), ref, prompts, always_decisive).passed
+    report = force(FakeEngine(corrupt_every=5), ref, prompts, always_decisive, max_restarts=8)
+    assert not report.passed and len(report.violations) >= 4
+    assert all(v["expected"] != v["got"] for v in report.violations)

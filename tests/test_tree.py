@@ -1,0 +1,188 @@
+"""Draft trees: `best_first` against a plain-Python heap build (DDTree's `build_ddtree_tree`: pop the best
+node, push its next sibling and its first child; the budget counts draft nodes only, not the root),
+`ancestor_mask` against a Python reference, and `walk` on hand-made trees."""
+
+from __future__ import annotations
+
+import heapq
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specpilot.decoding import tree as trees
+
+# ---- references ------------------------------------------------------------------------------------
+
+
+def heap_build(logp: np.ndarray, budget: int, depth_limit: int | None = None):
+    """DDTree's best-first build. Returns nodes in pop order as (path tuple of tokens, parent index, score);
+    index 0 is the root, nodes are 1..n."""
+    rows, vocab = logp.shape
+    limit = rows if depth_limit is None else min(rows, depth_limit)
+    if budget <= 0 or limit <= 0:
+        return []
+    k = min(budget, vocab)
+    order = np.argsort(-logp, axis=-1, kind="stable")[:, :k]
+    lp = np.take_along_axis(logp, order, axis=-1).astype(np.float64)
+    heap = [(-lp[0, 0], (0,), 0, 1, 0, lp[0, 0])]
+    nodes, paths = [], {0: ()}
+    while heap and len(nodes) < budget:
+        _, ranks, parent, depth, rank, logw = heapq.heappop(heap)
+        idx = len(nodes) + 1
+        paths[idx] = paths[parent] + (int(order[depth - 1, rank]),)
+        nodes.append((paths[idx], parent, logw))
+        if rank + 1 < k:
+            w = logw - lp[depth - 1, rank] + lp[depth - 1, rank + 1]
+            heapq.heappush(heap, (-w, ranks[:-1] + (rank + 1,), parent, depth, rank + 1, w))
+        if depth < limit:
+            w = logw + lp[depth, 0]
+            heapq.heappush(heap, (-w, ranks + (0,), idx, depth + 1, 0, w))
+    return nodes
+
+
+def tree_paths(tree: trees.Tree):
+    """Valid nodes of a Tree as (path tuple, parent verify index, score), in node order."""
+    tok, par, valid, score = (np.asarray(x) for x in (tree.tokens, tree.parent, tree.valid, tree.score))
+    paths, out = {0: ()}, []
+    for j in range(len(tok)):
+        if not valid[j]:
+            continue
+        assert par[j] in paths, f"node {j + 1}: parent {par[j]} is not an earlier valid node"
+        paths[j + 1] = paths[par[j]] + (int(tok[j]),)
+        out.append((paths[j + 1], int(par[j]), float(score[j])))
+    return out
+
+
+def ancestor_reference(parent, valid) -> np.ndarray:
+    n = len(parent)
+    m = np.eye(n + 1, dtype=bool)
+    for i in range(1, n + 1):
+        if not valid[i - 1]:
+            continue
+        j = i
+        while j != 0:
+            j = int(parent[j - 1])
+            m[i, j] = True
+    for j in range(1, n + 1):  # no one sees an invalid node but itself
+        if not valid[j - 1]:
+            m[:, j] = False
+            m[j, j] = True
+    return m
+
+
+# ---- best_first vs the heap ------------------------------------------------------------------------
+
+best_first = jax.jit(trees.best_first, static_argnums=1)
+
+
+@pytest.mark.parametrize(
+    "depth,vocab,budgets",
+    [(7, 16, (1, 3, 7, 8, 24, 64)), (3, 5, (2, 6, 20, 200)), (5, 251, (4, 16, 64)), (1, 9, (1, 5, 12))],
+)
+def test_best_first_matches_heap(depth, vocab, budgets):
+    rng = np.random.default_rng(depth * 1000 + vocab)
+    for trial in range(3):
+        logits = rng.standard_normal((depth, vocab)).astype(np.float32) * rng.uniform(0.5, 4.0)
+        logp = np.asarray(jax.nn.log_softmax(jnp.asarray(logits), axis=-1))
+        for budget in budgets:
+            want = heap_build(logp, budget)
+            got = tree_paths(best_first(jnp.asarray(logp), budget))
+            assert len(want) == min(budget, sum(min(budget, vocab) ** d for d in range(1, depth + 1)))
+            assert {p for p, _, _ in got} == {p for p, _, _ in want}, (depth, vocab, budget, trial)
+            # same order too (pop order = score order; random scores have no ties), hence same parents
+            assert [p for p, _, _ in got] == [p for p, _, _ in want]
+            assert [q for _, q, _ in got] == [q for _, q, _ in want]
+            np.testing.assert_allclose([s for *_, s in got], [s for *_, s in want], rtol=1e-5, atol=1e-5)
+
+
+def test_best_first_depth_limit():
+    rng = np.random.default_rng(7)
+    logp = np.asarray(jax.nn.log_softmax(jnp.asarray(rng.standard_normal((6, 10)) * 3.0), axis=-1))
+    for limit in (1, 2, 4, 6):
+        for budget in (5, 30):
+            got = tree_paths(best_first(jnp.asarray(logp), budget, jnp.int32(limit)))
+            want = heap_build(logp, budget, limit)
+            assert [p for p, _, _ in got] == [p for p, _, _ in want], (limit, budget)
+            assert max(len(p) for p, _, _ in got) <= limit
+
+
+def test_best_first_exact_ties():
+    """Uniform log-probs: every node of a depth ties; both keep the earlier-ranked (parent-major) ones."""
+    logp = np.full((3, 3), np.log(1 / 3), np.float32)
+    for budget in (2, 4, 5, 8, 12, 13):
+        got = tree_paths(best_first(jnp.asarray(logp), budget))
+        want = heap_build(logp, budget)
+        assert {p for p, _, _ in got} == {p for p, _, _ in want}, budget
+
+
+# ---- ancestor_mask ---------------------------------------------------------------------------------
+
+
+def test_ancestor_mask_matches_reference_on_built_trees():
+    rng = np.random.default_rng(3)
+    for depth, vocab, budget in [(4, 6, 9), (3, 2, 20), (5, 4, 5)]:  # (3, 2, 20): only 14 nodes exist
+        logp = jax.nn.log_softmax(jnp.asarray(rng.standard_normal((depth, vocab)) * 2.0), axis=-1)
+        t = best_first(logp, budget)
+        got = np.asarray(trees.ancestor_mask(t, depth))
+        np.testing.assert_array_equal(got, ancestor_reference(np.asarray(t.parent), np.asarray(t.valid)))
+    assert not np.asarray(t.valid).all() or budget == 5
+
+
+def test_ancestor_mask_hand_made():
+    #   root ─ 1 ─ 3 ─ 5          node: 1  2  3  4  5  6(invalid)
+    #        └ 2 ─ 4               parent: 0  0  1  2  3  1
+    t = trees.Tree(
+        tokens=jnp.array([5, 6, 7, 8, 9, 4], jnp.int32),
+        depth=jnp.array([1, 1, 2, 2, 3, 2], jnp.int32),
+        parent=jnp.array([0, 0, 1, 2, 3, 1], jnp.int32),
+        valid=jnp.array([True, True, True, True, True, False]),
+        score=jnp.zeros(6, jnp.float32),
+    )
+    got = np.asarray(trees.ancestor_mask(t, 3))
+    want = np.zeros((7, 7), bool)
+    for i, anc in {0: [0], 1: [0, 1], 2: [0, 2], 3: [0, 1, 3], 4: [0, 2, 4], 5: [0, 1, 3, 5], 6: [6]}.items():
+        want[i, anc] = True
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(want, ancestor_reference(np.asarray(t.parent), np.asarray(t.valid)))
+
+
+# ---- walk ------------------------------------------------------------------------------------------
+
+HAND = trees.Tree(  # same shape as above; node 6 (token 6, child of node 1) is invalid
+    tokens=jnp.array([5, 6, 7, 8, 9, 6], jnp.int32),
+    depth=jnp.array([1, 1, 2, 2, 3, 2], jnp.int32),
+    parent=jnp.array([0, 0, 1, 2, 3, 1], jnp.int32),
+    valid=jnp.array([True, True, True, True, True, False]),
+    score=jnp.zeros(6, jnp.float32),
+)
+
+
+@pytest.mark.parametrize(
+    "choice,path,tokens",
+    [
+        # target choice per verify index 0..6 -> accepted verify indices, committed tokens (drafts + bonus)
+        ([6, 0, 8, 0, 9, 0, 0], [0, 2, 4], [6, 8, 9]),  # root->2 (6), 2->4 (8); node 4 has no child: bonus 9
+        ([5, 7, 0, 9, 0, 3, 0], [0, 1, 3, 5], [5, 7, 9, 3]),  # the full depth-3 path, bonus from node 5
+        ([11, 7, 8, 9, 9, 9, 9], [0], [11]),  # the root's choice matches no child: bonus only
+        ([5, 6, 0, 0, 0, 0, 0], [0, 1], [5, 6]),  # 6 under node 1 is only an invalid node: stop, bonus 6
+    ],
+)
+def test_walk_hand_made(choice, path, tokens):
+    anc = trees.ancestor_mask(HAND, 3)
+    w = trees.walk(HAND, jnp.int32(2), jnp.asarray(choice, jnp.int32), anc, 3)
+    n = int(w.n_accepted)
+    assert n == len(path) - 1
+    assert np.asarray(w.path)[: n + 1].tolist() == path
+    assert np.asarray(w.new_tokens)[: n + 1].tolist() == tokens
+    assert int(w.bonus) == tokens[-1]
+
+
+def test_walk_chain():
+    c = trees.chain(jnp.array([3, 4, 5], jnp.int32))
+    anc = trees.ancestor_mask(c, 3)
+    w = trees.walk(c, jnp.int32(1), jnp.array([3, 4, 0, 7], jnp.int32), anc, 3)
+    assert int(w.n_accepted) == 2
+    assert np.asarray(w.path)[:3].tolist() == [0, 1, 2]
+    assert np.asarray(w.new_tokens)[:3].tolist() == [3, 4, 0]

@@ -116,11 +116,29 @@ class SamplingGroup(_Strict):
 
 
 class DeploymentGroup(_Strict):
+    """What the search tunes for (scripts/search.py): hardware, models, workload and proposer."""
+
     name: str
     gpu: str
+    models: Literal["config", "proxy_tiny", "proxy_gpu"]
     batch: PosInt
     temperature: NonNegFloat
     proposer: Literal["offline", "gemini"]
+    prompts: Literal["auto", "synthetic", "code"] | Annotated[list[str], Field(min_length=1)] | Annotated[
+        list[Annotated[list[NonNegInt], Field(min_length=1)]], Field(min_length=1)
+    ]
+    num_prompts: PosInt
+    prompt_len: PosInt
+    max_new_tokens: PosInt
+    max_tree_budget: PosInt
+
+    @model_validator(mode="after")
+    def _whole_batches(self):
+        n = self.num_prompts if isinstance(self.prompts, str) else len(self.prompts)
+        if n % self.batch:
+            field = "num_prompts" if isinstance(self.prompts, str) else "prompts"
+            raise _field_error(field, f"{n} prompts do not split into batches of {self.batch}")
+        return self
 
 
 class ForcingGroup(_Strict):
@@ -129,10 +147,33 @@ class ForcingGroup(_Strict):
     max_restarts: NonNegInt
 
 
+class WandbGroup(_Strict):
+    mode: Literal["offline", "online", "disabled"]
+    project: str
+    entity: str | None
+
+
+class GeminiGroup(_Strict):
+    model: str
+    base_url: str | None
+    timeout_s: PosFloat
+    max_attempts: PosInt
+    backoff_s: NonNegFloat
+
+
 class SearchGroup(_Strict):
     rounds: PosInt
     candidates_per_round: PosInt
     min_gain: NonNegFloat
+    measure_repeats: PosInt
+    profile_rounds: PosInt
+    workers: Literal["auto"] | NonNegInt
+    resume: str | None
+    memory_dir: str | None
+    write_memory: bool
+    compile_cache_dir: str | None
+    wandb: WandbGroup
+    gemini: GeminiGroup
 
 
 # ---- engines: a union discriminated on `name` ---------------------------------------------------------

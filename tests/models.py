@@ -103,26 +103,6 @@ def prompts(n: int, vocab: int, lengths=(3, 6, 9), seed=0, exclude=()) -> list[l
     return [rng.choice(allowed, size=lengths[i % len(lengths)]).tolist() for i in range(n)]
 
 
-# ---- running engines with cheap compiles ------------------------------------------------------------
-# On CPU, XLA's backend optimisation dominates the tests' time (a spec engine's loop takes 5-15 s to
-# compile at the default level, 2-5 s at level 0). `generate` below is `Engine.generate` verbatim except
-# that it compiles `Engine._generate` itself at optimisation level 0 and keeps the executable per
-# (engine, batch shape, max_new_tokens), so a test module reuses it across tests.
-
-FAST_COMPILE = {"xla_backend_optimization_level": 0}
-_compiled: dict = {}
-
-
 def generate(engine, prompts, max_new_tokens: int, seed: int = 0):
-    from specpilot.decoding.common import check_prompts, pad_prompts
-    from specpilot.decoding.engine import Engine, to_result
-
-    check_prompts(prompts, engine.cfg, max_new_tokens, engine.max_prompt_plus_new())
-    tokens, lens = pad_prompts(prompts)
-    key = jax.random.key(seed)
-    ck = (id(engine), tokens.shape, max_new_tokens)
-    if ck not in _compiled:
-        lowered = Engine._generate.lower(engine, engine.params, tokens, lens, max_new_tokens, key)
-        _compiled[ck] = (engine, lowered.compile(compiler_options=FAST_COMPILE))  # keep engine alive: id() stays unique
-    state = _compiled[ck][1](engine.params, tokens, lens, key)
-    return to_result(engine.name, state, engine.summarize(state))
+    """`engine.generate` (tests/conftest.py already switches XLA's slow optimisation passes off)."""
+    return engine.generate(prompts, max_new_tokens, seed)

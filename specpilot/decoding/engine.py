@@ -84,22 +84,6 @@ def commit(state: LoopState, new: jax.Array, n_new: jax.Array, eos_ids: tuple[in
     )
 
 
-def run_rounds(round_fn, state: LoopState) -> LoopState:
-    """`round_fn` until every request is done: one while_loop, no host sync."""
-    return jax.lax.while_loop(lambda s: ~jnp.all(s.done), round_fn, state)
-
-
-def to_result(engine: str, state: LoopState, stats: dict | None = None) -> GenerateResult:
-    out, n_out = np.asarray(state.out), np.minimum(np.asarray(state.n_out), state.max_new)
-    acc, n_rounds = np.asarray(state.acc), np.asarray(state.n_rounds)
-    return GenerateResult(
-        engine=engine,
-        tokens=[out[i, : n_out[i]].tolist() for i in range(out.shape[0])],
-        acceptance_lengths=[acc[i, : n_rounds[i]].tolist() for i in range(acc.shape[0])],
-        stats=stats or {},
-    )
-
-
 class Engine:
     """Base class. Subclasses set `name`, `cfg` (the target's ModelConfig), `params` (a pytree of all
     weights the engine reads), `context` (cache capacity) and `slack` (most tokens one round commits),
@@ -109,6 +93,7 @@ class Engine:
 
     name = "engine"
     slack = 1
+    max_commit = 1  # most tokens one round commits (the acceptance histogram's length)
 
     def prefill(self, params, tokens, lens, max_new: int, key) -> LoopState:  # pragma: no cover - interface
         raise NotImplementedError
@@ -163,19 +148,92 @@ class Engine:
         """Longest prompt + max_new_tokens that fits: rounds write up to `slack` scratch slots past it."""
         return self.context - self.slack
 
+    # Batches at least this large drop finished requests: the loop pauses when at most half the rows
+    # are live, keeps the live ones (batch rounded up to a power of two, so few shapes compile) and
+    # goes on. Smaller batches just run finished rows along (cheaper than another compile).
+    shrink_from = 4
+
     @functools.partial(jax.jit, static_argnums=(0, 4))
-    def _generate(self, params, tokens, lens, max_new: int, key):
-        state = self.prefill(params, tokens, lens, max_new, key)
-        return run_rounds(lambda s: self.round(params, s), state)
+    def _prefill(self, params, tokens, lens, max_new: int, key):
+        return self.prefill(params, tokens, lens, max_new, key)
+
+    @functools.partial(jax.jit, static_argnums=(0, 3), donate_argnums=(2,))
+    def _run(self, params, state: LoopState, pause_at_live: int) -> LoopState:
+        """Rounds until every request is done or at most `pause_at_live` are live: one while_loop."""
+        return jax.lax.while_loop(
+            lambda s: jnp.any(~s.done) & (jnp.sum(~s.done) > pause_at_live), lambda s: self.round(params, s), state
+        )
 
     def generate(
         self, prompts: Sequence[Sequence[int]], max_new_tokens: int, seed: int = 0, pad_to: int | None = None
     ) -> GenerateResult:
         check_prompts(prompts, self.cfg, max_new_tokens, self.max_prompt_plus_new())
         tokens, lens = pad_prompts(prompts, pad_to)
-        state = self._generate(self.params, tokens, lens, max_new_tokens, jax.random.key(seed))
-        return to_result(self.name, state, self.summarize(state))
+        state = self._prefill(self.params, tokens, lens, max_new_tokens, jax.random.key(seed))
+        rows = np.arange(len(prompts))  # request index of each row; -1 = padding
+        harvested: dict[int, tuple] = {}
+        while True:
+            b = rows.shape[0]
+            state = self._run(self.params, state, b // 2 if b >= self.shrink_from else 0)
+            done = np.asarray(state.done)
+            for r, row in enumerate(rows):
+                if row >= 0 and done[r] and row not in harvested:
+                    harvested[row] = harvest_row(state, r, self.row_counters(state))
+            if done.all():
+                break
+            live = np.nonzero(~done)[0]
+            keep = np.concatenate([live, np.full(_pow2(len(live)) - len(live), live[0])])
+            state = take_rows(state, jnp.asarray(keep))
+            pad = np.arange(len(keep)) >= len(live)
+            state = dataclasses.replace(state, done=state.done | jnp.asarray(pad))
+            rows = np.where(pad, -1, rows[keep])
+        ordered = [harvested[i] for i in range(len(prompts))]
+        result = GenerateResult(
+            engine=self.name, tokens=[h[0] for h in ordered], acceptance_lengths=[h[1] for h in ordered]
+        )
+        result.stats = self.summarize(result.acceptance_lengths, [h[2] for h in ordered])
+        return result
 
-    def summarize(self, state: LoopState) -> dict:
-        """Engine-specific statistics for the result (e.g. tree sizes); JSON-serialisable."""
+    def row_counters(self, state: LoopState) -> dict[str, np.ndarray]:
+        """Engine-specific per-request counters to keep when a request finishes (e.g. tree nodes)."""
         return {}
+
+    def summarize(self, acceptance_lengths: list[list[int]], counters: list[dict]) -> dict:
+        """Statistics over all requests: τ (tokens committed per round) and its histogram, plus what
+        the engine adds. JSON-serialisable."""
+        lengths = np.concatenate([np.asarray(a, np.int64) for a in acceptance_lengths] + [np.zeros(0, np.int64)])
+        if lengths.size == 0:
+            return {"tau": 0.0, "acceptance_histogram": []}
+        return {
+            "tau": float(lengths.mean()),
+            "acceptance_histogram": np.bincount(lengths, minlength=self.max_commit + 1)[1:].tolist(),
+        }
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def harvest_row(state: LoopState, r: int, counters: dict) -> tuple:
+    """(tokens, acceptance lengths, counters) of row r, cut at max_new."""
+    n_out = min(int(state.n_out[r]), state.max_new)
+    n_rounds = int(state.n_rounds[r])
+    return (
+        np.asarray(state.out[r, :n_out]).tolist(),
+        np.asarray(state.acc[r, :n_rounds]).tolist(),
+        {k: float(v[r]) for k, v in counters.items()},
+    )
+
+
+def take_rows(tree, idx: jax.Array):
+    """Rows `idx` of every per-request leaf (KV caches keep batch on axis 1; the rng key is shared)."""
+    from specpilot.models.kv_cache import KVCache
+
+    def take(x):
+        if isinstance(x, KVCache):
+            return KVCache(k=x.k[:, idx], v=x.v[:, idx], lengths=x.lengths[idx])
+        if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) or x.ndim == 0:
+            return x
+        return x[idx]
+
+    return jax.tree.map(take, tree, is_leaf=lambda x: isinstance(x, KVCache))

@@ -83,6 +83,7 @@ class SpecEngine(Engine):
         if self.block < 2:
             raise ValueError(f"engine.block_size must be >= 2, got {self.block}")
         self.depth = self.block - 1
+        self.max_commit = self.block
         self.tree = tree
         self.n_nodes = self.depth if tree == "chain" else int(tree_budget or self.depth)
         self.budget_for_round = budget_for_round
@@ -229,17 +230,13 @@ class SpecEngine(Engine):
         state = commit(state, w.new_tokens, w.n_accepted + 1, self.cfg.eos_token_ids, ex)
         return {"state": dataclasses.replace(state, key=self._keys(state)[0])}
 
-    def summarize(self, state: LoopState) -> dict:
-        ex = state.extra
-        rounds = np.asarray(state.n_rounds)
-        acc = np.asarray(state.acc)
-        lengths = np.concatenate([acc[i, : rounds[i]] for i in range(len(rounds))])
-        hist = np.bincount(lengths, minlength=self.block + 1)[1:].tolist() if lengths.size else []
-        stats = {
-            "tau": float(lengths.mean()) if lengths.size else 0.0,
-            "acceptance_histogram": hist,
-            "mean_tree_nodes": float(np.asarray(ex.nodes).sum() / max(rounds.sum(), 1)),
-        }
+    def row_counters(self, state: LoopState) -> dict:
+        return {"nodes": np.asarray(state.extra.nodes), "level1_right": np.asarray(state.extra.level1_right)}
+
+    def summarize(self, acceptance_lengths, counters) -> dict:
+        stats = super().summarize(acceptance_lengths, counters)
+        rounds = max(sum(len(a) for a in acceptance_lengths), 1)
+        stats["mean_tree_nodes"] = sum(c["nodes"] for c in counters) / rounds
         if self.level1:
-            stats["level1_picked_right"] = float(np.asarray(ex.level1_right).sum() / max(rounds.sum(), 1))
+            stats["level1_picked_right"] = sum(c["level1_right"] for c in counters) / rounds
         return stats

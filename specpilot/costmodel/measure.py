@@ -1,0 +1,344 @@
+"""Deployments (synthetic shapes or real checkpoints) and the measurements the cost model reads.
+
+Nothing here imports the Hydra/pydantic config layer: the benchmark and reproduction scripts run on the
+GPU machine with only jax, numpy (and optionally matplotlib) installed. Synthetic shapes come from
+`conf/model/<name>.yaml`; the synthetic drafter is DFlash-b16-shaped (5 layers, block 16, context layers
+spread over the target by z-lab's rule, as `specpilot.build` does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from specpilot.costmodel import counts
+from specpilot.costmodel.gaps import gap_report
+from specpilot.costmodel.predict import StepTimeModel, config_label, stage_points
+from specpilot.models.config import DrafterConfig, ModelConfig, RopeConfig
+
+REPO = Path(__file__).resolve().parents[2]
+ORACLE_PAIR = REPO.parent / "shared" / "oracle_pair"
+
+
+# ---- shapes -------------------------------------------------------------------------------------------
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        import yaml
+
+        return yaml.safe_load(path.read_text())
+    except ImportError:  # two levels of `key: value` is all conf/model/*.yaml uses
+        out: dict[str, Any] = {}
+        section = None
+        for line in path.read_text().splitlines():
+            body = line.split("#", 1)[0].rstrip()
+            if not body.strip() or ":" not in body:
+                continue
+            key, val = (s.strip() for s in body.split(":", 1))
+            target = out if not line.startswith(" ") else out[section]
+            if not line.startswith(" "):
+                section = key
+            if val == "":
+                out[key] = {}
+                continue
+            low = val.lower()
+            target[key] = (True if low == "true" else False if low == "false" else None if low in ("null", "~")
+                           else _number(val))
+        return out
+
+
+def _number(val: str):
+    for cast in (int, float):
+        try:
+            return cast(val)
+        except ValueError:
+            pass
+    return val
+
+
+def model_config(name: str) -> ModelConfig:
+    """conf/model/<name>.yaml → ModelConfig (or a path to such a YAML file)."""
+    path = Path(name) if name.endswith(".yaml") else REPO / "conf" / "model" / f"{name}.yaml"
+    if not path.is_file():
+        options = sorted(p.stem for p in (REPO / "conf" / "model").glob("*.yaml"))
+        raise ValueError(f"model {name!r}: no {path} (available: {', '.join(options)})")
+    m = _read_yaml(path)
+    rope = RopeConfig(theta=float(m.get("rope_theta", 10000.0)))
+    if m.get("rope_scaling"):
+        s = m["rope_scaling"]
+        rope = RopeConfig(theta=rope.theta, kind=s["rope_type"], factor=float(s["factor"]),
+                          low_freq_factor=float(s["low_freq_factor"]), high_freq_factor=float(s["high_freq_factor"]),
+                          original_max_position=int(s["original_max_position_embeddings"]))
+    return ModelConfig(
+        family=m["family"], vocab_size=int(m["vocab_size"]), hidden_size=int(m["hidden_size"]),
+        intermediate_size=int(m["intermediate_size"]), num_layers=int(m["num_layers"]),
+        num_heads=int(m["num_heads"]), num_kv_heads=int(m["num_kv_heads"]), head_dim=int(m["head_dim"]),
+        rms_norm_eps=float(m.get("rms_norm_eps", 1e-6)), rope=rope,
+        tie_word_embeddings=bool(m.get("tie_word_embeddings", False)),
+        max_position_embeddings=int(m.get("max_position_embeddings", 4096)),
+        eos_token_ids=tuple(m.get("eos_token_ids") or ()),
+    )
+
+
+def default_target_layer_ids(num_drafter_layers: int, num_target_layers: int) -> tuple[int, ...]:
+    """z-lab's spread of the drafter's context layers (the same rule as `specpilot.build`, which this
+    module cannot import: it pulls in the pydantic config layer)."""
+    n, t = num_drafter_layers, num_target_layers
+    ids = [t // 2] if n == 1 else [int(round(1 + i * (t - 4) / (n - 1))) for i in range(n)]
+    return tuple(min(max(i, 0), t - 1) for i in ids)
+
+
+def synthetic_drafter_config(target: ModelConfig, num_layers: int = 5, block_size: int = 16) -> DrafterConfig:
+    layers = target.replace(family="qwen3", num_layers=num_layers, tie_word_embeddings=False, eos_token_ids=())
+    return DrafterConfig(layers=layers, block_size=block_size, mask_token_id=target.vocab_size - 1,
+                         target_layer_ids=default_target_layer_ids(num_layers, target.num_layers),
+                         num_target_layers=target.num_layers)
+
+
+@dataclasses.dataclass
+class Deployment:
+    name: str
+    synthetic: bool  # random weights: step times are real, acceptance is not
+    target_cfg: ModelConfig
+    target_w: Any
+    drafter_cfg: DrafterConfig
+    drafter_w: Any
+    act_bytes: int
+    prompts: list[list[int]] | None = None  # real prompts that come with a checkpoint pair
+
+    @property
+    def block(self) -> int:
+        return self.drafter_cfg.block_size
+
+    def describe(self) -> dict:
+        t, d = self.target_cfg, self.drafter_cfg
+        return {
+            "name": self.name, "synthetic": self.synthetic, "act_bytes": self.act_bytes,
+            "target": {k: getattr(t, k) for k in ("family", "vocab_size", "hidden_size", "intermediate_size",
+                                                  "num_layers", "num_heads", "num_kv_heads", "head_dim")},
+            "drafter": {"num_layers": d.layers.num_layers, "block_size": d.block_size,
+                        "target_layer_ids": list(d.target_layer_ids)},
+        }
+
+
+def _dtype(name: str):
+    import jax.numpy as jnp
+
+    return {"bfloat16": jnp.bfloat16, "bf16": jnp.bfloat16, "float32": jnp.float32, "f32": jnp.float32}[name]
+
+
+def synthetic_deployment(model: str, dtype: str = "bfloat16", seed: int = 0, drafter_layers: int = 5,
+                         block_size: int = 16) -> Deployment:
+    from specpilot.models.weights import init_random_drafter, init_random_target
+
+    cfg = model_config(model)
+    dcfg = synthetic_drafter_config(cfg, drafter_layers, block_size)
+    dt = _dtype(dtype)
+    return Deployment(name=f"{Path(model).stem} (synthetic)", synthetic=True, target_cfg=cfg,
+                      target_w=init_random_target(cfg, seed, dt), drafter_cfg=dcfg,
+                      drafter_w=init_random_drafter(dcfg, seed + 1, dt), act_bytes=np.dtype(dt).itemsize)
+
+
+def checkpoint_deployment(target: str | Path, drafter: str | Path, dtype: str = "float32",
+                          name: str | None = None) -> Deployment:
+    """A real HF target + z-lab DFlash drafter. An `oracle.json` or `prompts.json` (a list of token-id
+    lists, or {"prompts": [...]}) beside the two folders supplies the prompts."""
+    from specpilot.models import hf
+
+    dt = _dtype(dtype)
+    tcfg, tw = hf.load_target(target, dt, None)
+    dcfg, dw = hf.load_drafter(drafter, dt, None)
+    prompts = None
+    for f in ("oracle.json", "prompts.json"):
+        p = Path(target).resolve().parent / f
+        if p.is_file():
+            d = json.loads(p.read_text())
+            prompts = [list(map(int, x)) for x in (d["prompts"] if isinstance(d, dict) else d)]
+            break
+    return Deployment(name=name or Path(target).resolve().parent.name, synthetic=False, target_cfg=tcfg,
+                      target_w=tw, drafter_cfg=dcfg, drafter_w=dw, act_bytes=np.dtype(dt).itemsize, prompts=prompts)
+
+
+def random_prompts(batch: int, length: int, vocab: int, seed: int = 0, exclude: Sequence[int] = ()) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    allowed = np.setdiff1d(np.arange(vocab), np.asarray(exclude, dtype=np.int64))
+    return [rng.choice(allowed, size=length).tolist() for _ in range(batch)]
+
+
+def enable_compile_cache(path: str | Path | None) -> None:
+    """jax's persistent compilation cache: identical programs of different engine instances (the shared
+    draft stage, say) compile once per run, and a rerun on a still-warm machine skips compiling."""
+    if not path:
+        return
+    import jax
+
+    Path(path).mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+# ---- measuring ------------------------------------------------------------------------------------------
+
+
+def profile_engine(engine, prompts, max_new_tokens: int, rounds: int = 8, seed: int = 0,
+                   eager_prefill: bool = True) -> dict:
+    """`Engine.profile`, except that with `eager_prefill` the prefill runs op by op instead of as one
+    compiled program: it is not timed, and for a 36-layer target skipping its compile saves ~30-60 s per
+    (engine, batch). The timed stages are jitted and synchronised exactly as `Engine.profile` does."""
+    if not eager_prefill or not hasattr(engine, "stages"):
+        return engine.profile(prompts, max_new_tokens, rounds, seed)
+    import jax
+
+    from specpilot.decoding.common import check_prompts, pad_prompts
+
+    check_prompts(prompts, engine.cfg, max_new_tokens, engine.max_prompt_plus_new())
+    tokens, lens = pad_prompts(prompts)
+    state = jax.block_until_ready(engine.prefill(engine.params, tokens, lens, max_new_tokens, jax.random.key(seed)))
+    stage_fns = [(name, jax.jit(fn)) for name, fn in engine.stages()]
+    totals = {name: 0.0 for name, _ in stage_fns}
+    timed_rounds, committed = 0, 0
+    for r in range(rounds + 1):
+        if bool(np.all(np.asarray(state.done))):
+            break
+        carry, before = {}, np.asarray(state.n_out).sum()
+        for name, fn in stage_fns:
+            t0 = time.perf_counter()
+            carry = jax.block_until_ready(fn(engine.params, state, carry))
+            if r > 0:
+                totals[name] += time.perf_counter() - t0
+        state = carry["state"]
+        if r > 0:
+            timed_rounds += 1
+            committed += int(np.asarray(state.n_out).sum() - before)
+    n = max(timed_rounds, 1)
+    return {
+        "engine": engine.name,
+        "batch": len(prompts),
+        "rounds": timed_rounds,
+        "stage_ms": {k: 1e3 * v / n for k, v in totals.items()},
+        "round_ms": 1e3 * sum(totals.values()) / n,
+        "tokens_per_round": committed / n,
+    }
+
+
+def slack_of(engine_cfg: dict, block: int) -> int:
+    """Scratch cache slots one round writes past the committed prefix (the engine's `slack`)."""
+    name = engine_cfg["name"]
+    if name == "ar":
+        return 1
+    if name == "stock":
+        return int(engine_cfg.get("block_size") or block)
+    if name == "tlv":  # level 1 writes the whole tree
+        return int(engine_cfg.get("tree_budget", 128)) + 1
+    return counts.verify_nodes(engine_cfg, None) + 1
+
+
+def build_engine(dep: Deployment, engine_cfg: dict, capacity: int, sampling=None):
+    from specpilot.decoding import make_engine
+    from specpilot.decoding.sampling import Sampling
+
+    return make_engine(engine_cfg, dep.target_cfg, dep.target_w, dep.drafter_cfg, dep.drafter_w,
+                       sampling or Sampling(), context=capacity)
+
+
+def measure_row(dep: Deployment, engine_cfg: dict, batch: int, context: int, capacity: int, rounds: int, hw,
+                seed: int = 0, eager_prefill: bool = True) -> dict:
+    """Profile one (engine, batch) on `batch` random prompts of `context` tokens; attach the ceilings
+    and the gap report."""
+    block = dep.block
+    max_new = (rounds + 2) * block
+    prompts = random_prompts(batch, context, dep.target_cfg.vocab_size, seed, exclude=(dep.drafter_cfg.mask_token_id,))
+    engine = build_engine(dep, engine_cfg, capacity)
+    prof = profile_engine(engine, prompts, max_new, rounds, seed, eager_prefill)
+    del engine
+    nodes = None  # what a specpilot round chose is not observable from a profile; predicted from its table
+    costs = counts.stage_costs(dep.target_cfg, dep.drafter_cfg, engine_cfg, batch, context, dep.act_bytes, nodes)
+    ceilings = {s: hw.ms(c.bytes, c.flops) for s, c in costs.items()} if hw is not None else {}
+    return {
+        "label": config_label(engine_cfg),
+        "engine_cfg": engine_cfg,
+        "batch": batch,
+        "context": context,
+        "capacity": capacity,
+        "stage_ms": prof["stage_ms"],
+        "round_ms": prof["round_ms"],
+        "tokens_per_round": prof["tokens_per_round"],
+        "rounds": prof["rounds"],
+        "points": {k: list(v) for k, v in stage_points(engine_cfg, block, nodes).items()},
+        "costs": {s: c.to_json() for s, c in costs.items()},
+        "ceilings_ms": ceilings,
+        "gaps": gap_report(prof, ceilings) if ceilings else None,
+    }
+
+
+def sweep(dep: Deployment, configs: list[dict], batches: Sequence[int], context: int, rounds: int, hw,
+          budget_s: float | None = None, log: Callable[[str], None] = print, seed: int = 0,
+          eager_prefill: bool = True, capacity: int | None = None) -> tuple[list[dict], list[dict]]:
+    """Measure every (config, batch), batch by batch in the given order. `specpilot` configs get their
+    verify-cost table from the rows measured before them at the same batch (the cost model's fit).
+    Returns (rows, skipped); configs are skipped once the time budget would be exceeded."""
+    block = dep.block
+    capacity = capacity or context + (rounds + 2) * block + max(slack_of(c, block) for c in configs)
+    rows, skipped, t_start, slowest = [], [], time.perf_counter(), 0.0
+    for batch in batches:
+        for cfg in configs:
+            elapsed = time.perf_counter() - t_start
+            if budget_s is not None and elapsed + slowest > budget_s:
+                skipped.append({"label": config_label(cfg), "batch": batch, "reason": f"time budget {budget_s:.0f} s"})
+                log(f"[{elapsed:6.1f}s] skip {config_label(cfg)} B={batch}: time budget")
+                continue
+            if cfg["name"] == "specpilot":
+                done = [r for r in rows if r["batch"] == batch]
+                try:
+                    cfg = StepTimeModel.fit(done).specpilot_config(cfg, batch, block)
+                except (KeyError, ValueError):
+                    pass  # nothing measured yet at this batch: keep the config's own table
+            t0 = time.perf_counter()
+            row = measure_row(dep, cfg, batch, context, capacity, rounds, hw, seed, eager_prefill)
+            row["wall_s"] = time.perf_counter() - t0
+            slowest = max(slowest, row["wall_s"])
+            rows.append(row)
+            stages = " ".join(f"{k}={v:.2f}" for k, v in row["stage_ms"].items())
+            log(f"[{time.perf_counter() - t_start:6.1f}s] {row['label']:>22} B={batch:<3} "
+                f"round {row['round_ms']:8.3f} ms ({stages}) in {row['wall_s']:.1f}s")
+    return rows, skipped
+
+
+def measure_generate(dep: Deployment, engine_cfg: dict, prompts: list[list[int]], max_new: int, batch: int,
+                     capacity: int, seed: int = 0, repeats: int = 1) -> dict:
+    """Fused-loop generation on real prompts in chunks of `batch`: τ and wall time (after a warm-up run
+    that compiles every shape). All prompts are padded to one length so one program serves all chunks."""
+    engine = build_engine(dep, engine_cfg, capacity)
+    pad = max(len(p) for p in prompts)
+    chunks = [prompts[i: i + batch] for i in range(0, len(prompts), batch)]
+    chunks = [c for c in chunks if len(c) == batch] or [prompts[:batch]]
+
+    def run():
+        return [engine.generate(c, max_new, seed, pad_to=pad) for c in chunks]
+
+    run()
+    best = None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        results = run()
+        dt = time.perf_counter() - t0
+        best = dt if best is None else min(best, dt)
+    lengths = [a for res in results for row in res.acceptance_lengths for a in row]
+    tokens = sum(len(t) for res in results for t in res.tokens)
+    return {
+        "label": config_label(engine_cfg),
+        "batch": batch,
+        "tau": float(np.mean(lengths)) if lengths else 0.0,
+        "rounds": len(lengths),
+        "tokens": tokens,
+        "wall_s": best,
+        "ms_per_token": 1e3 * best / max(tokens, 1),
+        "stats": {k: v for r in results[:1] for k, v in r.stats.items() if k != "acceptance_histogram"},
+        "tokens_out": [t for res in results for t in res.tokens],
+    }

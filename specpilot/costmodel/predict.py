@@ -1,0 +1,229 @@
+"""Predicted step time and speedup for any (engine, budget, batch), fitted from measured stage times.
+
+Every stage of a round maps to a point on a *curve*: (curve name, x) where x is the number of tokens
+the stage pushes through its model (`stage_points`). Curves are shared across engines — a stock chain
+verify of 16 tokens and a 15-node tree verify are the same `target_pass` at x = 16 — so AR, stock and
+DDTree measurements together pin down t_verify(n, B):
+
+- per measured batch, a curve is piecewise linear in x through the measured points (the mean where
+  several engines measured the same x), extended linearly beyond its ends;
+- between measured batches it is linear in B at fixed x, extended linearly from the two nearest
+  batches outside them (one measured batch: used as is).
+
+A bilinear t(x, B) is therefore reproduced exactly, which is what the fake-engine tests check.
+Speedup over AR = τ · t_AR / t_step, τ = tokens committed per round per request (`TauProfile`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, Iterable
+
+import numpy as np
+
+
+# ---- which curve each stage of each engine sits on -------------------------------------------------
+
+
+def config_label(engine_cfg: dict) -> str:
+    """A short unique name: ar, stock, ddtree@64, specpilot[16,64], tlv@128/int8 (+ '+w12' etc.)."""
+    name = engine_cfg["name"]
+    if name in ("ddtree",):
+        label = f"ddtree@{int(engine_cfg.get('tree_budget', 64))}"
+    elif name == "specpilot":
+        cands = engine_cfg.get("budget_candidates") or [engine_cfg.get("tree_budget", 256)]
+        label = "specpilot[" + ",".join(str(int(c)) for c in sorted(cands)) + "]"
+    elif name == "tlv":
+        label = f"tlv@{int(engine_cfg.get('tree_budget', 128))}/{engine_cfg.get('level1_format', 'int8')}"
+    else:
+        label = name
+    if engine_cfg.get("block_size"):
+        label += f"/b{int(engine_cfg['block_size'])}"
+    fmt = engine_cfg.get("weight_format", "bf16")
+    return label if fmt == "bf16" else f"{label}+{fmt}"
+
+
+def stage_points(engine_cfg: dict, block: int, nodes: int | None = None) -> dict[str, tuple[str, int]]:
+    """{stage: (curve, x)} for one round. `block`: the drafter's block size (ignored for AR);
+    `nodes`: the budget a `specpilot` round verified (default: its largest candidate)."""
+    name = engine_cfg["name"]
+    fmt = engine_cfg.get("weight_format", "bf16")
+    if name == "ar":
+        return {"verify": (f"target_pass/{fmt}", 1), "commit": ("commit/ar", 0)}
+    block = int(engine_cfg.get("block_size") or block)
+    depth = block - 1
+    points = {"draft": (f"draft/{fmt}", block)}
+    if name == "stock":
+        points["tree"] = ("tree/chain", depth)
+        verify_x = block
+    else:
+        if name == "specpilot":
+            cands = engine_cfg.get("budget_candidates") or [engine_cfg.get("tree_budget", 256)]
+            built = max(int(c) for c in cands)
+            verify_x = (built if nodes is None else int(nodes)) + 1
+        else:
+            built = int(engine_cfg.get("tree_budget", 128 if name == "tlv" else 64))
+            verify_x = built + 1
+        points["tree"] = ("tree/best_first", built)
+        if name == "tlv":
+            points["level1"] = (f"level1/{engine_cfg.get('level1_format', 'int8')}", built + 1)
+            verify_x = block  # the exact target verifies the chosen chain only
+    points["verify"] = (f"target_pass/{fmt}", verify_x)
+    points["commit"] = (f"commit/{fmt}", depth + 1)
+    return points
+
+
+def choose_budget(engine_cfg: dict, expected_tokens: Callable[[int], float] | None = None) -> int:
+    """The budget a `specpilot` engine picks with its own verify-cost table: argmax over candidates of
+    E(n) / (draft_cost_ms + t_verify(n)), first maximum on ties (as `jnp.argmax`). E(n) = expected
+    tokens per round with n nodes; None = 1 for every n (random drafts: the cheapest budget wins)."""
+    from specpilot.decoding.budget import CostAwareBudget
+
+    policy = CostAwareBudget.from_config(engine_cfg)
+    gains = [(expected_tokens(c) if expected_tokens else 1.0) / policy.step_ms(c) for c in policy.candidates]
+    return int(policy.candidates[int(np.argmax(gains))])
+
+
+# ---- τ: tokens committed per round ------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class TauProfile:
+    """τ per engine config label (`config_label` without the weight-format suffix: W12 is lossless).
+    DDTree budgets not measured are interpolated in log2(budget), flat beyond the measured ones."""
+
+    tau: dict[str, float]
+    source: str = ""
+
+    def to_json(self) -> dict:
+        return {"source": self.source, "tau": dict(self.tau)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "TauProfile":
+        return cls(tau={k: float(v) for k, v in d["tau"].items()}, source=str(d.get("source", "")))
+
+    def ddtree(self, n: int) -> float:
+        pts = sorted((int(k.split("@")[1]), v) for k, v in self.tau.items() if k.startswith("ddtree@") and "/" not in k)
+        if not pts:
+            raise KeyError(f"τ profile ({self.source}) has no ddtree budgets")
+        xs, ys = zip(*pts)
+        return float(np.interp(math.log2(n), [math.log2(x) for x in xs], ys))
+
+    def lookup(self, engine_cfg: dict, nodes: int | None = None) -> tuple[float, str]:
+        """(τ, how it was obtained)."""
+        label = config_label({**engine_cfg, "weight_format": "bf16"})
+        name = engine_cfg["name"]
+        if name == "ar":
+            return 1.0, "exact"
+        if label in self.tau and not (name == "specpilot" and nodes is not None):
+            return self.tau[label], "measured"
+        if name == "ddtree":
+            return self.ddtree(int(engine_cfg.get("tree_budget", 64))), "interpolated over ddtree budgets"
+        if name == "specpilot":
+            n = nodes if nodes is not None else max(engine_cfg.get("budget_candidates") or [256])
+            return self.ddtree(int(n)), f"ddtree τ at budget {n}"
+        if name == "tlv":
+            n = int(engine_cfg.get("tree_budget", 128))
+            return self.ddtree(n), f"ddtree τ at budget {n} (upper bound: level 1 may pick wrong)"
+        raise KeyError(f"τ profile ({self.source}) has no τ for {label}")
+
+
+def speedup(tau: float, t_ar_ms: float, t_step_ms: float) -> float:
+    return tau * t_ar_ms / t_step_ms
+
+
+# ---- the fitted step-time model ----------------------------------------------------------------------
+
+
+def _interp_x(points: list[tuple[float, float]], x: float) -> float:
+    xs, ys = zip(*points)
+    if len(xs) == 1:
+        return ys[0]
+    if x < xs[0]:
+        (x0, y0), (x1, y1) = points[0], points[1]
+    elif x > xs[-1]:
+        (x0, y0), (x1, y1) = points[-2], points[-1]
+    else:
+        return float(np.interp(x, xs, ys))
+    return max(y0 + (y1 - y0) * (x - x0) / (x1 - x0), 0.0)
+
+
+@dataclasses.dataclass
+class StepTimeModel:
+    # (curve, batch) -> sorted [(x, mean ms)]
+    curves: dict[tuple[str, int], list[tuple[float, float]]]
+
+    @classmethod
+    def fit(cls, rows: Iterable[dict]) -> "StepTimeModel":
+        """rows: measured rounds, each {"batch", "stage_ms": {stage: ms}, "points": {stage: (curve, x)}}."""
+        acc: dict[tuple[str, int], dict[float, list[float]]] = {}
+        for row in rows:
+            for stage, ms in row["stage_ms"].items():
+                curve, x = row["points"][stage]
+                acc.setdefault((curve, int(row["batch"])), {}).setdefault(float(x), []).append(float(ms))
+        return cls({k: sorted((x, float(np.mean(v))) for x, v in d.items()) for k, d in acc.items()})
+
+    def has(self, curve: str) -> bool:
+        return any(c == curve for c, _ in self.curves)
+
+    def curve_ms(self, curve: str, x: float, batch: int) -> float:
+        if not self.has(curve):
+            if curve.startswith("level1/") and self.has("target_pass/bf16"):
+                curve = "target_pass/bf16"  # no level-1 measurement: assume it costs a bf16 pass
+            else:
+                raise KeyError(f"no measurements for {curve!r}")
+        batches = sorted(b for c, b in self.curves if c == curve)
+        if batch in batches or len(batches) == 1:
+            return _interp_x(self.curves[(curve, batch if batch in batches else batches[0])], x)
+        lo = [b for b in batches if b < batch]
+        hi = [b for b in batches if b > batch]
+        b0, b1 = (lo[-1], hi[0]) if lo and hi else ((batches[0], batches[1]) if hi else (batches[-2], batches[-1]))
+        y0 = _interp_x(self.curves[(curve, b0)], x)
+        y1 = _interp_x(self.curves[(curve, b1)], x)
+        return max(y0 + (y1 - y0) * (batch - b0) / (b1 - b0), 0.0)
+
+    def predict_stages(self, engine_cfg: dict, batch: int, block: int, nodes: int | None = None,
+                       expected_tokens: Callable[[int], float] | None = None) -> dict[str, float]:
+        if engine_cfg["name"] == "specpilot" and nodes is None:
+            nodes = choose_budget(engine_cfg, expected_tokens)
+        return {stage: self.curve_ms(c, x, batch) for stage, (c, x) in stage_points(engine_cfg, block, nodes).items()}
+
+    def predict_step(self, engine_cfg: dict, batch: int, block: int, nodes: int | None = None,
+                     expected_tokens: Callable[[int], float] | None = None) -> float:
+        return sum(self.predict_stages(engine_cfg, batch, block, nodes, expected_tokens).values())
+
+    def verify_cost_table(self, batch: int, candidates: Iterable[int], fmt: str = "bf16") -> dict[int, float]:
+        """{nodes: ms} for a `specpilot` engine's `verify_cost_ms` (a verify of n nodes pushes n + 1 tokens)."""
+        return {int(n): round(self.curve_ms(f"target_pass/{fmt}", n + 1, batch), 4) for n in candidates}
+
+    def specpilot_config(self, engine_cfg: dict, batch: int, block: int) -> dict:
+        """`engine_cfg` (a specpilot dict) with its verify-cost table and fixed per-round cost taken from
+        this model: draft + tree (at its largest budget) + commit."""
+        fmt = engine_cfg.get("weight_format", "bf16")
+        cands = engine_cfg.get("budget_candidates") or [engine_cfg.get("tree_budget", 256)]
+        pts = stage_points(engine_cfg, block)
+        fixed = sum(self.curve_ms(*pts[s], batch) for s in ("draft", "tree", "commit"))
+        return {**engine_cfg, "verify_cost_ms": self.verify_cost_table(batch, cands, fmt),
+                "draft_cost_ms": round(fixed, 4)}
+
+    def to_json(self) -> dict:
+        return {f"{c}@B{b}": [[x, y] for x, y in pts] for (c, b), pts in sorted(self.curves.items())}
+
+
+def leave_one_out(rows: list[dict], block: int) -> list[dict]:
+    """Each measured row predicted by a model fitted on all the others: the honest test of the curves.
+    Rows carry "engine_cfg", "batch", "stage_ms", "points" (and "nodes" when known)."""
+    out = []
+    for i, row in enumerate(rows):
+        model = StepTimeModel.fit(r for j, r in enumerate(rows) if j != i)
+        measured = sum(row["stage_ms"].values())
+        try:
+            pred = model.predict_step(row["engine_cfg"], row["batch"], block, row.get("nodes"))
+        except KeyError as e:
+            out.append({"label": row["label"], "batch": row["batch"], "measured_ms": measured, "predicted_ms": None,
+                        "error": None, "note": str(e)})
+            continue
+        out.append({"label": row["label"], "batch": row["batch"], "measured_ms": measured, "predicted_ms": pred,
+                    "error": (pred - measured) / measured if measured > 0 else None})
+    return out

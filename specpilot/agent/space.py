@@ -132,7 +132,7 @@ def describe_config(cfg: dict) -> str:
             if k == "block_size" and cfg[k] is None:
                 continue
             parts.append(f"{k}={cfg[k]}")
-    return " ".join(str(p) for p in parts).replace(" ", " ")
+    return " ".join(str(p) for p in parts)
 
 
 class ConfigSpace:

@@ -187,13 +187,17 @@ def enable_compile_cache(path: str | Path | None) -> None:
 
 
 def profile_engine(engine, prompts, max_new_tokens: int, rounds: int = 8, seed: int = 0,
-                   eager_prefill: bool = True) -> dict:
+                   eager_prefill: bool | None = None) -> dict:
     """`Engine.profile`, except that with `eager_prefill` the prefill runs op by op instead of as one
     compiled program: it is not timed, and for a 36-layer target skipping its compile saves ~30-60 s per
-    (engine, batch). The timed stages are jitted and synchronised exactly as `Engine.profile` does."""
+    (engine, batch). The timed stages are jitted and synchronised exactly as `Engine.profile` does.
+    None = eager on an accelerator (on a CPU, compiling a tiny model's prefill is the cheaper way)."""
+    import jax
+
+    if eager_prefill is None:
+        eager_prefill = jax.devices()[0].platform != "cpu"
     if not eager_prefill or not hasattr(engine, "stages"):
         return engine.profile(prompts, max_new_tokens, rounds, seed)
-    import jax
 
     from specpilot.decoding.common import check_prompts, pad_prompts
 
@@ -248,7 +252,7 @@ def build_engine(dep: Deployment, engine_cfg: dict, capacity: int, sampling=None
 
 
 def measure_row(dep: Deployment, engine_cfg: dict, batch: int, context: int, capacity: int, rounds: int, hw,
-                seed: int = 0, eager_prefill: bool = True) -> dict:
+                seed: int = 0, eager_prefill: bool | None = None) -> dict:
     """Profile one (engine, batch) on `batch` random prompts of `context` tokens; attach the ceilings
     and the gap report."""
     block = dep.block
@@ -279,10 +283,12 @@ def measure_row(dep: Deployment, engine_cfg: dict, batch: int, context: int, cap
 
 def sweep(dep: Deployment, configs: list[dict], batches: Sequence[int], context: int, rounds: int, hw,
           budget_s: float | None = None, log: Callable[[str], None] = print, seed: int = 0,
-          eager_prefill: bool = True, capacity: int | None = None) -> tuple[list[dict], list[dict]]:
+          eager_prefill: bool | None = None, capacity: int | None = None,
+          on_row: Callable[[list[dict], list[dict]], None] | None = None) -> tuple[list[dict], list[dict]]:
     """Measure every (config, batch), batch by batch in the given order. `specpilot` configs get their
     verify-cost table from the rows measured before them at the same batch (the cost model's fit).
-    Returns (rows, skipped); configs are skipped once the time budget would be exceeded."""
+    Returns (rows, skipped); a config is skipped when the time spent plus the slowest config so far would
+    exceed `budget_s`. `on_row(rows, skipped)` runs after each measurement (to save partial results)."""
     block = dep.block
     capacity = capacity or context + (rounds + 2) * block + max(slack_of(c, block) for c in configs)
     rows, skipped, t_start, slowest = [], [], time.perf_counter(), 0.0
@@ -304,6 +310,8 @@ def sweep(dep: Deployment, configs: list[dict], batches: Sequence[int], context:
             row["wall_s"] = time.perf_counter() - t0
             slowest = max(slowest, row["wall_s"])
             rows.append(row)
+            if on_row is not None:
+                on_row(rows, skipped)
             stages = " ".join(f"{k}={v:.2f}" for k, v in row["stage_ms"].items())
             log(f"[{time.perf_counter() - t_start:6.1f}s] {row['label']:>22} B={batch:<3} "
                 f"round {row['round_ms']:8.3f} ms ({stages}) in {row['wall_s']:.1f}s")
@@ -342,3 +350,39 @@ def measure_generate(dep: Deployment, engine_cfg: dict, prompts: list[list[int]]
         "stats": {k: v for r in results[:1] for k, v in r.stats.items() if k != "acceptance_histogram"},
         "tokens_out": [t for res in results for t in res.tokens],
     }
+
+
+def generation_rows(dep: Deployment, configs_by_batch: dict[int, list[dict]], prompts: list[list[int]],
+                    max_new: int, seed: int = 0, log: Callable[[str], None] = print, repeats: int = 1) -> list[dict]:
+    """Real-acceptance measurements on a checkpoint pair: for each batch and config (AR first), τ, wall
+    time of the fused loop, MEASURED speedup = AR's wall time ÷ the engine's for the same prompts and
+    tokens, and whether the tokens equal AR's (greedy: they must)."""
+    block = dep.block
+    out = []
+    for batch, configs in configs_by_batch.items():
+        configs = sorted(configs, key=lambda c: c["name"] != "ar")
+        capacity = max(len(p) for p in prompts) + max_new + max(slack_of(c, block) for c in configs) + 1
+        ar = None
+        for cfg in configs:
+            t0 = time.perf_counter()
+            g = measure_generate(dep, cfg, prompts, max_new, batch, capacity, seed, repeats)
+            if cfg["name"] == "ar":
+                ar = g
+            if ar is not None:
+                g["speedup"] = ar["wall_s"] / g["wall_s"]
+                g["lossless"] = g["tokens_out"] == ar["tokens_out"]
+            log(f"generate {g['label']:>22} B={batch:<3} τ {g['tau']:.2f}  {g['ms_per_token']:.3f} ms/token"
+                f"  speedup {g.get('speedup', float('nan')):.2f}  ({time.perf_counter() - t0:.1f}s)")
+            out.append(g)
+    for g in out:
+        g.pop("tokens_out", None)
+    return out
+
+
+def tau_profile_from(gen_rows: list[dict], source: str, batch: int | None = None):
+    """A TauProfile from measured generations (at `batch`, default the smallest measured)."""
+    from specpilot.costmodel.predict import TauProfile
+
+    batch = batch or min(g["batch"] for g in gen_rows)
+    tau = {g["label"].split("+")[0]: g["tau"] for g in gen_rows if g["batch"] == batch and g["label"] != "ar"}
+    return TauProfile(tau=tau, source=f"{source}, batch {batch}")

@@ -227,3 +227,29 @@ def leave_one_out(rows: list[dict], block: int) -> list[dict]:
         out.append({"label": row["label"], "batch": row["batch"], "measured_ms": measured, "predicted_ms": pred,
                     "error": (pred - measured) / measured if measured > 0 else None})
     return out
+
+
+def project(rows: list[dict], tau: TauProfile, block: int) -> list[dict]:
+    """PROJECTED speedups of measured rows: τ from a profile measured elsewhere, t_AR and t_step from these
+    rows (a `specpilot` row's step is re-predicted at the budget its policy would pick under that τ: the
+    budget it picked with random drafts says nothing)."""
+    model = StepTimeModel.fit(rows)
+    ar = {r["batch"]: r["round_ms"] for r in rows if r["engine_cfg"]["name"] == "ar"}
+    out = []
+    for r in rows:
+        cfg, b = r["engine_cfg"], r["batch"]
+        if cfg["name"] == "ar":
+            continue
+        nodes = None
+        t_step = r["round_ms"]
+        if cfg["name"] == "specpilot":
+            nodes = choose_budget(cfg, tau.ddtree)
+            t_step = model.predict_step(cfg, b, block, nodes)
+        t_ar = ar.get(b)
+        if t_ar is None:
+            t_ar = model.predict_step({"name": "ar", "weight_format": cfg.get("weight_format", "bf16")}, b, block)
+        value, how = tau.lookup(cfg, nodes)
+        out.append({"label": r["label"] + (f" (budget {nodes})" if nodes else ""), "batch": b, "tau": value,
+                    "tau_how": how, "t_step_ms": t_step, "t_ar_ms": t_ar, "speedup": speedup(value, t_ar, t_step),
+                    "kind": "projected"})
+    return out

@@ -142,12 +142,16 @@ class SpecEngine(Engine):
         logp = jax.nn.log_softmax(rows, axis=-1)
         return jax.vmap(lambda lp, lim: trees.best_first(lp, self.n_nodes, lim))(logp, depth_limit), None
 
-    def _verify(self, weights, last, tree, cache):
+    def _run_tree(self, weights, last, tree, cache, hidden_layer_ids=()):
+        """One target pass over [root, nodes] at positions start + depth under the ancestor-only mask."""
         anc = jax.vmap(lambda t: trees.ancestor_mask(t, self.depth))(tree)
         toks = jnp.concatenate([last[:, None], tree.tokens], axis=1)
         depth = jnp.concatenate([jnp.zeros_like(tree.depth[:, :1]), tree.depth], axis=1)
-        out = forward(weights, self.cfg, toks, cache.lengths[:, None] + depth, cache, anc, self.dcfg.target_layer_ids)
+        out = forward(weights, self.cfg, toks, cache.lengths[:, None] + depth, cache, anc, hidden_layer_ids)
         return out, anc
+
+    def _verify(self, weights, last, tree, cache):
+        return self._run_tree(weights, last, tree, cache, self.dcfg.target_layer_ids)
 
     def _accept(self, key, state, tree, anc, q, logits):
         if q is not None:  # sampled chain: speculative sampling against the drafter's distribution
@@ -157,12 +161,10 @@ class SpecEngine(Engine):
         choice = pick(key, logits, self.sampling)  # argmax, or an independent sample per node
         return jax.vmap(lambda t, r, c, a: trees.walk(t, r, c, a, self.depth))(tree, state.last, choice, anc)
 
-    def _select_path(self, params, state, ex, tree, anc):
-        """TLV level 1: the cheap target walks the big tree; its accepted path plus its own next token
-        become a chain for the exact target."""
-        out1 = forward(params["level1"], self.cfg, jnp.concatenate([state.last[:, None], tree.tokens], 1),
-                       ex.cache.lengths[:, None] + jnp.concatenate([jnp.zeros_like(tree.depth[:, :1]), tree.depth], 1),
-                       ex.cache, anc)
+    def _select_path(self, params, state, ex, tree):
+        """TLV level 1: the cheap target walks the big tree (its K/V go to scratch slots and are
+        discarded); its accepted path plus its own next token become a chain for the exact target."""
+        out1, anc = self._run_tree(params["level1"], state.last, tree, ex.cache)
         w1 = jax.vmap(lambda t, r, c, a: trees.walk(t, r, c, a, self.depth))(
             tree, state.last, jnp.argmax(out1.logits, -1).astype(jnp.int32), anc
         )
@@ -197,9 +199,7 @@ class SpecEngine(Engine):
         return {"tree": tree, "q": q, "n1": None}
 
     def _stage_level1(self, params, state, carry):
-        tree = carry["tree"]
-        anc1 = jax.vmap(lambda t: trees.ancestor_mask(t, self.depth))(tree)
-        chain, n1 = self._select_path(params, state, state.extra, tree, anc1)
+        chain, n1 = self._select_path(params, state, state.extra, carry["tree"])
         return {**carry, "tree": chain, "n1": n1}
 
     def _stage_verify(self, params, state, carry):

@@ -1,0 +1,195 @@
+"""Step-time benchmark: every engine's stage times against the hardware ceilings, on synthetic shapes or a
+real checkpoint pair, plus the cost model's leave-one-out check. Writes into --out:
+
+    bench.json          everything (provenance, calibration, rows with stage times, byte counts, ceilings and
+                        gap reports, fitted curves, validation, skipped configs); rewritten after every row
+    bench.md            the tables: step time per stage, components vs ceilings, prediction errors
+    step_vs_nodes.png   verify / round time vs tokens verified, one line per batch     (needs matplotlib)
+    components.png      measured vs ceiling per stage, per configuration              (needs matplotlib)
+    tau_profile.json    real checkpoints only: measured τ per engine, usable as --tau-profile elsewhere
+
+    python scripts/bench.py --out OUT                                    # qwen3_8b shapes, the default sweep
+    python scripts/bench.py --out OUT --model tiny --batches 1 4         # CPU smoke run
+    python scripts/bench.py --out OUT --target T --drafter D             # real pair: also τ and measured speedups
+    python scripts/bench.py --out OUT --tau-profile tau_profile.json     # + PROJECTED speedups for these shapes
+    python scripts/bench.py --replot OUT                                 # draw the plots from OUT/bench.json
+
+Plain argparse, not Hydra: the GPU machine has jax and numpy but no hydra, omegaconf or pydantic, and this
+script must run there with one command and nothing carried. It never imports `specpilot.config`. W&B
+(`--wandb`) and matplotlib are imported only when used.
+
+Random weights make acceptance meaningless, so synthetic runs report step times only; speedups there are
+PROJECTED from a τ profile measured on a real pair (--tau-profile), and labelled so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ENGINES = ("ar", "stock", "ddtree", "tlv", "specpilot")
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", help="output folder (created)")
+    ap.add_argument("--replot", metavar="DIR", help="only draw the plots (and rewrite bench.md) from DIR/bench.json")
+    ap.add_argument("--model", default="qwen3_8b", help="synthetic target shapes: conf/model/<name>.yaml")
+    ap.add_argument("--target", help="HF target checkpoint folder (real weights; needs --drafter)")
+    ap.add_argument("--drafter", help="z-lab DFlash drafter folder")
+    ap.add_argument("--dtype", default=None, help="bfloat16 | float32 (default: bfloat16 on GPU, float32 on CPU)")
+    ap.add_argument("--drafter-layers", type=int, default=5, help="synthetic drafter depth (DFlash-b16: 5)")
+    ap.add_argument("--block-size", type=int, default=16, help="synthetic drafter block size")
+    ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
+    ap.add_argument("--budgets", nargs="+", type=int, default=[64, 256], help="DDTree tree budgets")
+    ap.add_argument("--specpilot-candidates", nargs="+", type=int, default=None,
+                    help="the specpilot engine's budget candidates (default: --budgets)")
+    ap.add_argument("--tlv-budget", type=int, default=128, help="TLV level-1 tree size")
+    ap.add_argument("--level1-format", default="int8", choices=("int8", "fp8"))
+    ap.add_argument("--formats", nargs="+", default=["bf16"], choices=("bf16", "w12"), help="weight formats")
+    ap.add_argument("--batches", nargs="+", type=int, default=[1, 8])
+    ap.add_argument("--context", type=int, default=1024, help="committed tokens per request")
+    ap.add_argument("--rounds", type=int, default=8, help="timed rounds per configuration")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="stop starting configurations once this many seconds of measuring are spent")
+    ap.add_argument("--compile-cache", default=".cache/jax-compile",
+                    help="jax persistent compilation cache folder ('none' = off)")
+    ap.add_argument("--eager-prefill", choices=("auto", "on", "off"), default="auto",
+                    help="run the untimed prefill op by op (auto: on an accelerator) to skip compiling it")
+    ap.add_argument("--tau-profile", help="JSON τ profile (tau_profile.json of a real-pair run) for projections")
+    ap.add_argument("--max-new", type=int, default=48, help="real pairs: tokens generated per prompt for τ")
+    ap.add_argument("--num-prompts", type=int, default=8, help="real pairs without their own prompts: random ones")
+    ap.add_argument("--refresh-calibration", action="store_true")
+    ap.add_argument("--wandb", action="store_true", help="log rows to W&B (offline unless configured)")
+    ap.add_argument("--seed", type=int, default=0)
+    return ap.parse_args(argv)
+
+
+def engine_configs(args) -> list[dict]:
+    cands = sorted(set(args.specpilot_candidates or args.budgets))
+    out = []
+    for fmt in args.formats:
+        for name in args.engines:
+            base = {"name": name, "weight_format": fmt}
+            if name == "ddtree":
+                out += [{**base, "tree_budget": n} for n in args.budgets]
+            elif name == "tlv":
+                out.append({**base, "tree_budget": args.tlv_budget, "level1_format": args.level1_format})
+            elif name == "specpilot":
+                out.append({**base, "tree_budget": max(cands), "budget_candidates": cands})
+            else:
+                out.append(base)
+    return sorted(out, key=lambda c: c["name"] == "specpilot")  # specpilot last: its table is fitted first
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def finish(res: dict, out: Path) -> list[str]:
+    from specpilot.costmodel.report import bench_markdown, plot_bench, write_json
+
+    files, note = plot_bench(res, out) if res["rows"] else ([], None)
+    res["plots_note"] = note
+    write_json(out / "bench.json", res)
+    (out / "bench.md").write_text(bench_markdown(res))
+    return ["bench.json", "bench.md", *files]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.replot:
+        out = Path(args.replot)
+        res = json.loads((out / "bench.json").read_text())
+        log("wrote " + ", ".join(finish(res, out)))
+        return 0
+    if not args.out:
+        print("bench.py: --out DIR is required", file=sys.stderr)
+        return 2
+    if bool(args.target) != bool(args.drafter):
+        print("bench.py: --target and --drafter go together", file=sys.stderr)
+        return 2
+    t_start = time.perf_counter()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    import jax
+
+    from specpilot.costmodel import leave_one_out, load_or_calibrate
+    from specpilot.costmodel import measure as M
+    from specpilot.costmodel.predict import StepTimeModel, TauProfile, project
+    from specpilot.costmodel.report import provenance, write_json
+
+    if args.compile_cache.lower() != "none":
+        M.enable_compile_cache(args.compile_cache)
+    accel = jax.devices()[0].platform != "cpu"
+    dtype = args.dtype or ("bfloat16" if accel else "float32")
+    log(f"device {jax.devices()[0].device_kind}; calibrating ...")
+    hw = load_or_calibrate(refresh=args.refresh_calibration)
+    log(f"  read {hw.hbm_bytes_per_s / 1e12:.3f} TB/s, matmul {hw.matmul_flops_per_s / 1e12:.1f} TFLOP/s "
+        f"[{time.perf_counter() - t_start:.1f}s]")
+    if args.target:
+        dep = M.checkpoint_deployment(args.target, args.drafter, dtype)
+    else:
+        dep = M.synthetic_deployment(args.model, dtype, args.seed, args.drafter_layers, args.block_size)
+    log(f"deployment {dep.name}: {dep.target_cfg.num_layers} target layers, drafter {dep.drafter_cfg.layers.num_layers} "
+        f"layers, block {dep.block} [{time.perf_counter() - t_start:.1f}s]")
+    configs = engine_configs(args)
+    res = {"provenance": provenance(hw), "deployment": dep.describe(), "context": args.context, "rounds": args.rounds,
+           "configs": configs, "rows": [], "skipped": []}
+
+    def save(rows, skipped):
+        res["rows"], res["skipped"] = rows, skipped
+        write_json(out / "bench.json", res)
+
+    eager = {"auto": None, "on": True, "off": False}[args.eager_prefill]
+    budget = None if args.budget_s is None else args.budget_s - (time.perf_counter() - t_start)
+    rows, skipped = M.sweep(dep, configs, args.batches, args.context, args.rounds, hw, budget, log, args.seed,
+                            eager, on_row=save)
+    res["rows"], res["skipped"] = rows, skipped
+    res["fit"] = StepTimeModel.fit(rows).to_json() if rows else {}
+    res["validation"] = leave_one_out(rows, dep.block) if len(rows) > 1 else []
+
+    tau = None
+    if not dep.synthetic:
+        prompts = dep.prompts or M.random_prompts(args.num_prompts, 16, dep.target_cfg.vocab_size, args.seed,
+                                                  exclude=(dep.drafter_cfg.mask_token_id,))
+        by_batch = {b: [r["engine_cfg"] for r in rows if r["batch"] == b] for b in args.batches}
+        res["generate"] = M.generation_rows(dep, {b: c for b, c in by_batch.items() if c}, prompts, args.max_new,
+                                            args.seed, log)
+        tau = M.tau_profile_from(res["generate"], f"{dep.name} ({len(prompts)} prompts × {args.max_new} tokens, greedy)")
+        write_json(out / "tau_profile.json", tau.to_json())
+    elif args.tau_profile:
+        tau = TauProfile.from_json(json.loads(Path(args.tau_profile).read_text()))
+    if tau is not None and rows:
+        res["tau_profile"] = tau.to_json()
+        res["projected"] = project(rows, tau, dep.block) if dep.synthetic else []
+
+    files = finish(res, out)
+    if args.wandb:
+        log_wandb(res, args)
+    log(f"done in {time.perf_counter() - t_start:.1f}s; wrote {', '.join(files)} to {out}")
+    print(json.dumps({"out": str(out), "rows": len(rows), "skipped": len(skipped)}))
+    return 0
+
+
+def log_wandb(res: dict, args) -> None:
+    try:
+        import wandb
+    except ImportError:
+        log("W&B not installed: --wandb ignored")
+        return
+    run = wandb.init(project="specpilot", job_type="bench", config={k: v for k, v in vars(args).items()})
+    cols = ["engine", "batch", "stage", "measured_ms", "ceiling_ms"]
+    data = [[r["label"], r["batch"], s, ms, r["ceilings_ms"].get(s)] for r in res["rows"] for s, ms in r["stage_ms"].items()]
+    run.log({"stages": wandb.Table(columns=cols, data=data)})
+    run.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

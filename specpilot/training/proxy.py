@@ -1,0 +1,296 @@
+"""The proxy deployment: corpus → tokenizer → target → drafter → HF folders, cached by what decides them.
+
+    ensure_proxy("proxy_tiny") -> (target_dir, drafter_dir)     # trains on first use, then loads in seconds
+
+Folder `<cache>/<name>-<key>/` (key = hash of the recipe minus its bookkeeping keys, the corpus fingerprint and
+this package's source): `tokenizer/`, `target/` (HF Qwen3 + tokenizer), `drafter/` (z-lab DFlash),
+`report.json` (written last: its presence means complete), `run/` (orbax checkpoints, greedy data, W&B
+offline files). An interrupted build resumes from its checkpoints when called again.
+
+GPU entry point (no Hydra, pydantic or W&B needed; one command trains, measures and writes a summary):
+
+    PYTHONPATH=$PWD python3 -m specpilot.training.proxy --size proxy_gpu --out $OUT --acceptance
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from specpilot.training.spec import ProxySpec, SpecError, load_spec
+
+log = logging.getLogger(__name__)
+
+PACKAGE = Path(__file__).resolve().parent
+REPO = PACKAGE.parents[1]
+
+
+def cache_root() -> Path:
+    base = os.environ.get("SPECPILOT_CACHE") or str(Path.home() / ".cache" / "specpilot")
+    return Path(base) / "proxy"
+
+
+def code_version() -> str:
+    """Hash of the code that decides the trained weights: this package and the exporter."""
+    h = hashlib.sha256()
+    for f in sorted(PACKAGE.glob("*.py")) + [REPO / "specpilot" / "models" / "export.py"]:
+        h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def proxy_key(spec: ProxySpec, corpus_fingerprint: str) -> str:
+    blob = json.dumps(spec.fingerprint_dict(), sort_keys=True) + corpus_fingerprint + code_version()
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _as_spec(spec_or_name: ProxySpec | str) -> ProxySpec:
+    return spec_or_name if isinstance(spec_or_name, ProxySpec) else load_spec(spec_or_name)
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock across processes (several sessions may ask for the same proxy at once)."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def proxy_dir(spec_or_name: ProxySpec | str, root: str | Path | None = None) -> Path:
+    from specpilot.training.corpus import load_corpus
+
+    spec = _as_spec(spec_or_name)
+    corpus = load_corpus(spec.corpus)
+    return Path(root or cache_root()) / f"{spec.name}-{proxy_key(spec, corpus.fingerprint)}"
+
+
+def ensure_proxy(spec_or_name: ProxySpec | str = "proxy_tiny", root: str | Path | None = None) -> tuple[Path, Path]:
+    """(target_dir, drafter_dir) of the trained pair; trains it (or resumes training) when not cached."""
+    spec = _as_spec(spec_or_name)
+    work = proxy_dir(spec, root)
+    if not (work / "report.json").is_file():
+        with _locked(work.with_name(work.name + ".lock")):
+            if not (work / "report.json").is_file():  # another process may have finished meanwhile
+                print(f"training the {spec.name} proxy pair into {work} (first use; resumable)", file=sys.stderr,
+                      flush=True)
+                build(spec, work)
+    return work / "target", work / "drafter"
+
+
+def _tokenizer(spec: ProxySpec, corpus, work: Path):
+    from specpilot.training import tokenizer as tk
+
+    folder = work / "tokenizer"
+    if (folder / "tokenizer.json").is_file():
+        return tk.load_tokenizer(folder)
+    texts, total = [], 0
+    limit = spec.tokenizer.max_train_bytes
+    for f in corpus.train:
+        if limit is not None and total >= limit:
+            break
+        texts.append(f.text)
+        total += len(f.text)
+    tok = tk.train_tokenizer(texts, spec.tokenizer.vocab_size, spec.tokenizer.min_frequency)
+    tk.save_tokenizer(tok, folder, spec.target.max_position_embeddings)
+    return tok
+
+
+def _streams(tok, corpus, work: Path):
+    import numpy as np
+
+    from specpilot.training.tokenizer import encode_all
+    from specpilot.training.train_target import token_stream
+
+    path = work / "run" / "tokens.npz"
+    if path.is_file():
+        with np.load(path) as z:
+            return z["train"], z["held_out"]
+    train = token_stream(encode_all(tok, [f.text for f in corpus.train]))
+    held = token_stream(encode_all(tok, [f.text for f in corpus.held_out]))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name("tokens.tmp.npz")
+    np.savez(tmp, train=train, held_out=held)
+    tmp.replace(path)
+    return train, held
+
+
+def build(spec: ProxySpec, work: str | Path, stop_after: dict | None = None) -> dict:
+    """Train (or resume) the whole pair into `work`; returns the report (also `work/report.json`).
+
+    stop_after: {"target": n} or {"drafter": n} simulates an interruption after n steps (tests)."""
+    from specpilot.models.export import export_drafter, export_target
+    from specpilot.training.corpus import load_corpus
+    from specpilot.training.tracking import Tracker
+    from specpilot.training.train_drafter import prompt_windows, train_drafter
+    from specpilot.training.train_target import train_target
+
+    stop_after = stop_after or {}
+    work = Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    timings = {}
+    t0 = time.perf_counter()
+    corpus = load_corpus(spec.corpus)
+    tok = _tokenizer(spec, corpus, work)
+    train_stream, held_stream = _streams(tok, corpus, work)
+    timings["data_s"] = time.perf_counter() - t0
+    log.info("%s: corpus %s; %d train / %d held-out tokens (%.1f s)", spec.name, corpus.summary(),
+             len(train_stream), len(held_stream), timings["data_s"])
+    tracker = Tracker(spec.wandb.mode, spec.wandb.project, work / "run", spec.name, spec.to_dict())
+    try:
+        t1 = time.perf_counter()
+        tcfg, tparams, target_report = train_target(spec, train_stream, held_stream, work / "run" / "target",
+                                                    tracker, stop_after.get("target"))
+        export_target(work / "target", tcfg, tparams, "float32", tokenizer_dir=work / "tokenizer")
+        timings["target_s"] = time.perf_counter() - t1
+
+        t2 = time.perf_counter()
+        ds = spec.drafter_train
+        train_prompts = prompt_windows(train_stream, ds.num_sequences, ds.prompt_tokens, spec.seed)
+        held_prompts = prompt_windows(held_stream, ds.eval_batches * ds.batch_size, ds.prompt_tokens, spec.seed)
+        dcfg, dparams, drafter_report = train_drafter(spec, tcfg, tparams, train_prompts, held_prompts,
+                                                      work / "run" / "drafter", tracker, stop_after.get("drafter"))
+        export_drafter(work / "drafter", dcfg, dparams, "float32")
+        timings["drafter_s"] = time.perf_counter() - t2
+    finally:
+        tracker.finish()
+    timings["total_s"] = time.perf_counter() - t0
+    report = {
+        "name": spec.name,
+        "key": work.name,
+        "corpus": corpus.summary(),
+        "tokenizer": {"vocab_size": tok.get_vocab_size(), "model_vocab_size": spec.tokenizer.vocab_size,
+                      "train_tokens": int(len(train_stream)), "held_out_tokens": int(len(held_stream)),
+                      "bytes_per_token": corpus.train_bytes / max(len(train_stream), 1)},
+        "target": target_report,
+        "drafter": drafter_report,
+        "timings": timings,
+        "recipe": spec.to_dict(),
+    }
+    tmp = work / "report.tmp.json"
+    tmp.write_text(json.dumps(report, indent=1))
+    tmp.replace(work / "report.json")
+    log.info("%s: done in %.0f s: target held-out loss %.3f, drafter held-out loss %.3f", spec.name,
+             timings["total_s"], target_report["held_out_loss"], drafter_report["held_out_loss"])
+    return report
+
+
+def run_acceptance(spec: ProxySpec, work: Path, temperatures, engines, prompts_source: str, dtype: str) -> dict:
+    """{f"T={t}": {engine: {...}}} on the recipe's evaluation prompts."""
+    from specpilot.training.acceptance import eval_prompts, measure
+    from specpilot.training.corpus import load_corpus
+    from specpilot.training.tokenizer import load_tokenizer
+
+    corpus = load_corpus(spec.corpus)
+    tok = load_tokenizer(work / "tokenizer")
+    e = spec.eval
+    prompts = eval_prompts(prompts_source, tok, corpus, e.num_prompts, e.prompt_tokens)
+    out = {"prompts": {"source": prompts_source, "count": len(prompts), "max_new_tokens": e.max_new_tokens}}
+    for t in temperatures:
+        out[f"T={t:g}"] = measure(work / "target", work / "drafter", prompts, engines, t, e.max_new_tokens,
+                                  e.batch_size, dtype, spec.seed)
+    return out
+
+
+def summary_markdown(report: dict, acceptance: dict | None, command: str) -> str:
+    t, d = report["target"], report["drafter"]
+    lines = [
+        f"# Proxy pair `{report['name']}`",
+        "",
+        f"- Command: `{command}`",
+        f"- Date: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}; commit: `{_commit()}`; cache key `{report['key']}`",
+        f"- Corpus: {report['corpus']['train_files']} train / {report['corpus']['held_out_files']} held-out files, "
+        f"{report['tokenizer']['train_tokens']:,} train tokens (vocab {report['tokenizer']['vocab_size']}, "
+        f"{report['tokenizer']['bytes_per_token']:.2f} bytes/token)",
+        f"- Target: {t['params']:,} params, {t['steps']} steps ({t['tokens_seen']:,} tokens), "
+        f"held-out loss **{t['held_out_loss']:.3f}** nats/token (train {t['train_loss']:.3f})",
+        f"- Drafter: {d['params']:,} params, {d['steps']} steps, held-out loss **{d['held_out_loss']:.3f}**, "
+        f"held-out chain tokens/round {d['held_out']['chain_tokens_per_round']:.2f}, "
+        f"row accuracy {d['held_out']['row_accuracy']}",
+        f"- Time: " + ", ".join(f"{k} {v:.0f} s" for k, v in report["timings"].items()),
+    ]
+    if acceptance:
+        p = acceptance["prompts"]
+        lines += ["", f"Acceptance on {p['count']} {p['source']} prompts, {p['max_new_tokens']} new tokens each:", "",
+                  "| T | engine | τ | histogram (rounds committing 1, 2, … tokens) |", "|---|---|---|---|"]
+        for key, res in acceptance.items():
+            if key.startswith("T="):
+                for name, r in res.items():
+                    lines.append(f"| {key[2:]} | {name} | {r['tau']:.3f} | {r['histogram']} |")
+    return "\n".join(lines) + "\n"
+
+
+def _commit() -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Train (or load from cache) a proxy target/drafter pair.")
+    ap.add_argument("--size", default="proxy_tiny", help="recipe in conf/proxy/ (proxy_tiny, proxy_gpu, ...)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key")
+    ap.add_argument("--work", help="folder for checkpoints and the trained pair (default: the proxy cache)")
+    ap.add_argument("--out", help="write results.json and summary.md here")
+    ap.add_argument("--acceptance", action="store_true", help="measure tau for the engines after training")
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    ap.add_argument("--engines", nargs="+", default=["stock", "ddtree", "specpilot"])
+    ap.add_argument("--prompts", default="heldout", choices=["heldout", "humaneval", "both"])
+    ap.add_argument("--dtype", default=None, help="engine dtype for acceptance (default: the target's train dtype)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+    for noisy in ("jax", "absl", "orbax"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        spec = load_spec(args.size, args.set)
+    except SpecError as e:
+        print(e, file=sys.stderr)
+        return 2
+    work = Path(args.work) if args.work else proxy_dir(spec)
+    if (work / "report.json").is_file():
+        report = json.loads((work / "report.json").read_text())
+        log.info("%s: cached pair in %s", spec.name, work)
+    else:
+        with _locked(work.with_name(work.name + ".lock")):
+            report = build(spec, work)
+    acceptance = None
+    if args.acceptance:
+        acceptance = run_acceptance(spec, work, args.temperatures, args.engines, args.prompts,
+                                    args.dtype or spec.target_train.dtype)
+    command = "python -m specpilot.training.proxy " + " ".join(argv if argv is not None else sys.argv[1:])
+    result = {"report": {k: v for k, v in report.items() if k != "recipe"}, "acceptance": acceptance,
+              "recipe": report.get("recipe"), "target_dir": str(work / "target"), "drafter_dir": str(work / "drafter")}
+    md = summary_markdown(report, acceptance, command)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(result, indent=1))
+        (out / "summary.md").write_text(md)
+    print(md, file=sys.stderr)
+    compact = {"target_held_out_loss": report["target"]["held_out_loss"],
+               "drafter_held_out_loss": report["drafter"]["held_out_loss"], "target_dir": str(work / "target"),
+               "drafter_dir": str(work / "drafter")}
+    if acceptance:
+        compact["acceptance"] = {k: {e: {"tau": r["tau"], "histogram": r["histogram"]} for e, r in v.items()}
+                                 for k, v in acceptance.items() if k.startswith("T=")}
+    print(json.dumps(compact), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

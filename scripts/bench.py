@@ -36,7 +36,8 @@ ENGINES = ("ar", "stock", "ddtree", "tlv", "specpilot")
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", help="output folder (created)")
     ap.add_argument("--replot", metavar="DIR", help="only draw the plots (and rewrite bench.md) from DIR/bench.json")
     ap.add_argument("--model", default="qwen3_8b", help="synthetic target shapes: conf/model/<name>.yaml")
@@ -64,6 +65,8 @@ def parse_args(argv=None):
     ap.add_argument("--tau-profile", help="JSON τ profile (tau_profile.json of a real-pair run) for projections")
     ap.add_argument("--max-new", type=int, default=48, help="real pairs: tokens generated per prompt for τ")
     ap.add_argument("--num-prompts", type=int, default=8, help="real pairs without their own prompts: random ones")
+    ap.add_argument("--prompts", help="real pairs: JSON list of token-id prompts (default: the pair's own, else "
+                                      "random)")
     ap.add_argument("--refresh-calibration", action="store_true")
     ap.add_argument("--wandb", action="store_true", help="log rows to W&B (offline unless configured)")
     ap.add_argument("--seed", type=int, default=0)
@@ -137,8 +140,8 @@ def main(argv=None) -> int:
         dep = M.checkpoint_deployment(args.target, args.drafter, dtype)
     else:
         dep = M.synthetic_deployment(args.model, dtype, args.seed, args.drafter_layers, args.block_size)
-    log(f"deployment {dep.name}: {dep.target_cfg.num_layers} target layers, drafter {dep.drafter_cfg.layers.num_layers} "
-        f"layers, block {dep.block} [{time.perf_counter() - t_start:.1f}s]")
+    log(f"deployment {dep.name}: {dep.target_cfg.num_layers} target layers, drafter "
+        f"{dep.drafter_cfg.layers.num_layers} layers, block {dep.block} [{time.perf_counter() - t_start:.1f}s]")
     configs = engine_configs(args)
     res = {"provenance": provenance(hw), "deployment": dep.describe(), "context": args.context, "rounds": args.rounds,
            "configs": configs, "rows": [], "skipped": []}
@@ -157,12 +160,14 @@ def main(argv=None) -> int:
 
     tau = None
     if not dep.synthetic:
-        prompts = dep.prompts or M.random_prompts(args.num_prompts, 16, dep.target_cfg.vocab_size, args.seed,
-                                                  exclude=(dep.drafter_cfg.mask_token_id,))
+        given = json.loads(Path(args.prompts).read_text()) if args.prompts else dep.prompts
+        prompts = [list(map(int, p)) for p in given] if given else M.random_prompts(
+            args.num_prompts, 16, dep.target_cfg.vocab_size, args.seed, exclude=(dep.drafter_cfg.mask_token_id,))
         by_batch = {b: [r["engine_cfg"] for r in rows if r["batch"] == b] for b in args.batches}
         res["generate"] = M.generation_rows(dep, {b: c for b, c in by_batch.items() if c}, prompts, args.max_new,
                                             args.seed, log)
-        tau = M.tau_profile_from(res["generate"], f"{dep.name} ({len(prompts)} prompts × {args.max_new} tokens, greedy)")
+        source = f"{dep.name} ({len(prompts)} prompts × {args.max_new} tokens, greedy)"
+        tau = M.tau_profile_from(res["generate"], source)
         write_json(out / "tau_profile.json", tau.to_json())
     elif args.tau_profile:
         tau = TauProfile.from_json(json.loads(Path(args.tau_profile).read_text()))
@@ -186,7 +191,8 @@ def log_wandb(res: dict, args) -> None:
         return
     run = wandb.init(project="specpilot", job_type="bench", config={k: v for k, v in vars(args).items()})
     cols = ["engine", "batch", "stage", "measured_ms", "ceiling_ms"]
-    data = [[r["label"], r["batch"], s, ms, r["ceilings_ms"].get(s)] for r in res["rows"] for s, ms in r["stage_ms"].items()]
+    data = [[r["label"], r["batch"], s, ms, r["ceilings_ms"].get(s)]
+            for r in res["rows"] for s, ms in r["stage_ms"].items()]
     run.log({"stages": wandb.Table(columns=cols, data=data)})
     run.finish()
 

@@ -16,7 +16,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from specpilot.config import ConfigError, RootConfig
-from specpilot.models.config import CheckpointError, DrafterConfig, ModelConfig, RopeConfig
+from specpilot.models.config import (
+    CheckpointError,
+    DrafterConfig,
+    ModelConfig,
+    default_target_layer_ids,  # noqa: F401  (re-exported: tests and docs name it here)
+    model_config_from_shapes,
+)
+from specpilot.models.config import synthetic_drafter_config as shared_synthetic_drafter_config
 
 # Used when no prompt is given and the target is random, so `scripts/generate.py` runs with no arguments.
 DEFAULT_PROMPT_IDS = (1, 17, 42, 7, 99, 3)
@@ -32,73 +39,22 @@ def _dtype(name: str):
 
 def target_config_from_group(cfg: RootConfig) -> ModelConfig:
     """A ModelConfig from the `model` group (synthetic shapes)."""
-    m = cfg.model
-    rope = RopeConfig(theta=m.rope_theta)
-    if m.rope_scaling is not None:
-        s = m.rope_scaling
-        rope = RopeConfig(
-            theta=m.rope_theta,
-            kind=s.rope_type,
-            factor=s.factor,
-            low_freq_factor=s.low_freq_factor,
-            high_freq_factor=s.high_freq_factor,
-            original_max_position=s.original_max_position_embeddings,
-        )
-    return ModelConfig(
-        family=m.family,
-        vocab_size=m.vocab_size,
-        hidden_size=m.hidden_size,
-        intermediate_size=m.intermediate_size,
-        num_layers=m.num_layers,
-        num_heads=m.num_heads,
-        num_kv_heads=m.num_kv_heads,
-        head_dim=m.head_dim,
-        rms_norm_eps=m.rms_norm_eps,
-        rope=rope,
-        tie_word_embeddings=m.tie_word_embeddings,
-        max_position_embeddings=m.max_position_embeddings,
-        eos_token_ids=tuple(m.eos_token_ids),
-    )
-
-
-def default_target_layer_ids(num_drafter_layers: int, num_target_layers: int) -> tuple[int, ...]:
-    """z-lab's spread of the drafter's context layers over the target (clamped for tiny targets)."""
-    n, t = num_drafter_layers, num_target_layers
-    if n == 1:
-        ids = [t // 2]
-    else:
-        ids = [int(round(1 + i * (t - 4) / (n - 1))) for i in range(n)]
-    return tuple(min(max(i, 0), t - 1) for i in ids)
+    return model_config_from_shapes(cfg.model.model_dump())
 
 
 def synthetic_drafter_config(cfg: RootConfig, target: ModelConfig) -> DrafterConfig:
     """A DrafterConfig of the `drafter` group's shapes whose layers match the target's width."""
     d = cfg.drafter
     t = target.num_layers
-    ids = tuple(d.target_layer_ids) if d.target_layer_ids is not None else default_target_layer_ids(d.num_layers, t)
-    bad = [i for i in ids if i >= t]
+    bad = [i for i in (d.target_layer_ids or ()) if i >= t]
     if bad:
         raise ConfigError.at("drafter.target_layer_ids", f"layer {bad[0]} outside the target's {t} layers")
-    mask = d.mask_token_id if d.mask_token_id is not None else target.vocab_size - 1
-    if mask >= target.vocab_size:
+    if d.mask_token_id is not None and d.mask_token_id >= target.vocab_size:
         raise ConfigError.at(
-            "drafter.mask_token_id", f"{mask} outside the target's vocabulary [0, {target.vocab_size})"
+            "drafter.mask_token_id", f"{d.mask_token_id} outside the target's vocabulary [0, {target.vocab_size})"
         )
-    layers = ModelConfig(
-        family="qwen3",
-        vocab_size=target.vocab_size,
-        hidden_size=target.hidden_size,
-        intermediate_size=target.intermediate_size,
-        num_layers=d.num_layers,
-        num_heads=target.num_heads,
-        num_kv_heads=target.num_kv_heads,
-        head_dim=target.head_dim,
-        rms_norm_eps=target.rms_norm_eps,
-        rope=target.rope,
-        max_position_embeddings=target.max_position_embeddings,
-    )
-    return DrafterConfig(
-        layers=layers, block_size=d.block_size, mask_token_id=mask, target_layer_ids=ids, num_target_layers=t
+    return shared_synthetic_drafter_config(
+        target, d.num_layers, d.block_size, tuple(d.target_layer_ids) if d.target_layer_ids else None, d.mask_token_id
     )
 
 
@@ -140,9 +96,18 @@ def load_models(cfg: RootConfig, with_drafter: bool | None = None):
     dtype = _dtype(cfg.target.dtype)
     cache_dir = cfg.target.cache_dir
     tokenizer = None
+    proxy_drafter = None
     if cfg.target.path:
         target_cfg, target_w = hf.load_target(cfg.target.path, dtype, cache_dir)
         tokenizer = load_tokenizer(cfg.target.path)
+    elif proxy_backed(cfg):
+        from specpilot.training.proxy import ensure_proxy
+
+        # the deployment's trained pair: trained on first use, then loaded from the cache
+        target_dir, proxy_drafter = ensure_proxy(cfg.proxy if cfg.proxy.name == cfg.deployment.models
+                                                 else cfg.deployment.models)
+        target_cfg, target_w = hf.load_target(target_dir, dtype, cache_dir)
+        tokenizer = load_tokenizer(target_dir)
     else:
         target_cfg = target_config_from_group(cfg)
         target_w = weights.init_random_target(target_cfg, cfg.target.seed, dtype)
@@ -151,10 +116,19 @@ def load_models(cfg: RootConfig, with_drafter: bool | None = None):
         if cfg.drafter.path:
             drafter_cfg, drafter_w = hf.load_drafter(cfg.drafter.path, dtype, cache_dir)
             _check_drafter_fits(cfg.drafter.path, drafter_cfg, target_cfg)
+        elif proxy_drafter is not None:
+            drafter_cfg, drafter_w = hf.load_drafter(proxy_drafter, dtype, cache_dir)
         else:
             drafter_cfg = synthetic_drafter_config(cfg, target_cfg)
             drafter_w = weights.init_random_drafter(drafter_cfg, cfg.target.seed + 1, dtype)
     return target_cfg, target_w, drafter_cfg, drafter_w, tokenizer
+
+
+def proxy_backed(cfg: RootConfig) -> bool:
+    """Whether the target (and drafter) are the deployment's trained proxy pair (`deployment.models`, e.g.
+    proxy_tiny) rather than random weights: only when `target.path` is null. The `proxy` group's recipe is
+    used (with its overrides) when it is the one named; otherwise conf/proxy/<models>.yaml."""
+    return False and not cfg.target.path and cfg.deployment.models != "config"  # TEMP(helper issue 5): off until the cache is warm
 
 
 def has_tokenizer_files(path: str | Path) -> bool:
@@ -176,7 +150,8 @@ def _check_prompt_choice(cfg: RootConfig) -> None:
 def check_prompt_source(cfg: RootConfig) -> None:
     """The prompt checks that need no weights, so a bad prompt config fails before a long load."""
     _check_prompt_choice(cfg)
-    if cfg.prompt is not None and not (cfg.target.path and has_tokenizer_files(cfg.target.path)):
+    if cfg.prompt is not None and not (cfg.target.path and has_tokenizer_files(cfg.target.path)) \
+            and not proxy_backed(cfg):
         raise _no_tokenizer(cfg)
 
 

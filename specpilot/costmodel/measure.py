@@ -18,11 +18,13 @@ import numpy as np
 
 from specpilot.costmodel import counts
 from specpilot.costmodel.gaps import gap_report
-from specpilot.costmodel.predict import StepTimeModel, config_label, stage_points
-from specpilot.models.config import DrafterConfig, ModelConfig, RopeConfig
+from specpilot.costmodel.predict import StepTimeModel, config_label, measured_row
+from specpilot.models.config import DrafterConfig, ModelConfig, model_config_from_shapes, synthetic_drafter_config
 
 REPO = Path(__file__).resolve().parents[2]
-ORACLE_PAIR = REPO.parent / "shared" / "oracle_pair"
+# shared/ inside the checkout (as the GPU machine's copy has it) or beside it (this workstation).
+ORACLE_PAIR = next((p for p in (REPO / "shared" / "oracle_pair", REPO.parent / "shared" / "oracle_pair")
+                    if (p / "target").is_dir()), REPO.parent / "shared" / "oracle_pair")
 
 
 # ---- shapes -------------------------------------------------------------------------------------------
@@ -68,37 +70,7 @@ def model_config(name: str) -> ModelConfig:
     if not path.is_file():
         options = sorted(p.stem for p in (REPO / "conf" / "model").glob("*.yaml"))
         raise ValueError(f"model {name!r}: no {path} (available: {', '.join(options)})")
-    m = _read_yaml(path)
-    rope = RopeConfig(theta=float(m.get("rope_theta", 10000.0)))
-    if m.get("rope_scaling"):
-        s = m["rope_scaling"]
-        rope = RopeConfig(theta=rope.theta, kind=s["rope_type"], factor=float(s["factor"]),
-                          low_freq_factor=float(s["low_freq_factor"]), high_freq_factor=float(s["high_freq_factor"]),
-                          original_max_position=int(s["original_max_position_embeddings"]))
-    return ModelConfig(
-        family=m["family"], vocab_size=int(m["vocab_size"]), hidden_size=int(m["hidden_size"]),
-        intermediate_size=int(m["intermediate_size"]), num_layers=int(m["num_layers"]),
-        num_heads=int(m["num_heads"]), num_kv_heads=int(m["num_kv_heads"]), head_dim=int(m["head_dim"]),
-        rms_norm_eps=float(m.get("rms_norm_eps", 1e-6)), rope=rope,
-        tie_word_embeddings=bool(m.get("tie_word_embeddings", False)),
-        max_position_embeddings=int(m.get("max_position_embeddings", 4096)),
-        eos_token_ids=tuple(m.get("eos_token_ids") or ()),
-    )
-
-
-def default_target_layer_ids(num_drafter_layers: int, num_target_layers: int) -> tuple[int, ...]:
-    """z-lab's spread of the drafter's context layers (the same rule as `specpilot.build`, which this
-    module cannot import: it pulls in the pydantic config layer)."""
-    n, t = num_drafter_layers, num_target_layers
-    ids = [t // 2] if n == 1 else [int(round(1 + i * (t - 4) / (n - 1))) for i in range(n)]
-    return tuple(min(max(i, 0), t - 1) for i in ids)
-
-
-def synthetic_drafter_config(target: ModelConfig, num_layers: int = 5, block_size: int = 16) -> DrafterConfig:
-    layers = target.replace(family="qwen3", num_layers=num_layers, tie_word_embeddings=False, eos_token_ids=())
-    return DrafterConfig(layers=layers, block_size=block_size, mask_token_id=target.vocab_size - 1,
-                         target_layer_ids=default_target_layer_ids(num_layers, target.num_layers),
-                         num_target_layers=target.num_layers)
+    return model_config_from_shapes(_read_yaml(path))
 
 
 @dataclasses.dataclass
@@ -171,7 +143,7 @@ def random_prompts(batch: int, length: int, vocab: int, seed: int = 0, exclude: 
     return [rng.choice(allowed, size=length).tolist() for _ in range(batch)]
 
 
-def enable_compile_cache(path: str | Path | None) -> None:
+def enable_compile_cache(path: str | Path | None, min_compile_s: float = 0.5) -> None:
     """jax's persistent compilation cache: identical programs of different engine instances (the shared
     draft stage, say) compile once per run, and a rerun on a still-warm machine skips compiling."""
     if not path:
@@ -180,7 +152,7 @@ def enable_compile_cache(path: str | Path | None) -> None:
 
     Path(path).mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_s)
 
 
 # ---- measuring ------------------------------------------------------------------------------------------
@@ -188,47 +160,15 @@ def enable_compile_cache(path: str | Path | None) -> None:
 
 def profile_engine(engine, prompts, max_new_tokens: int, rounds: int = 8, seed: int = 0,
                    eager_prefill: bool | None = None) -> dict:
-    """`Engine.profile`, except that with `eager_prefill` the prefill runs op by op instead of as one
-    compiled program: it is not timed, and for a 36-layer target skipping its compile saves ~30-60 s per
-    (engine, batch). The timed stages are jitted and synchronised exactly as `Engine.profile` does.
-    None = eager on an accelerator (on a CPU, compiling a tiny model's prefill is the cheaper way)."""
+    """`Engine.profile`, with the prefill run op by op on an accelerator (None = auto): it is not
+    timed, and for a 36-layer target skipping its compile saves ~30-60 s per (engine, batch)."""
     import jax
 
     if eager_prefill is None:
         eager_prefill = jax.devices()[0].platform != "cpu"
-    if not eager_prefill or not hasattr(engine, "stages"):
+    if not hasattr(engine, "stages"):  # FakeEngine
         return engine.profile(prompts, max_new_tokens, rounds, seed)
-
-    from specpilot.decoding.common import check_prompts, pad_prompts
-
-    check_prompts(prompts, engine.cfg, max_new_tokens, engine.max_prompt_plus_new())
-    tokens, lens = pad_prompts(prompts)
-    state = jax.block_until_ready(engine.prefill(engine.params, tokens, lens, max_new_tokens, jax.random.key(seed)))
-    stage_fns = [(name, jax.jit(fn)) for name, fn in engine.stages()]
-    totals = {name: 0.0 for name, _ in stage_fns}
-    timed_rounds, committed = 0, 0
-    for r in range(rounds + 1):
-        if bool(np.all(np.asarray(state.done))):
-            break
-        carry, before = {}, np.asarray(state.n_out).sum()
-        for name, fn in stage_fns:
-            t0 = time.perf_counter()
-            carry = jax.block_until_ready(fn(engine.params, state, carry))
-            if r > 0:
-                totals[name] += time.perf_counter() - t0
-        state = carry["state"]
-        if r > 0:
-            timed_rounds += 1
-            committed += int(np.asarray(state.n_out).sum() - before)
-    n = max(timed_rounds, 1)
-    return {
-        "engine": engine.name,
-        "batch": len(prompts),
-        "rounds": timed_rounds,
-        "stage_ms": {k: 1e3 * v / n for k, v in totals.items()},
-        "round_ms": 1e3 * sum(totals.values()) / n,
-        "tokens_per_round": committed / n,
-    }
+    return engine.profile(prompts, max_new_tokens, rounds, seed, eager_prefill=eager_prefill)
 
 
 def slack_of(engine_cfg: dict, block: int) -> int:
@@ -265,16 +205,10 @@ def measure_row(dep: Deployment, engine_cfg: dict, batch: int, context: int, cap
     costs = counts.stage_costs(dep.target_cfg, dep.drafter_cfg, engine_cfg, batch, context, dep.act_bytes, nodes)
     ceilings = {s: hw.ms(c.bytes, c.flops) for s, c in costs.items()} if hw is not None else {}
     return {
-        "label": config_label(engine_cfg),
-        "engine_cfg": engine_cfg,
-        "batch": batch,
+        **measured_row(prof, engine_cfg, block, nodes),
         "context": context,
         "capacity": capacity,
-        "stage_ms": prof["stage_ms"],
-        "round_ms": prof["round_ms"],
-        "tokens_per_round": prof["tokens_per_round"],
         "rounds": prof["rounds"],
-        "points": {k: list(v) for k, v in stage_points(engine_cfg, block, nodes).items()},
         "costs": {s: c.to_json() for s, c in costs.items()},
         "ceilings_ms": ceilings,
         "gaps": gap_report(prof, ceilings) if ceilings else None,
@@ -320,12 +254,14 @@ def sweep(dep: Deployment, configs: list[dict], batches: Sequence[int], context:
 
 def measure_generate(dep: Deployment, engine_cfg: dict, prompts: list[list[int]], max_new: int, batch: int,
                      capacity: int, seed: int = 0, repeats: int = 1) -> dict:
-    """Fused-loop generation on real prompts in chunks of `batch`: τ and wall time (after a warm-up run
-    that compiles every shape). All prompts are padded to one length so one program serves all chunks."""
+    """Fused-loop generation on real prompts in chunks of `batch` (a last partial chunk is dropped): τ and
+    wall time (after a warm-up run that compiles every shape). All prompts are padded to one length so one
+    program serves all chunks."""
     engine = build_engine(dep, engine_cfg, capacity)
     pad = max(len(p) for p in prompts)
-    chunks = [prompts[i: i + batch] for i in range(0, len(prompts), batch)]
-    chunks = [c for c in chunks if len(c) == batch] or [prompts[:batch]]
+    if len(prompts) < batch:  # fewer prompts than the batch: repeat them
+        prompts = (prompts * batch)[:batch]
+    chunks = [prompts[i: i + batch] for i in range(0, len(prompts) - batch + 1, batch)]
 
     def run():
         return [engine.generate(c, max_new, seed, pad_to=pad) for c in chunks]

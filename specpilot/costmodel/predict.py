@@ -6,7 +6,7 @@ verify of 16 tokens and a 15-node tree verify are the same `target_pass` at x = 
 DDTree measurements together pin down t_verify(n, B):
 
 - per measured batch, a curve is piecewise linear in x through the measured points (the mean where
-  several engines measured the same x), extended linearly beyond its ends;
+  several engines measured the same x), extended linearly beyond its ends (never with a negative slope);
 - between measured batches it is linear in B at fixed x, extended linearly from the two nearest
   batches outside them (one measured batch: used as is).
 
@@ -46,7 +46,9 @@ def config_label(engine_cfg: dict) -> str:
 
 def stage_points(engine_cfg: dict, block: int, nodes: int | None = None) -> dict[str, tuple[str, int]]:
     """{stage: (curve, x)} for one round. `block`: the drafter's block size (ignored for AR);
-    `nodes`: the budget a `specpilot` round verified (default: its largest candidate)."""
+    `nodes`: the budget a `specpilot` round verified. A measured specpilot round whose budget is unknown
+    (nodes=None) puts its verify on a curve of its own, so it never skews the shared target-pass curve;
+    predictions pass the budget its policy picks (`choose_budget`)."""
     name = engine_cfg["name"]
     fmt = engine_cfg.get("weight_format", "bf16")
     if name == "ar":
@@ -61,7 +63,12 @@ def stage_points(engine_cfg: dict, block: int, nodes: int | None = None) -> dict
         if name == "specpilot":
             cands = engine_cfg.get("budget_candidates") or [engine_cfg.get("tree_budget", 256)]
             built = max(int(c) for c in cands)
-            verify_x = (built if nodes is None else int(nodes)) + 1
+            if nodes is None:  # the budget each round chose is not observed: keep it off the shared curve
+                points["tree"] = ("tree/best_first", built)
+                points["verify"] = (f"specpilot_verify/{fmt}", built + 1)
+                points["commit"] = (f"commit/{fmt}", depth + 1)
+                return points
+            verify_x = int(nodes) + 1
         else:
             built = int(engine_cfg.get("tree_budget", 128 if name == "tlv" else 64))
             verify_x = built + 1
@@ -146,7 +153,8 @@ def _interp_x(points: list[tuple[float, float]], x: float) -> float:
         (x0, y0), (x1, y1) = points[-2], points[-1]
     else:
         return float(np.interp(x, xs, ys))
-    return max(y0 + (y1 - y0) * (x - x0) / (x1 - x0), 0.0)
+    slope = max((y1 - y0) / (x1 - x0), 0.0)  # more tokens never cost less: noise must not extrapolate down
+    return max(y0 + slope * (x - x0), 0.0)
 
 
 @dataclasses.dataclass
@@ -168,11 +176,21 @@ class StepTimeModel:
         return any(c == curve for c, _ in self.curves)
 
     def curve_ms(self, curve: str, x: float, batch: int) -> float:
+        """ms of `curve` at x tokens and `batch` requests. A level-1 curve measured at a single x borrows
+        its shape from the bf16 target pass: ms(x) = ms(x0) · t_pass(x) / t_pass(x0)."""
         if not self.has(curve):
             if curve.startswith("level1/") and self.has("target_pass/bf16"):
                 curve = "target_pass/bf16"  # no level-1 measurement: assume it costs a bf16 pass
             else:
                 raise KeyError(f"no measurements for {curve!r}")
+        xs = {x0 for (c, _), pts in self.curves.items() if c == curve for x0, _ in pts}
+        if len(xs) == 1 and curve.startswith("level1/") and self.has("target_pass/bf16") and x not in xs:
+            (x0,) = xs
+            ratio = self._curve_at("target_pass/bf16", x, batch) / self._curve_at("target_pass/bf16", x0, batch)
+            return self._curve_at(curve, x0, batch) * ratio
+        return self._curve_at(curve, x, batch)
+
+    def _curve_at(self, curve: str, x: float, batch: int) -> float:
         batches = sorted(b for c, b in self.curves if c == curve)
         if batch in batches or len(batches) == 1:
             return _interp_x(self.curves[(curve, batch if batch in batches else batches[0])], x)
@@ -195,20 +213,39 @@ class StepTimeModel:
 
     def verify_cost_table(self, batch: int, candidates: Iterable[int], fmt: str = "bf16") -> dict[int, float]:
         """{nodes: ms} for a `specpilot` engine's `verify_cost_ms` (a verify of n nodes pushes n + 1 tokens)."""
-        return {int(n): round(self.curve_ms(f"target_pass/{fmt}", n + 1, batch), 4) for n in candidates}
+        return {int(n): max(round(self.curve_ms(f"target_pass/{fmt}", n + 1, batch), 4), 1e-4) for n in candidates}
 
     def specpilot_config(self, engine_cfg: dict, batch: int, block: int) -> dict:
         """`engine_cfg` (a specpilot dict) with its verify-cost table and fixed per-round cost taken from
-        this model: draft + tree (at its largest budget) + commit."""
+        this model: draft + tree (best-first at its largest budget; the chain's when none was measured)
+        + commit."""
         fmt = engine_cfg.get("weight_format", "bf16")
         cands = engine_cfg.get("budget_candidates") or [engine_cfg.get("tree_budget", 256)]
         pts = stage_points(engine_cfg, block)
-        fixed = sum(self.curve_ms(*pts[s], batch) for s in ("draft", "tree", "commit"))
+        fixed = sum(self.curve_ms(*pts[s], batch) for s in ("draft", "commit"))
+        if self.has("tree/best_first") or not self.has("tree/chain"):
+            fixed += self.curve_ms(*pts["tree"], batch)
+        else:  # no best-first tree measured yet: the chain's argmax is the nearest stand-in
+            fixed += self.curve_ms("tree/chain", pts["tree"][1], batch)
         return {**engine_cfg, "verify_cost_ms": self.verify_cost_table(batch, cands, fmt),
                 "draft_cost_ms": round(fixed, 4)}
 
     def to_json(self) -> dict:
         return {f"{c}@B{b}": [[x, y] for x, y in pts] for (c, b), pts in sorted(self.curves.items())}
+
+
+def measured_row(profile: dict, engine_cfg: dict, block: int, nodes: int | None = None) -> dict:
+    """A row `StepTimeModel.fit` reads, from an `Engine.profile` (or `FakeEngine.profile`) result."""
+    return {
+        "label": config_label(engine_cfg),
+        "engine_cfg": engine_cfg,
+        "batch": int(profile["batch"]),
+        "stage_ms": dict(profile["stage_ms"]),
+        "round_ms": float(profile["round_ms"]),
+        "tokens_per_round": float(profile["tokens_per_round"]),
+        "points": {k: list(v) for k, v in stage_points(engine_cfg, block, nodes).items()},
+        **({"nodes": nodes} if nodes is not None else {}),
+    }
 
 
 def leave_one_out(rows: list[dict], block: int) -> list[dict]:
@@ -222,7 +259,7 @@ def leave_one_out(rows: list[dict], block: int) -> list[dict]:
             pred = model.predict_step(row["engine_cfg"], row["batch"], block, row.get("nodes"))
         except KeyError as e:
             out.append({"label": row["label"], "batch": row["batch"], "measured_ms": measured, "predicted_ms": None,
-                        "error": None, "note": str(e)})
+                        "error": None, "note": f"not predictable without it: {e.args[0]}"})
             continue
         out.append({"label": row["label"], "batch": row["batch"], "measured_ms": measured, "predicted_ms": pred,
                     "error": (pred - measured) / measured if measured > 0 else None})

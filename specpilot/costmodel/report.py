@@ -56,8 +56,9 @@ def provenance_lines(p: dict) -> list[str]:
     ]
     hw = p.get("hardware")
     if hw:
-        lines.append(f"- Calibration ({hw.get('measured_at', '')}): read bandwidth {hw['hbm_bytes_per_s'] / 1e12:.3f} TB/s, "
-                     f"{hw['matmul_dtype']} matmul {hw['matmul_flops_per_s'] / 1e12:.1f} TFLOP/s.")
+        lines.append(f"- Calibration ({hw.get('measured_at', '')}): read bandwidth "
+                     f"{hw['hbm_bytes_per_s'] / 1e12:.3f} TB/s, {hw['matmul_dtype']} matmul "
+                     f"{hw['matmul_flops_per_s'] / 1e12:.1f} TFLOP/s.")
     return lines
 
 
@@ -88,8 +89,10 @@ def bench_markdown(res: dict) -> str:
     rows = res["rows"]
     out = [f"# Step-time benchmark: {dep['name']} on {res['provenance']['device']}", ""]
     out += provenance_lines(res["provenance"])
-    out += [f"- Context {res['context']} committed tokens per request (KV capacity {rows[0]['capacity'] if rows else '–'}),"
-            f" {res['rounds']} timed rounds after one warm-up; weights: {'random (synthetic shapes)' if dep['synthetic'] else 'checkpoint'}.",
+    capacity = rows[0]["capacity"] if rows else "–"
+    weights = "random (synthetic shapes)" if dep["synthetic"] else "checkpoint"
+    out += [f"- Context {res['context']} committed tokens per request (KV capacity {capacity}),"
+            f" {res['rounds']} timed rounds after one warm-up; weights: {weights}.",
             "- Stage times: `Engine.profile` semantics (each stage jitted alone and synchronised), mean ms per round.",
             ""]
     out += ["## Step time per round (ms)", ""]
@@ -111,21 +114,23 @@ def bench_markdown(res: dict) -> str:
         for c in g["components"]:
             comp.append([r["label"], r["batch"], c["stage"], c["measured_ms"], c["ceiling_ms"], c["gap_ms"],
                          c["gap_ms_per_token"], c["ratio"], r["costs"][c["stage"]]["bytes"] / 1e6])
-    out += [md_table(["engine", "B", "stage", "measured ms", "ceiling ms", "gap ms", "gap ms/token", "× ceiling", "MB moved"],
-                     comp), ""]
+    out += [md_table(["engine", "B", "stage", "measured ms", "ceiling ms", "gap ms", "gap ms/token", "× ceiling",
+                      "MB moved"], comp), ""]
     loo = res.get("validation") or []
     if loo:
         out += ["## Cost model: each round predicted from the other measurements (leave one out)", ""]
         out += [md_table(["engine", "B", "measured ms", "predicted ms", "error"],
                          [[v["label"], v["batch"], v["measured_ms"], v["predicted_ms"],
-                           None if v["error"] is None else f"{100 * v['error']:+.1f}%"] for v in loo]), ""]
+                           v.get("note") if v["error"] is None else f"{100 * v['error']:+.1f}%"] for v in loo]), ""]
         errs = [abs(v["error"]) for v in loo if v["error"] is not None]
         if errs:
-            out += [f"Largest |error| {100 * max(errs):.1f}%, {sum(e <= 0.10 for e in errs)}/{len(errs)} within 10%.", ""]
+            within = sum(e <= 0.10 for e in errs)
+            out += [f"Largest |error| {100 * max(errs):.1f}%, {within}/{len(errs)} within 10%.", ""]
     proj = res.get("projected") or []
     if proj:
         out += [f"## PROJECTED speedup over AR (τ from {res['tau_profile']['source']}; step times measured here)", "",
-                "Projected = τ · t_AR / t_step: the step times are this run's, the acceptance is not this model's.", ""]
+                "Projected = τ · t_AR / t_step: the step times are this run's, the acceptance is not this model's.",
+                ""]
         out += [md_table(["engine", "B", "τ", "τ from", "t_step ms", "t_AR ms", "projected speedup"],
                          [[p["label"], p["batch"], p["tau"], p["tau_how"], p["t_step_ms"], p["t_ar_ms"], p["speedup"]]
                           for p in proj]), ""]
@@ -156,16 +161,21 @@ def plot_bench(res: dict, out_dir: Path) -> tuple[list[str], str | None]:
     files = []
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for b in sorted({r["batch"] for r in rows}):
-        pts = sorted((r["points"]["verify"][1], r["stage_ms"]["verify"], r["round_ms"], r["label"])
-                     for r in rows if r["batch"] == b and "verify" in r["stage_ms"]
-                     and r["points"]["verify"][0].startswith("target_pass"))
-        if not pts:
+        at_b = [r for r in rows if r["batch"] == b and "verify" in r["stage_ms"]
+                and r["points"]["verify"][0] == "target_pass/bf16"]
+        by_x: dict[float, list[float]] = {}
+        for r in at_b:
+            by_x.setdefault(r["points"]["verify"][1], []).append(r["stage_ms"]["verify"])
+        if not by_x:
             continue
-        xs = [p[0] for p in pts]
-        (line,) = ax.plot(xs, [p[1] for p in pts], "o-", label=f"verify, B={b}")
-        ax.plot(xs, [p[2] for p in pts], "s--", color=line.get_color(), alpha=0.6, label=f"whole round, B={b}")
-        for x, y, _, lab in pts:
-            ax.annotate(lab, (x, y), fontsize=6, alpha=0.7, xytext=(3, 3), textcoords="offset points")
+        xs = sorted(by_x)
+        (line,) = ax.plot(xs, [sum(by_x[x]) / len(by_x[x]) for x in xs], "o-", label=f"verify (target pass), B={b}")
+        trees = sorted((r["points"]["verify"][1], r["round_ms"]) for r in at_b if r["engine_cfg"]["name"] == "ddtree")
+        if trees:
+            ax.plot(*zip(*trees), "s--", color=line.get_color(), alpha=0.6, label=f"ddtree whole round, B={b}")
+        for r in at_b:
+            ax.annotate(r["label"], (r["points"]["verify"][1], r["stage_ms"]["verify"]), fontsize=6, alpha=0.7,
+                        xytext=(3, -8), textcoords="offset points")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tokens verified per request (tree nodes + root)")
     ax.set_ylabel("ms per round")
@@ -181,6 +191,7 @@ def plot_bench(res: dict, out_dir: Path) -> tuple[list[str], str | None]:
     if with_ceil:
         fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(with_ceil) + 2), 4.5))
         colors = dict(zip(STAGES, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+        labelled = set()
         for i, r in enumerate(with_ceil):
             for j, (what, src) in enumerate((("measured", r["stage_ms"]), ("ceiling", r["ceilings_ms"]))):
                 bottom = 0.0
@@ -188,7 +199,8 @@ def plot_bench(res: dict, out_dir: Path) -> tuple[list[str], str | None]:
                     if s in src:
                         ax.bar(i + (j - 0.5) * 0.38, src[s], 0.36, bottom=bottom, color=colors[s],
                                alpha=1.0 if what == "measured" else 0.45, hatch=None if what == "measured" else "//",
-                               label=s if (i == 0 and j == 0) else None)
+                               label=None if s in labelled else s)
+                        labelled.add(s)
                         bottom += src[s]
         ax.set_xticks(range(len(with_ceil)), [f"{r['label']}\nB={r['batch']}" for r in with_ceil], fontsize=6,
                       rotation=45, ha="right")

@@ -109,14 +109,16 @@ class Engine:
             carry = fn(params, state, carry)
         return carry["state"]
 
-    def profile(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, rounds: int = 8, seed: int = 0) -> dict:
+    def profile(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, rounds: int = 8, seed: int = 0,
+                eager_prefill: bool = False) -> dict:
         """Mean wall time per round of each stage (ms), each stage jitted alone and synchronised, over
-        up to `rounds` rounds after one warm-up round. Feeds the cost model's measured components."""
+        up to `rounds` rounds after one warm-up round. Feeds the cost model's measured components.
+        `eager_prefill` runs the (untimed) prefill op by op instead of compiling it."""
         import time
 
         check_prompts(prompts, self.cfg, max_new_tokens, self.max_prompt_plus_new())
         tokens, lens = pad_prompts(prompts)
-        prefill = jax.jit(self.prefill, static_argnums=(3,))
+        prefill = self.prefill if eager_prefill else jax.jit(self.prefill, static_argnums=(3,))
         stage_fns = [(name, jax.jit(fn)) for name, fn in self.stages()]
         state = prefill(self.params, tokens, lens, max_new_tokens, jax.random.key(seed))
         totals = {name: 0.0 for name, _ in stage_fns}

@@ -202,3 +202,58 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int):
         medium = (wavelen >= high_wl) & (wavelen <= low_wl)
         inv = np.where(medium, smoothed, scaled)
     return inv.astype(np.float32)
+
+
+def model_config_from_shapes(m: dict) -> ModelConfig:
+    """A ModelConfig from a `conf/model/*.yaml` mapping (synthetic shapes; rope_scaling optional)."""
+    rope = RopeConfig(theta=float(m.get("rope_theta", 10000.0)))
+    s = m.get("rope_scaling")
+    if s:
+        rope = RopeConfig(
+            theta=rope.theta,
+            kind=s["rope_type"],
+            factor=float(s["factor"]),
+            low_freq_factor=float(s["low_freq_factor"]),
+            high_freq_factor=float(s["high_freq_factor"]),
+            original_max_position=int(s["original_max_position_embeddings"]),
+        )
+    return ModelConfig(
+        family=m["family"],
+        vocab_size=int(m["vocab_size"]),
+        hidden_size=int(m["hidden_size"]),
+        intermediate_size=int(m["intermediate_size"]),
+        num_layers=int(m["num_layers"]),
+        num_heads=int(m["num_heads"]),
+        num_kv_heads=int(m["num_kv_heads"]),
+        head_dim=int(m["head_dim"]),
+        rms_norm_eps=float(m.get("rms_norm_eps", 1e-6)),
+        rope=rope,
+        tie_word_embeddings=bool(m.get("tie_word_embeddings", False)),
+        max_position_embeddings=int(m.get("max_position_embeddings", 4096)),
+        eos_token_ids=tuple(m.get("eos_token_ids") or ()),
+    )
+
+
+def default_target_layer_ids(num_drafter_layers: int, num_target_layers: int) -> tuple[int, ...]:
+    """z-lab's spread of the drafter's context layers over the target (clamped for tiny targets)."""
+    n, t = num_drafter_layers, num_target_layers
+    ids = [t // 2] if n == 1 else [int(round(1 + i * (t - 4) / (n - 1))) for i in range(n)]
+    return tuple(min(max(i, 0), t - 1) for i in ids)
+
+
+def synthetic_drafter_config(
+    target: ModelConfig,
+    num_layers: int = 5,
+    block_size: int = 16,
+    target_layer_ids: tuple[int, ...] | None = None,
+    mask_token_id: int | None = None,
+) -> DrafterConfig:
+    """A DFlash drafter shaped like z-lab's for `target`: Qwen3 layers of the target's width."""
+    layers = target.replace(family="qwen3", num_layers=num_layers, tie_word_embeddings=False, eos_token_ids=())
+    return DrafterConfig(
+        layers=layers,
+        block_size=block_size,
+        mask_token_id=target.vocab_size - 1 if mask_token_id is None else mask_token_id,
+        target_layer_ids=tuple(target_layer_ids or default_target_layer_ids(num_layers, target.num_layers)),
+        num_target_layers=target.num_layers,
+    )

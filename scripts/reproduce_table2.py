@@ -1,0 +1,51 @@
+"""Table 2: batched speedup over AR (throughput at the same batch) of stock DFlash, DDTree and the best
+SpecPilot configuration, per deployment and batch size, regenerated from fresh runs on this device.
+
+    python scripts/reproduce_table2.py --out OUT        # CPU: oracle pair (measured) + tiny (projected), B = 4, 8
+    python3 scripts/reproduce_table2.py --out $OUT --tau-profile tau_profile.json --no-real --batches 8 32   # GPU
+
+Real pairs give MEASURED speedups (wall time of the batched loop, AR at the same batch); synthetic shapes
+give PROJECTED ones (measured step times × a real pair's τ). Writes OUT/table2.md and OUT/table2.json.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specpilot.costmodel import reproduce as R  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = R.base_parser(__doc__, batches=[4, 8])
+    ap.add_argument("--ddtree-budget", type=int, default=64)
+    args = ap.parse_args(argv)
+    configs = [{"name": "stock"}, {"name": "ddtree", "tree_budget": args.ddtree_budget}, *R.specpilot_configs(args)]
+    res = R.run(args, configs, "reproduce_table2")
+    lines = R.header(res, "Table 2 — batched speedup over autoregressive decoding")
+    rows = []
+    for d in res["deployments"]:
+        for b in args.batches:
+            es = [e for e in res["entries"] if e["deployment"] == d["name"] and e["batch"] == b]
+            if not es:
+                continue
+            sp = R.best(es, R.is_specpilot_config)
+            rows.append([d["name"], d["kind"].upper(), b, R.fmt_speedup(R.best(es, R.label_is("stock"))),
+                         R.fmt_speedup(R.best(es, R.label_is("ddtree"))), sp["label"] if sp else "–",
+                         R.fmt_speedup(sp)])
+    from specpilot.costmodel.report import md_table
+
+    lines += [md_table(["deployment", "kind", "batch", "stock", f"DDTree (budget {args.ddtree_budget})",
+                        "best SpecPilot config", "its speedup"], rows), ""]
+    lines += ["All configurations:", ""]
+    lines += [md_table(["deployment", "config", "batch", "kind", "τ", "speedup", "t_step ms", "t_AR ms"],
+                       [[e["deployment"], e["label"], e["batch"], e["kind"], e["tau"], e["speedup"], e["t_step_ms"],
+                         e["t_ar_ms"]] for e in res["entries"] if e["label"] != "ar"]), ""]
+    R.save(res, Path(args.out), "table2", "\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""Shared machinery of the paper-reproduction scripts (scripts/reproduce_*.py).
+
+Each script regenerates its table from fresh runs on this device, for every deployment it is given:
+- a **real** pair (HF target + DFlash drafter; default: `shared/oracle_pair` beside the repository when
+  present): τ and the speedup over AR are MEASURED — wall time of the fused generation loop, AR against
+  the engine, same prompts, same tokens (checked: `lossless`);
+- **synthetic** shapes (`--models`, random weights): step times are measured here, acceptance is not
+  meaningful, so speedups are PROJECTED = τ · t_AR / t_step with τ from a real pair measured in the same
+  run (or `--tau-profile`). Every projected number is labelled so.
+
+No Hydra, no pydantic: these scripts run on the GPU machine as `python3 scripts/reproduce_*.py --out DIR`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from specpilot.costmodel.predict import TauProfile, config_label, project, speedup
+
+
+def base_parser(doc: str, batches: list[int]) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="output folder (created)")
+    ap.add_argument("--target", help="HF target folder of a real pair (default: shared/oracle_pair when present)")
+    ap.add_argument("--drafter", help="DFlash drafter folder of that pair")
+    ap.add_argument("--no-real", action="store_true", help="skip the real pair")
+    ap.add_argument("--models", nargs="*", default=None,
+                    help="synthetic target shapes (conf/model/*.yaml); default: tiny on CPU, qwen3_8b on GPU")
+    ap.add_argument("--tau-profile", help="τ profile JSON for the projections when no real pair runs here")
+    ap.add_argument("--batches", nargs="+", type=int, default=batches)
+    ap.add_argument("--context", type=int, default=None, help="synthetic: committed tokens (default 64 CPU, 1024 GPU)")
+    ap.add_argument("--rounds", type=int, default=6, help="timed rounds per step-time measurement")
+    ap.add_argument("--max-new", type=int, default=48, help="real pair: tokens generated per prompt")
+    ap.add_argument("--num-prompts", type=int, default=8, help="real pair: prompts used (its own first)")
+    ap.add_argument("--prompts", help="real pair: JSON list of token-id prompts (default: the pair's oracle.json/"
+                                      "prompts.json, topped up with random tokens)")
+    ap.add_argument("--specpilot-candidates", nargs="+", type=int, default=[16, 64, 256])
+    ap.add_argument("--tlv-budgets", nargs="*", type=int, default=[128])
+    ap.add_argument("--configs", help="JSON list of extra SpecPilot engine configs (e.g. the search's best)")
+    ap.add_argument("--budget-s", type=float, default=None, help="time budget per synthetic deployment's sweep")
+    ap.add_argument("--compile-cache", default=".cache/jax-compile")
+    ap.add_argument("--dtype", default=None, help="synthetic weights: bfloat16 (GPU default) | float32 (CPU default)")
+    ap.add_argument("--seed", type=int, default=0)
+    return ap
+
+
+def specpilot_configs(args) -> list[dict]:
+    """The 'SpecPilot' configurations a table chooses its best from (until the search writes one)."""
+    cands = sorted(set(args.specpilot_candidates))
+    out = [{"name": "specpilot", "tree_budget": max(cands), "budget_candidates": cands}]
+    out += [{"name": "tlv", "tree_budget": n, "level1_format": "int8"} for n in args.tlv_budgets]
+    if args.configs:
+        extra = json.loads(Path(args.configs).read_text())
+        out += extra if isinstance(extra, list) else [extra]
+    return out
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _real_pair(args):
+    from specpilot.costmodel.measure import ORACLE_PAIR
+
+    if args.no_real:
+        return None
+    if args.target or args.drafter:
+        if not (args.target and args.drafter):
+            raise SystemExit("--target and --drafter go together")
+        return Path(args.target), Path(args.drafter)
+    if (ORACLE_PAIR / "target").is_dir() and (ORACLE_PAIR / "drafter").is_dir():
+        return ORACLE_PAIR / "target", ORACLE_PAIR / "drafter"
+    return None
+
+
+def run(args, configs: list[dict], script: str) -> dict:
+    """Measure `configs` (AR is added) on every deployment; returns {"provenance", "deployments",
+    "entries"}: one entry per (deployment, config, batch) with τ, speedup and kind (measured/projected)."""
+    import jax
+
+    from specpilot.costmodel import load_or_calibrate
+    from specpilot.costmodel import measure as M
+    from specpilot.costmodel.report import provenance
+
+    if args.compile_cache and args.compile_cache.lower() != "none":
+        M.enable_compile_cache(args.compile_cache)
+    accel = jax.devices()[0].platform != "cpu"
+    hw = load_or_calibrate()
+    configs = [{"name": "ar"}] + [c for c in configs if c["name"] != "ar"]
+    configs = sorted(configs, key=lambda c: c["name"] == "specpilot")  # specpilot fitted from the rest
+    res = {"provenance": provenance(hw), "script": script, "deployments": [], "entries": []}
+    tau = TauProfile.from_json(json.loads(Path(args.tau_profile).read_text())) if args.tau_profile else None
+
+    pair = _real_pair(args)
+    if pair:
+        t0 = time.perf_counter()
+        dep = M.checkpoint_deployment(*pair, dtype="float32")
+        given = json.loads(Path(args.prompts).read_text()) if args.prompts else dep.prompts
+        prompts = [list(map(int, p)) for p in (given or [])][: args.num_prompts]
+        if len(prompts) < args.num_prompts:
+            prompts += M.random_prompts(args.num_prompts - len(prompts), 12, dep.target_cfg.vocab_size, args.seed,
+                                        exclude=(dep.drafter_cfg.mask_token_id,))
+        context = max(len(p) for p in prompts)
+        rows, _ = M.sweep(dep, configs, args.batches, context, args.rounds, hw, log=log, seed=args.seed)
+        by_batch = {b: [r["engine_cfg"] for r in rows if r["batch"] == b] for b in args.batches}
+        gens = M.generation_rows(dep, by_batch, prompts, args.max_new, args.seed, log)
+        ar_round = {r["batch"]: r["round_ms"] for r in rows if r["label"] == "ar"}
+        for g in gens:
+            row = next(r for r in rows if r["batch"] == g["batch"] and r["label"] == g["label"])
+            res["entries"].append({
+                "deployment": dep.name, "kind": "measured", "label": g["label"], "engine_cfg": row["engine_cfg"],
+                "batch": g["batch"], "tau": g["tau"], "speedup": g["speedup"], "lossless": g["lossless"],
+                "ms_per_token": g["ms_per_token"], "t_step_ms": row["round_ms"], "t_ar_ms": ar_round[g["batch"]],
+                "model_speedup": speedup(g["tau"], ar_round[g["batch"]], row["round_ms"]),
+            })
+        if tau is None:
+            source = f"{dep.name} measured in this run ({len(prompts)} prompts × {args.max_new} tokens)"
+            tau = M.tau_profile_from(gens, source)
+        res["deployments"].append({**dep.describe(), "kind": "measured", "prompts": len(prompts),
+                                   "max_new": args.max_new, "wall_s": time.perf_counter() - t0})
+    models = args.models if args.models is not None else (["qwen3_8b"] if accel else ["tiny"])
+    if models and tau is None:
+        raise SystemExit("synthetic deployments need a τ profile: give --tau-profile, or a real pair "
+                         "(--target/--drafter)")
+    for model in models:
+        t0 = time.perf_counter()
+        dep = M.synthetic_deployment(model, args.dtype or ("bfloat16" if accel else "float32"), args.seed)
+        context = args.context or (1024 if accel else 64)
+        rows, skipped = M.sweep(dep, configs, args.batches, context, args.rounds, hw, args.budget_s, log, args.seed)
+        ar_round = {r["batch"]: r["round_ms"] for r in rows if r["label"] == "ar"}
+        for p in project(rows, tau, dep.block):
+            base = p["label"].split(" (budget")[0]
+            row = next(r for r in rows if r["batch"] == p["batch"] and r["label"] == base)
+            res["entries"].append({"deployment": dep.name, "kind": "projected", "engine_cfg": row["engine_cfg"],
+                                   "t_ar_ms": ar_round.get(p["batch"]), **p})
+        res["deployments"].append({**dep.describe(), "kind": "projected", "context": context,
+                                   "tau_profile": tau.to_json(), "skipped": skipped,
+                                   "wall_s": time.perf_counter() - t0})
+    return res
+
+
+def fmt_speedup(e: dict | None) -> str:
+    if e is None:
+        return "–"
+    tag = "" if e["kind"] == "measured" else " (projected)"
+    loss = "" if e.get("lossless", True) else " NOT LOSSLESS"
+    return f"{e['speedup']:.2f}× (τ {e['tau']:.2f}){tag}{loss}"
+
+
+def best(entries: list[dict], pred) -> dict | None:
+    pool = [e for e in entries if pred(e)]
+    return max(pool, key=lambda e: e["speedup"]) if pool else None
+
+
+def header(res: dict, title: str) -> list[str]:
+    from specpilot.costmodel.report import provenance_lines
+
+    lines = [f"# {title}", ""] + provenance_lines(res["provenance"])
+    for d in res["deployments"]:
+        if d["kind"] == "measured":
+            lines.append(f"- **{d['name']}** (real checkpoints): MEASURED — wall time of the fused generation loop "
+                         f"over {d['prompts']} prompts × {d['max_new']} greedy tokens, AR vs engine; "
+                         "τ = tokens per round.")
+        else:
+            lines.append(f"- **{d['name']}** (random weights, context {d['context']}): PROJECTED — "
+                         f"τ · t_AR / t_step with step times measured here and τ from {d['tau_profile']['source']}.")
+    return lines + [""]
+
+
+def save(res: dict, out: Path, stem: str, markdown: str) -> None:
+    from specpilot.costmodel.report import write_json
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / f"{stem}.json", res)
+    (out / f"{stem}.md").write_text(markdown)
+    print(markdown)
+
+
+def label_is(name: str):
+    return lambda e: e["engine_cfg"]["name"] == name
+
+
+def is_specpilot_config(e: dict) -> bool:
+    return e["engine_cfg"]["name"] in ("specpilot", "tlv") or e["engine_cfg"].get("weight_format", "bf16") != "bf16"
+
+
+__all__ = ["base_parser", "best", "config_label", "fmt_speedup", "header", "is_specpilot_config", "label_is", "log",
+           "run", "save", "specpilot_configs"]

@@ -1,0 +1,84 @@
+"""The benchmark and reproduction scripts run end to end on the tiny CPU deployment.
+
+bench.py runs in a subprocess with hydra, omegaconf, pydantic and wandb made unimportable, as on the GPU
+machine. The reproduction script runs in-process on `shared/oracle_pair` (skipped when absent): real
+acceptance, measured speedups, lossless outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ORACLE = REPO.parent / "shared" / "oracle_pair"
+
+# Run a script with the packages the GPU machine lacks made unimportable.
+BARE = ("import sys, runpy\n"
+        "for m in ('hydra', 'omegaconf', 'pydantic', 'wandb', 'google.genai'): sys.modules[m] = None\n"
+        "sys.argv = sys.argv[1:]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+
+
+@pytest.fixture()
+def cache_env(tmp_path):
+    """A private cache with a preset CPU calibration (the calibration itself is tested elsewhere)."""
+    hw = tmp_path / "cache" / "hw"
+    hw.mkdir(parents=True)
+    (hw / "cpu.json").write_text(json.dumps({"name": "cpu", "hbm_bytes_per_s": 2e10, "matmul_flops_per_s": 1e11,
+                                             "platform": "cpu", "matmul_dtype": "float32"}))
+    env = {**os.environ, "SPECPILOT_CACHE": str(tmp_path / "cache"), "JAX_DISABLE_MOST_OPTIMIZATIONS": "1",
+           "JAX_PLATFORMS": "cpu"}
+    return env
+
+
+def test_bench_runs_without_hydra_or_pydantic(tmp_path, cache_env):
+    tau = tmp_path / "tau.json"
+    tau.write_text(json.dumps({"source": "test τ", "tau": {"stock": 2.0, "ddtree@8": 2.5}}))
+    out = tmp_path / "bench"
+    cmd = [sys.executable, "-c", BARE, str(REPO / "scripts" / "bench.py"), "--out", str(out), "--model", "tiny",
+           "--engines", "ar", "stock", "specpilot", "--budgets", "4", "8", "--batches", "1",
+           "--context", "12", "--rounds", "2", "--drafter-layers", "1", "--block-size", "4",
+           "--compile-cache", "none", "--tau-profile", str(tau)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=cache_env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["rows"] == 3
+    res = json.loads((out / "bench.json").read_text())
+    assert [r["label"] for r in res["rows"]] == ["ar", "stock", "specpilot[4,8]"]
+    sp = res["rows"][-1]["engine_cfg"]
+    assert sorted(map(int, sp["verify_cost_ms"])) == [4, 8] and sp["draft_cost_ms"] > 0  # fitted before it ran
+    for r in res["rows"]:
+        assert r["gaps"]["components"] and all(c["ceiling_ms"] >= 0 for c in r["gaps"]["components"])
+        assert r["round_ms"] == pytest.approx(sum(r["stage_ms"].values()))
+    assert len(res["validation"]) == 3 and all(p["kind"] == "projected" for p in res["projected"])
+    md = (out / "bench.md").read_text()
+    assert "PROJECTED speedup" in md and "Components against their ceilings" in md and "leave one out" in md
+    assert res["provenance"]["command"].startswith("python ") and res["provenance"]["device"]
+    assert sorted(p.name for p in out.iterdir()) == ["bench.json", "bench.md", "components.png", "step_vs_nodes.png"]
+
+
+@pytest.mark.skipif(not (ORACLE / "oracle.json").is_file(), reason=f"oracle pair not found at {ORACLE}")
+def test_reproduce_ddtree_comparison_on_the_oracle_pair(tmp_path, cache_env, monkeypatch, capsys):
+    sys.path.insert(0, str(REPO / "scripts"))
+    import reproduce_ddtree_comparison
+
+    monkeypatch.setenv("SPECPILOT_CACHE", cache_env["SPECPILOT_CACHE"])
+    out = tmp_path / "cmp"
+    rc = reproduce_ddtree_comparison.main(["--out", str(out), "--models", "--num-prompts", "1", "--max-new", "8",
+                                           "--ddtree-budgets", "8", "--specpilot-candidates", "4", "8",
+                                           "--tlv-budgets", "--rounds", "1", "--compile-cache", "none"])
+    assert rc == 0
+    res = json.loads((out / "ddtree_comparison.json").read_text())
+    entries = {e["label"]: e for e in res["entries"]}
+    assert set(entries) == {"ar", "ddtree@8", "specpilot[4,8]"}
+    assert all(e["kind"] == "measured" and e["lossless"] for e in entries.values())
+    assert entries["ddtree@8"]["tau"] > 1.0  # a trained pair: drafts are accepted
+    assert sorted(map(int, entries["specpilot[4,8]"]["engine_cfg"]["verify_cost_ms"])) == [4, 8]
+    md = (out / "ddtree_comparison.md").read_text()
+    assert "| oracle_pair | MEASURED | 1 |" in md and "Commit:" in md and "Command:" in md
+    assert md in capsys.readouterr().out

@@ -1,0 +1,262 @@
+"""Cost model: byte/FLOP counts against a hand count, exact predictions on fake engines with known stage
+times, τ profiles, the hardware calibration cache, and the shapes the GPU scripts read without Hydra."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specpilot.costmodel import (
+    Hardware,
+    StepTimeModel,
+    TauProfile,
+    ceilings_ms,
+    choose_budget,
+    config_label,
+    gap_report,
+    leave_one_out,
+    speedup,
+    stage_costs,
+)
+from specpilot.costmodel import counts
+from specpilot.costmodel.predict import measured_row, project, stage_points
+from specpilot.decoding.fake import FakeEngine
+from specpilot.models.config import DrafterConfig, ModelConfig, RopeConfig
+
+# A hand-countable Qwen3: V=10, H=8, I=12, L=2, 2 query heads / 1 KV head of D=4 (q = 8, kv = 4).
+TARGET = ModelConfig(family="qwen3", vocab_size=10, hidden_size=8, intermediate_size=12, num_layers=2, num_heads=2,
+                     num_kv_heads=1, head_dim=4, rope=RopeConfig())
+# Its drafter: 1 layer of the same widths, block 4, context from target layers 0 and 1 (2 features).
+DRAFTER = DrafterConfig(layers=TARGET.replace(num_layers=1), block_size=4, mask_token_id=9, target_layer_ids=(0, 1),
+                        num_target_layers=2)
+
+
+def test_linear_bytes_per_format():
+    assert counts.linear_bytes(16, 10, "bf16", 2) == 16 * 10 * 2
+    assert counts.linear_bytes(16, 10, "w12", 2) == 16 * 10 * 1.5  # 12 of 16 bits
+    assert counts.linear_bytes(16, 10, "int8", 2) == 16 * 10 + 4 * 10  # + a float32 scale per output column
+    assert counts.linear_bytes(16, 10, "fp8", 2) == 16 * 10 + 4 * 10
+    with pytest.raises(ValueError, match="weight format"):
+        counts.linear_bytes(1, 1, "int4", 2)
+
+
+def test_verify_pass_matches_hand_count():
+    # ddtree with 4 nodes: T = 5 tokens per request, B = 2, 10 committed tokens, bf16, features from 2 layers.
+    c = stage_costs(TARGET, DRAFTER, {"name": "ddtree", "tree_budget": 4}, batch=2, context=10)["verify"]
+    # linear weights per layer: qkv 8×(8+4+4) + o 8×8 + gate_up 8×24 + down 12×8 = 128+64+192+96 = 480 elements;
+    # norms per layer: attn + mlp (2×8) + q_norm + k_norm (2×4) = 24 elements. 2 bytes each.
+    layer = (480 + 24) * 2
+    final_norm = 8 * 2
+    embed_rows = 2 * 5 * 8 * 2  # B·T rows of H
+    assert c.weights == 2 * layer + final_norm + embed_rows == 2192
+    assert c.lm_head == 8 * 10 * 2 == 160
+    # K and V (kv = 4 each) of 10 committed + 5 new tokens, 2 layers, 2 requests.
+    assert c.kv_read == 2 * 2 * (10 + 5) * (2 * 4) * 2 == 960
+    assert c.kv_write == 2 * 2 * 5 * (2 * 4) * 2 == 320
+    # per token and layer: qkv in 8 out 16, attention q in 8 out 8, o in 8 out 8, gate_up in 8 out 24,
+    # down in 12 out 8 → 108; × 2 layers, + head input 8 + 2 feature layers × 8 → 240 elements per token.
+    assert c.activations == 2 * 5 * 2 * (108 * 2 + 8 + 2 * 8) == 4800
+    assert c.logits == 2 * 5 * 10 * 4 == 400
+    assert c.bytes == 2192 + 160 + 960 + 320 + 4800 + 400 == 8832
+    # 2 FLOPs per MAC: 2·B·T·480 per layer; attention 4·B·T·(S+T)·q per layer; head 2·B·T·H·V.
+    assert c.flops == 2 * (2 * 10 * 480 + 4 * 10 * 15 * 8) + 2 * 10 * 8 * 10 == 30400
+
+
+def test_commit_and_tree_match_hand_count():
+    st = stage_costs(TARGET, DRAFTER, {"name": "stock"}, batch=2, context=10)
+    assert set(st) == {"draft", "tree", "verify", "commit"}
+    c = st["commit"]
+    # the accepted path has up to block = 4 slots (root + 3 drafts); compact moves all 4 per layer.
+    moved = 2 * 2 * 4 * (2 * 4) * 2  # L·B·P·(K+V)·bytes = 256
+    # fc [2·8, 8] + hidden_norm 8 + the drafter layer's fused QKV [8, 16] and k_norm 4, at 2 bytes.
+    assert c.weights == 16 * 8 * 2 + 8 * 2 + (8 * 16 * 2 + 4 * 2) == 536
+    assert c.kv_read == moved
+    assert c.kv_write == moved + 1 * 2 * 4 * (2 * 4) * 2 == 384  # + the drafter context's K/V
+    assert c.activations == 2 * 4 * 16 * 2 == 256  # features read
+    assert c.flops == 2 * 2 * 4 * 16 * 8 + 1 * 2 * 2 * 4 * 8 * 16 == 4096
+    assert st["tree"].bytes == 2 * 3 * 10 * 4  # the drafter's logits of depths 1..3, read once
+    assert st["verify"].kv_write == 2 * 2 * 4 * 8 * 2  # stock verifies root + 3 drafts
+
+
+def test_draft_pass_matches_hand_count():
+    c = stage_costs(TARGET, DRAFTER, {"name": "stock"}, batch=1, context=6)["draft"]
+    # 1 drafter layer (504 elements of weights and norms) + final norm + 4 embedding rows, 2 bytes each.
+    assert c.weights == (504 + 8 + 4 * 8) * 2
+    assert c.lm_head == 160
+    assert c.kv_read == 1 * 1 * 6 * 8 * 2  # the cached context only
+    assert c.kv_write == 0
+    assert c.activations == 4 * 2 * (108 + 8)
+    assert c.logits == 4 * 10 * 4
+    assert c.flops == 2 * 4 * 480 + 4 * 4 * (6 + 4) * 8 + 2 * 4 * 8 * 10
+
+
+def test_engine_stages_formats_and_ceilings():
+    ar = stage_costs(TARGET, None, {"name": "ar"}, 1, 10)
+    assert set(ar) == {"verify", "commit"} and ar["commit"].bytes == 0
+    tlv = stage_costs(TARGET, DRAFTER, {"name": "tlv", "tree_budget": 6, "level1_format": "int8"}, 1, 10)
+    assert list(tlv) == ["draft", "tree", "level1", "verify", "commit"]
+    assert tlv["level1"].kv_write == 2 * 7 * 8 * 2  # level 1 walks the whole tree: 6 nodes + root
+    assert tlv["level1"].lm_head == 8 * 10 + 4 * 10  # quantized head
+    assert tlv["verify"].kv_write == 2 * 4 * 8 * 2  # the exact target verifies only the chain
+    bf = stage_costs(TARGET, DRAFTER, {"name": "ddtree", "tree_budget": 4}, 2, 10)["verify"]
+    w12 = stage_costs(TARGET, DRAFTER, {"name": "ddtree", "tree_budget": 4, "weight_format": "w12"}, 2, 10)["verify"]
+    assert bf.weights - w12.weights == 2 * 480 * 2 * 0.25 and bf.lm_head - w12.lm_head == 160 * 0.25
+    sp = stage_costs(TARGET, DRAFTER, {"name": "specpilot", "budget_candidates": [2, 4]}, 2, 10, nodes=2)
+    assert sp["verify"].kv_write == 2 * 2 * 3 * 8 * 2
+    hw = Hardware("test", hbm_bytes_per_s=8832.0, matmul_flops_per_s=1e12)
+    ceil = ceilings_ms(TARGET, DRAFTER, {"name": "ddtree", "tree_budget": 4}, 2, 10, hw)
+    assert ceil["verify"] == pytest.approx(1000.0)  # memory-bound: 8832 bytes at 8832 B/s
+    compute_bound = Hardware("test", hbm_bytes_per_s=1e15, matmul_flops_per_s=30400.0)
+    assert ceilings_ms(TARGET, DRAFTER, {"name": "ddtree", "tree_budget": 4}, 2, 10, compute_bound)["verify"] == \
+        pytest.approx(1000.0)
+
+
+# ---- predictions on fake engines with known stage times ----------------------------------------------
+
+BLOCK = 16
+
+
+def true_ms(curve: str, x: float, b: int) -> float:
+    """Known, bilinear stage times: the fitted model must reproduce them exactly."""
+    return {
+        "target_pass/bf16": 2.0 + 0.05 * x + 0.5 * b + 0.01 * x * b,
+        "level1/int8": 1.0 + 0.02 * x + 0.3 * b,
+        "draft/bf16": 1.0 + 0.2 * b,
+        "tree/chain": 0.05 * b,
+        "tree/best_first": 0.1 + 0.001 * x * b,
+        "commit/bf16": 0.3 + 0.1 * b,
+        "commit/ar": 0.02 * b,
+    }[curve]
+
+
+def fake(engine_cfg: dict, batch: int, acceptance=(1,), nodes=None) -> dict:
+    pts = stage_points(engine_cfg, BLOCK, nodes)
+    eng = FakeEngine(config_label(engine_cfg), acceptance=acceptance,
+                     stage_ms={s: true_ms(c, x, batch) for s, (c, x) in pts.items()})
+    return measured_row(eng.profile([[1, 2]] * batch, 32), engine_cfg, BLOCK, nodes)
+
+
+MEASURED = [{"name": "ar"}, {"name": "stock"}, {"name": "ddtree", "tree_budget": 16},
+            {"name": "ddtree", "tree_budget": 64}, {"name": "ddtree", "tree_budget": 256},
+            {"name": "tlv", "tree_budget": 32, "level1_format": "int8"},
+            {"name": "tlv", "tree_budget": 128, "level1_format": "int8"}]
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return [fake(c, b) for b in (1, 8) for c in MEASURED]
+
+
+def expected_step(engine_cfg, b, nodes=None):
+    return sum(true_ms(c, x, b) for c, x in stage_points(engine_cfg, BLOCK, nodes).values())
+
+
+@pytest.mark.parametrize("batch", [1, 4, 8, 32])
+@pytest.mark.parametrize("engine_cfg", [
+    {"name": "ar"}, {"name": "stock"}, {"name": "ddtree", "tree_budget": 32}, {"name": "ddtree", "tree_budget": 512},
+    {"name": "tlv", "tree_budget": 64, "level1_format": "int8"},
+])
+def test_predictions_exact_on_fake_engines(rows, engine_cfg, batch):
+    model = StepTimeModel.fit(rows)
+    assert model.predict_step(engine_cfg, batch, BLOCK) == pytest.approx(expected_step(engine_cfg, batch), rel=1e-9)
+
+
+def test_specpilot_budget_choice_and_speedup_exact(rows):
+    model = StepTimeModel.fit(rows)
+    cfg = {"name": "specpilot", "tree_budget": 256, "budget_candidates": [16, 64, 256]}
+    cfg = model.specpilot_config(cfg, 8, BLOCK)
+    assert cfg["verify_cost_ms"] == {n: pytest.approx(true_ms("target_pass/bf16", n + 1, 8), abs=1e-4)
+                                     for n in (16, 64, 256)}
+    tau = {16: 2.0, 64: 3.5, 256: 3.6}
+    t = {n: cfg["draft_cost_ms"] + cfg["verify_cost_ms"][n] for n in tau}
+    best = max(tau, key=lambda n: tau[n] / t[n])
+    assert choose_budget(cfg, tau.get) == best == 64
+    assert choose_budget(cfg) == 16  # random drafts: every budget yields ~1 token, the cheapest wins
+    assert model.predict_step(cfg, 8, BLOCK, expected_tokens=tau.get) == pytest.approx(expected_step(cfg, 8, 64))
+    # speedup = τ · t_AR / t_step, with FakeEngine stage times: exact.
+    stock = fake({"name": "stock"}, 8, acceptance=(2, 4))
+    ar_ms = expected_step({"name": "ar"}, 8)
+    tau_stock = stock["tokens_per_round"] / 8
+    assert tau_stock == 3.0
+    want = 3.0 * ar_ms / expected_step({"name": "stock"}, 8)
+    assert speedup(tau_stock, ar_ms, stock["round_ms"]) == pytest.approx(want)
+
+
+def test_leave_one_out_exact_inside_the_measured_range(rows):
+    loo = {(v["label"], v["batch"]): v for v in leave_one_out(rows, BLOCK)}
+    assert loo[("ddtree@64", 1)]["error"] == pytest.approx(0.0, abs=1e-9)  # interpolated from x = 17 and 257
+    assert loo[("ddtree@64", 8)]["error"] == pytest.approx(0.0, abs=1e-9)
+    assert loo[("ddtree@16", 8)]["error"] == pytest.approx(0.0, abs=1e-9)  # extrapolated linearly: exact here
+    # the chain tree is measured by stock alone: without it, B=8 is extrapolated from B=1's value.
+    assert loo[("stock", 8)]["predicted_ms"] == pytest.approx(expected_step({"name": "stock"}, 8) - 0.05 * 7)
+
+
+def test_single_level1_point_borrows_the_target_pass_shape(rows):
+    model = StepTimeModel.fit([r for r in rows if r["label"] != "tlv@32/int8"])
+    x0, x = 129, 65
+    want = true_ms("level1/int8", x0, 8) * true_ms("target_pass/bf16", x, 8) / true_ms("target_pass/bf16", x0, 8)
+    assert model.curve_ms("level1/int8", x, 8) == pytest.approx(want)
+    assert model.curve_ms("level1/int8", x0, 8) == pytest.approx(true_ms("level1/int8", x0, 8))
+
+
+def test_projection_labels_and_values(rows):
+    tau = TauProfile({"stock": 2.5, "ddtree@16": 3.0, "ddtree@256": 4.0}, source="unit test")
+    proj = {(p["label"], p["batch"]): p for p in project(rows, tau, BLOCK)}
+    p = proj[("ddtree@64", 8)]
+    assert p["kind"] == "projected" and p["tau"] == pytest.approx(3.5)  # halfway in log2 between 16 and 256
+    assert p["speedup"] == pytest.approx(3.5 * expected_step({"name": "ar"}, 8) / expected_step(MEASURED[3], 8))
+    assert proj[("stock", 1)]["tau_how"] == "measured"
+
+
+def test_tau_profile_lookups():
+    tau = TauProfile({"stock": 1.4, "ddtree@4": 1.5, "ddtree@64": 2.5, "tlv@128/int8": 2.2}, "t")
+    assert tau.lookup({"name": "ar"}) == (1.0, "exact")
+    assert tau.lookup({"name": "stock", "weight_format": "w12"}) == (1.4, "measured")  # W12 is lossless
+    assert tau.lookup({"name": "ddtree", "tree_budget": 16})[0] == pytest.approx(2.0)
+    assert tau.lookup({"name": "ddtree", "tree_budget": 1024})[0] == pytest.approx(2.5)  # flat beyond
+    assert tau.lookup({"name": "tlv", "tree_budget": 128, "level1_format": "int8"}) == (2.2, "measured")
+    assert tau.lookup({"name": "tlv", "tree_budget": 64})[1].startswith("ddtree τ")
+    assert TauProfile.from_json(json.loads(json.dumps(tau.to_json()))) == tau
+
+
+def test_gap_report_on_fake_profile():
+    prof = FakeEngine(acceptance=(3,), stage_ms={"draft": 2.0, "verify": 10.0, "commit": 1.0}).profile([[1]], 8)
+    rep = gap_report(prof, {"draft": 1.0, "verify": 4.0, "commit": 1.0})
+    assert [c["stage"] for c in rep["components"]] == ["verify", "draft", "commit"]
+    assert rep["components"][0]["gap_ms_per_token"] == pytest.approx(2.0)
+    assert rep["ms_per_token"] == pytest.approx(13.0 / 3)
+
+
+# ---- hardware calibration cache and shapes ------------------------------------------------------------
+
+
+def test_calibration_is_cached_per_device_kind(tmp_path, monkeypatch):
+    from specpilot.costmodel import hardware
+
+    hw = hardware.load_or_calibrate(cache_dir=tmp_path, bandwidth_bytes=1 << 20, matmul_size=64)
+    assert hw.hbm_bytes_per_s > 0 and hw.matmul_flops_per_s > 0 and hw.name == hardware.device_kind()
+    assert (tmp_path / f"{hardware._file_name(hw.name)}.json").is_file()
+    monkeypatch.setattr(hardware, "calibrate", lambda **kw: pytest.fail("should have used the cache"))
+    assert hardware.load_or_calibrate(cache_dir=tmp_path) == hw
+
+
+def test_shapes_without_hydra_match_the_config_layer(monkeypatch):
+    import builtins
+
+    from specpilot.costmodel import measure
+
+    cfg = measure.model_config("llama31_8b")
+    assert (cfg.num_layers, cfg.hidden_size, cfg.rope.kind, cfg.rope.factor) == (32, 4096, "llama3", 8.0)
+    real_import = builtins.__import__
+
+    def no_yaml(name, *a, **kw):  # the fallback parser (no PyYAML) reads every model file the same way
+        if name == "yaml":
+            raise ImportError(name)
+        return real_import(name, *a, **kw)
+
+    parsed = {m: measure.model_config(m) for m in ("tiny", "qwen3_4b", "qwen3_8b", "llama31_8b")}
+    monkeypatch.setattr(builtins, "__import__", no_yaml)
+    assert {m: measure.model_config(m) for m in parsed} == parsed
+    d = measure.synthetic_drafter_config(parsed["qwen3_8b"])
+    assert (d.layers.num_layers, d.block_size, d.target_layer_ids) == (5, 16, (1, 9, 17, 25, 33))

@@ -76,7 +76,8 @@ def repeat_pair(tcfg: ModelConfig, block_size=8, embed_scale=2.0, drafter_alpha=
 
     dl = ModelConfig(
         family="qwen3", vocab_size=v, hidden_size=h, intermediate_size=8, num_layers=1, num_heads=1,
-        num_kv_heads=1, head_dim=h, rope=RopeConfig(theta=10000.0), max_position_embeddings=tcfg.max_position_embeddings,
+        num_kv_heads=1, head_dim=h, rope=RopeConfig(theta=10000.0),
+        max_position_embeddings=tcfg.max_position_embeddings,
     )
     dcfg = DrafterConfig(layers=dl, block_size=block_size, mask_token_id=mask,
                          target_layer_ids=(0, tcfg.num_layers - 1), num_target_layers=tcfg.num_layers)
@@ -106,3 +107,11 @@ def prompts(n: int, vocab: int, lengths=(3, 6, 9), seed=0, exclude=()) -> list[l
 def generate(engine, prompts, max_new_tokens: int, seed: int = 0):
     """`engine.generate` (tests/conftest.py already switches XLA's slow optimisation passes off)."""
     return engine.generate(prompts, max_new_tokens, seed)
+
+
+def whole_batch(engine):
+    """Keep every row to the end instead of dropping finished requests (`Engine.shrink_from`): one loop
+    compile per engine instead of one per power-of-two batch size. For tests whose subject is not the
+    shrinking itself (test_engines covers it)."""
+    engine.shrink_from = 1 << 30
+    return engine

@@ -14,6 +14,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import pytest
 
+import models as tm
 from specpilot.decoding.ar import AREngine
 from specpilot.decoding.spec import SpecEngine
 from specpilot.models.hf import load_drafter, load_target
@@ -41,7 +42,7 @@ def models():
 
 def test_ar_equals_ar_greedy(models, oracle):
     cfg, tw, _, _ = models
-    r = AREngine(cfg, tw, context=CONTEXT).generate(oracle["prompts"], oracle["max_new_tokens"])
+    r = tm.whole_batch(AREngine(cfg, tw, context=CONTEXT)).generate(oracle["prompts"], oracle["max_new_tokens"])
     for i, want in enumerate(oracle["ar_greedy"]):
         assert r.tokens[i] == want, f"prompt {i}"
 
@@ -56,6 +57,7 @@ def test_per_round_acceptance_matches_reference(run, models, oracle):
         budget = int(run.removeprefix("ddtree_budget"))
         eng = SpecEngine("ddtree", cfg, tw, dcfg, dw, context=CONTEXT, reference_loop=True, tree="best_first",
                          tree_budget=budget)
+    tm.whole_batch(eng)  # one loop compile per engine (dropping finished rows is covered in test_engines)
     r = eng.generate(oracle["prompts"], oracle["max_new_tokens"])
     for i, ref in enumerate(oracle["runs"][run]):
         assert r.acceptance_lengths[i] == ref["acceptance_lengths"], f"{run}: prompt {i}"

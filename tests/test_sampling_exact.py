@@ -102,7 +102,7 @@ CASES = {
 
 def make(name, sampling, pair):
     cfg = dict(name=name) if name != "ddtree" else dict(name="ddtree", tree_budget=BUDGET)
-    return make_engine(cfg, *pair, sampling=sampling, context=CONTEXT)
+    return tm.whole_batch(make_engine(cfg, *pair, sampling=sampling, context=CONTEXT))
 
 
 def test_ar_sampling_matches_exact_joint(pair, all_logits):
@@ -139,7 +139,9 @@ def test_speculative_sampling_is_exact(case, pair, all_logits):
 def test_biased_verifier_fails(pair, all_logits):
     """The same test rejects a verifier that walks the tree with argmax choices at T = 1."""
     s = Sampling(1.0)
-    eng = GreedyWalkEngine("ddtree", *pair, sampling=s, context=CONTEXT, tree="best_first", tree_budget=BUDGET)
+    eng = tm.whole_batch(
+        GreedyWalkEngine("ddtree", *pair, sampling=s, context=CONTEXT, tree="best_first", tree_budget=BUDGET)
+    )
     samples, _ = sample_engine(eng)
     stat, p = chi_square_p(samples, exact_joint(all_logits, s))
     assert p < 1e-6, f"biased verifier passed: chi-square {stat:.1f}, p = {p:.2e}"

@@ -177,10 +177,12 @@ class Engine:
         while True:
             b = rows.shape[0]
             state = self._run(self.params, state, b // 2 if b >= self.shrink_from else 0)
-            done = np.asarray(state.done)
+            host = jax.device_get((state.done, state.out, state.n_out, state.acc, state.n_rounds))
+            done = host[0]
+            counters = self.row_counters(state)
             for r, row in enumerate(rows):
                 if row >= 0 and done[r] and row not in harvested:
-                    harvested[row] = harvest_row(state, r, self.row_counters(state))
+                    harvested[row] = harvest_row(host[1:], state.max_new, r, counters)
             if done.all():
                 break
             live = np.nonzero(~done)[0]
@@ -216,13 +218,13 @@ def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def harvest_row(state: LoopState, r: int, counters: dict) -> tuple:
-    """(tokens, acceptance lengths, counters) of row r, cut at max_new."""
-    n_out = min(int(state.n_out[r]), state.max_new)
-    n_rounds = int(state.n_rounds[r])
+def harvest_row(host: tuple, max_new: int, r: int, counters: dict) -> tuple:
+    """(tokens, acceptance lengths, counters) of row r, cut at max_new; `host` = numpy copies of
+    (out, n_out, acc, n_rounds), fetched once per pause."""
+    out, n_out, acc, n_rounds = host
     return (
-        np.asarray(state.out[r, :n_out]).tolist(),
-        np.asarray(state.acc[r, :n_rounds]).tolist(),
+        out[r, : min(int(n_out[r]), max_new)].tolist(),
+        acc[r, : int(n_rounds[r])].tolist(),
         {k: float(v[r]) for k, v in counters.items()},
     )
 

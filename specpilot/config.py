@@ -15,7 +15,7 @@ import typing
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 ENGINE_NAMES = ("ar", "stock", "ddtree", "specpilot", "tlv")
@@ -124,7 +124,7 @@ class DeploymentGroup(_Strict):
     batch: PosInt
     temperature: NonNegFloat
     proposer: Literal["offline", "gemini"]
-    prompts: Literal["auto", "synthetic", "code"] | Annotated[list[str], Field(min_length=1)] | Annotated[
+    prompts: Literal["auto", "synthetic", "code", "heldout"] | Annotated[list[str], Field(min_length=1)] | Annotated[
         list[Annotated[list[NonNegInt], Field(min_length=1)]], Field(min_length=1)
     ]
     num_prompts: PosInt
@@ -174,6 +174,25 @@ class SearchGroup(_Strict):
     compile_cache_dir: str | None
     wandb: WandbGroup
     gemini: GeminiGroup
+
+
+def _proxy_spec(v: Any):
+    """The `proxy` group is checked by its own schema (`specpilot.training.spec`, which the GPU entry point
+    also reads without pydantic); its errors are reported at the dotted key like every other group's."""
+    from specpilot.training.spec import ProxySpec, SpecError
+
+    if isinstance(v, ProxySpec):
+        return v
+    try:
+        return ProxySpec.from_dict(v)
+    except SpecError as e:
+        if e.key:
+            raise _field_error(e.key, e.problem) from None
+        raise PydanticCustomError("proxy_error", "{problem}", {"problem": e.problem}) from None
+
+
+# A trained proxy target/drafter pair (conf/proxy/): validated into a `specpilot.training.spec.ProxySpec`.
+ProxyGroup = Annotated[Any, BeforeValidator(_proxy_spec)]
 
 
 # ---- engines: a union discriminated on `name` ---------------------------------------------------------
@@ -250,6 +269,7 @@ class RootConfig(_Strict):
     seed: NonNegInt
     sampling: SamplingGroup
     forcing: ForcingGroup
+    proxy: ProxyGroup
 
     @field_validator("prompt", mode="before")
     @classmethod

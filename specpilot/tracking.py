@@ -17,7 +17,8 @@ from typing import Any
 log = logging.getLogger("specpilot.tracking")
 
 SECRET_ENV = ("GEMINI_API_KEY", "GOOGLE_API_KEY", "WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
-_SECRET_KEY = re.compile(r"(api[_-]?key|secret|password|passwd|credential|authorization|access[_-]?token|^token$)", re.I)
+_SECRET_KEY = re.compile(
+    r"(api[_-]?key|secret|password|passwd|credential|authorization|access[_-]?token|^token$)", re.I)
 REDACTED = "<redacted>"
 
 
@@ -71,7 +72,7 @@ class Tracker:
             self.run = wandb.init(
                 project=project, entity=entity, id=run_id, name=name or run_id, dir=str(self.run_dir),
                 mode=self.mode, resume="allow", config=scrub(config), reinit="finish_previous",
-                settings=wandb.Settings(console="off", silent=True, save_code=False),
+                settings=wandb.Settings(console="off", silent=True, save_code=False, disable_git=True),
             )
             where = self.run_dir / "wandb" if self.mode == "offline" else getattr(self.run, "url", "")
             log.info("W&B %s run %s (%s)", self.mode, run_id, where)

@@ -87,6 +87,7 @@ class ModelBackend:
         self.cfg = cfg
         self.target_cfg, self.target_w, self.drafter_cfg, self.drafter_w, self.tokenizer = load_models(cfg, True)
         self.max_new = dep.max_new_tokens
+        self.source = source
         self.prompts = self._prompts(cfg)
         self.prompt_groups = batches(self.prompts, dep.batch)
         longest = max(len(p) for p in self.prompts)
@@ -104,12 +105,22 @@ class ModelBackend:
         dep, vocab = cfg.deployment, self.target_cfg.vocab_size
         kind = dep.prompts
         if kind == "auto":
-            kind = "code" if self.tokenizer is not None else "synthetic"
-        if kind == "code" or (isinstance(kind, list) and isinstance(kind[0], str)):
+            kind = "heldout" if self.source != "config" else "code" if self.tokenizer is not None else "synthetic"
+        if kind in ("code", "heldout") or (isinstance(kind, list) and isinstance(kind[0], str)):
             if self.tokenizer is None:
                 raise ConfigError.at("deployment.prompts", "text prompts need a target with a tokenizer; use synthetic")
-            texts = kind if isinstance(kind, list) else [CODE_PROMPTS[i % len(CODE_PROMPTS)] for i in range(dep.num_prompts)]
-            return [list(self.tokenizer.encode(t)) for t in texts]
+            if kind == "heldout":
+                ids = self._heldout(dep)
+                if ids:
+                    return ids
+                kind = "code"
+            texts = kind if isinstance(kind, list) else [CODE_PROMPTS[i % len(CODE_PROMPTS)]
+                                                         for i in range(dep.num_prompts)]
+            ids = [list(self.tokenizer.encode(t)) for t in texts]
+            if not isinstance(kind, list):  # one length for all: one compiled program serves every batch
+                n = min(dep.prompt_len, *(len(p) for p in ids))
+                ids = [p[:n] for p in ids]
+            return ids
         if isinstance(kind, list):
             bad = [t for p in kind for t in p if t >= vocab]
             if bad:
@@ -120,6 +131,29 @@ class ModelBackend:
         allowed = np.array([t for t in range(vocab) if t not in avoid])
         rng = np.random.default_rng(cfg.seed)
         return [rng.choice(allowed, size=dep.prompt_len).tolist() for _ in range(dep.num_prompts)]
+
+    def _heldout(self, dep) -> list[list[int]]:
+        """`num_prompts` held-out snippets of the proxy's corpus, cut to `prompt_len` tokens ([] if unavailable)."""
+        try:
+            from specpilot.training.corpus import held_out_snippets, load_corpus
+            from specpilot.training.spec import load_spec
+
+            corpus = load_corpus(load_spec(self.source if self.source != "config" else "proxy_tiny").corpus)
+            texts = held_out_snippets(corpus, 4 * dep.num_prompts)
+        except Exception as e:  # no training package, no corpus: say so and use the built-in snippets
+            log.warning("deployment.prompts=heldout unavailable (%s); using the built-in code prompts",
+                        " ".join(str(e).split())[:160])
+            return []
+        out = []
+        for t in texts:
+            ids = list(self.tokenizer.encode(t))
+            if len(ids) >= dep.prompt_len:
+                out.append(ids[: dep.prompt_len])
+            if len(out) == dep.num_prompts:
+                return out
+        log.warning("deployment.prompts=heldout: only %d snippets of %d tokens; using the built-in code prompts",
+                    len(out), dep.prompt_len)
+        return []
 
     def _describe(self, source: str) -> dict:
         import jax
@@ -141,6 +175,7 @@ class ModelBackend:
             "temperature": float(dep.temperature),
             "max_new_tokens": self.max_new,
             "num_prompts": len(self.prompts),
+            "prompt_len": max(len(p) for p in self.prompts),
             "max_tree_budget": dep.max_tree_budget,
         }
 
@@ -207,8 +242,8 @@ def scripted_fake_model(cfg: dict) -> dict:
     draft = 0.5 + 0.1 * block
     if name == "stock":
         tau = min(3.0, block - 1.0)
-        return {"acceptance": _cycle(tau), "stage_ms": {"draft": draft, "tree": 0.1, "verify": (10.0 + 0.01 * block) * w,
-                                                        "commit": 0.3}}
+        return {"acceptance": _cycle(tau),
+                "stage_ms": {"draft": draft, "tree": 0.1, "verify": (10.0 + 0.01 * block) * w, "commit": 0.3}}
     n = cfg["tree_budget"]
     if n == 13:
         return {"acceptance": (12,), "stage_ms": {"draft": 0.1, "tree": 0.1, "verify": 1.0, "commit": 0.1},
@@ -227,8 +262,8 @@ def scripted_fake_model(cfg: dict) -> dict:
 
 
 class FakeBackend:
-    """A deployment of scripted engines. `delay_s` sleeps per timed generation (to make a search slow
-    enough to kill mid-round in tests); `eval_log` gets one line per evaluation started."""
+    """A deployment of scripted engines. `delay_s` sleeps once per trial (to make a search slow enough to
+    kill mid-round in tests); `eval_log` gets one line per trial started."""
 
     def __init__(self, name: str = "fake", batch: int = 1, num_prompts: int = 2, max_new: int = 24,
                  max_tree_budget: int = 256, drafter_block_size: int = 16, target_dtype: str = "bfloat16",
@@ -251,6 +286,8 @@ class FakeBackend:
         }
 
     def started(self, job: dict) -> None:
+        if self.delay_s:
+            time.sleep(self.delay_s)
         if self.eval_log:
             import os
 
@@ -268,8 +305,6 @@ class FakeBackend:
         return lambda seqs: np.ones(len(seqs))  # every disagreement is decisive: a violation
 
     def timed_generate(self, engine, group):
-        if self.delay_s:
-            time.sleep(self.delay_s)
         result = engine.generate(group, self.max_new, pad_to=pad_len(group, self.max_new))
         rounds = max(len(a) for a in result.acceptance_lengths)
         return result, rounds * sum(engine.stage_ms.values()) / 1e3

@@ -22,11 +22,8 @@ def _hardware(gpu: str):
     import specpilot.costmodel as cm
 
     hw = None
-    factories = []
-    cls = getattr(cm, "Hardware", None)
-    if cls is not None:
-        factories += [getattr(cls, n) for n in ("calibrate", "measure", "load_or_calibrate") if hasattr(cls, n)]
-    factories += [getattr(cm, n) for n in ("calibrate", "calibrate_hardware") if hasattr(cm, n)]
+    # the cached calibration first: measured once per machine, not once per search
+    factories = [getattr(cm, n) for n in ("load_or_calibrate", "calibrate") if hasattr(cm, n)]
     for make in factories:
         try:
             hw = make()

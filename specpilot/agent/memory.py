@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from specpilot.tracking import scrub
 
@@ -61,6 +61,13 @@ class MemoryRecord(BaseModel):
     gain: Evidence  # the latest measurement
     history: list[Evidence] = Field(default_factory=list)
 
+    @field_validator("config", "base_config")
+    @classmethod
+    def _int_keys(cls, v: dict) -> dict:
+        from specpilot.agent.space import normalize
+
+        return normalize(v)
+
 
 def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=-]+", "_", text).strip("_")[:120]
@@ -77,9 +84,11 @@ def deployment_fingerprint(descriptor: dict) -> str:
 
 
 def preconditions_for(descriptor: dict, config: dict, stock_tau: float) -> dict:
-    """Where the gain should carry over: the same sampling regime, a batch within 4×, a stock τ within 2×
-    (how well the drafter matches the target), and what the config itself needs from the deployment."""
+    """Where the gain should carry over: the same platform (cpu / gpu) and sampling regime, a batch within
+    4×, a stock τ within 2× (how well the drafter matches the target), and what the config itself needs
+    from the deployment."""
     pre: dict[str, Any] = {
+        "platform": [descriptor.get("platform")],  # CPU and GPU timings are different worlds
         "greedy": descriptor.get("temperature", 0.0) == 0.0,
         "batch": {"min": max(1, descriptor.get("batch", 1) // 4), "max": descriptor.get("batch", 1) * 4},
         "stock_tau": {"min": round(stock_tau / 2, 3), "max": round(stock_tau * 2, 3)},

@@ -24,7 +24,8 @@ TREE_ENGINES = ("ddtree", "specpilot", "tlv")
 DRAFTING_ENGINES = ("stock", *TREE_ENGINES)
 # Knobs the engines read but the search does not set: they come from measurement (the cost model's fit).
 DERIVED = {
-    "verify_cost_ms": "derived: the specpilot budget policy's verify-cost curve comes from the cost model, not the search",
+    "verify_cost_ms": "derived: the specpilot budget policy's verify-cost curve comes from the cost model, "
+                      "not the search",
     "draft_cost_ms": "derived: the specpilot budget policy's draft cost comes from the cost model, not the search",
 }
 # Knobs carried over when the engine kind changes (when the new engine has them).
@@ -245,6 +246,8 @@ class ConfigSpace:
             if engine not in knob.engines:
                 raise SpaceError(f"{name}: applies to {', '.join(knob.engines)}, not {engine}")
             cfg[name] = knob.check(value)
+        if engine == "specpilot" and "budget_candidates" not in delta:
+            cfg = self._clamped(cfg)  # a smaller tree_budget drops the candidates above it
         self.check(cfg)
         return cfg
 
@@ -263,7 +266,8 @@ class ConfigSpace:
             if knob is not None and key != "engine":
                 knob.check(value)
         if cfg.get("weight_format") == "w12" and self.target_dtype != "bfloat16":
-            raise SpaceError(f"weight_format=w12: needs bfloat16 target weights, this deployment's are {self.target_dtype}")
+            raise SpaceError(
+                f"weight_format=w12: needs bfloat16 target weights, this deployment's are {self.target_dtype}")
         if name == "specpilot" and max(cfg["budget_candidates"]) > cfg["tree_budget"]:
             raise SpaceError(
                 f"budget_candidates: {max(cfg['budget_candidates'])} exceeds tree_budget {cfg['tree_budget']}")
@@ -300,7 +304,7 @@ class ConfigSpace:
                 if v != cur:
                     out.append({name: v})
         if cfg["name"] == "specpilot":
-            powers = [2**i for i in range(12) if 2**i <= cfg["tree_budget"]]
+            powers = [2**i for i in range(2, 12) if 2**i <= cfg["tree_budget"]] or [cfg["tree_budget"]]
             if powers != cfg["budget_candidates"]:
                 out.append({"budget_candidates": powers})
         for name in ("level1_format", "weight_format"):

@@ -2,7 +2,9 @@
 
 A trial is a job dict — `{"id", "role", "engine", ...}` with role `ar` (measured only), `reference`
 (stock: its greedy outputs become the forcing reference, then measured) or `candidate` (forced, and
-measured only if it passes) — turned into a result dict by `evaluate`. Results are plain JSON.
+measured only if it passes) — turned into a result dict by `evaluate`. Results are plain JSON. With
+`ar_config` in the job, AR is timed back to back with the engine on every repeat (`ar_ms_per_token`):
+speedups then come from paired measurements.
 
 The trial log (`trials.jsonl` in the run directory) gets one line per finished trial, flushed and
 fsync'd before the search moves on, so a killed search loses at most the trial in flight; a resumed
@@ -17,6 +19,7 @@ import statistics
 import time
 from pathlib import Path
 
+from specpilot.agent.space import config_key
 from specpilot.tracking import scrub
 
 MAX_LISTED = 20  # violations / ties kept per forcing report in the log
@@ -83,17 +86,34 @@ def _evaluate(backend, job: dict, out: dict) -> None:
             out["status"] = "rejected_token_forcing"
             return
     engine = backend.engine(cfg)
-    total_s, tokens, committed, rounds = 0.0, 0, 0, 0
+    # AR runs back to back with the candidate (paired), so a machine that slows down or speeds up
+    # between trials moves both numbers alike and the speedup stays comparable
+    # (AR as the candidate is its own pair: speedup 1 by definition, not two noisy samples of one engine)
+    same = bool(job.get("ar_config")) and config_key(job["ar_config"]) == config_key(cfg)
+    ar = backend.engine(job["ar_config"]) if job.get("ar_config") and not same else None
+    total_s, ar_s, tokens, ar_tokens, committed, rounds = 0.0, 0.0, 0, 0, 0, 0
     for g in groups:
         backend.timed_generate(engine, g)  # warm-up: compiles here when forcing did not
-        times = []
+        if ar is not None:
+            backend.timed_generate(ar, g)
+        times, ar_times = [], []
         for _ in range(job["measure_repeats"]):
+            if ar is not None:
+                ar_result, seconds = backend.timed_generate(ar, g)
+                ar_times.append(seconds)
             result, seconds = backend.timed_generate(engine, g)
             times.append(seconds)
         total_s += statistics.median(times)
         tokens += sum(len(t) for t in result.tokens)
         committed += sum(sum(a) for a in result.acceptance_lengths)
         rounds += sum(len(a) for a in result.acceptance_lengths)
+        if ar is not None:
+            ar_s += statistics.median(ar_times)
+            ar_tokens += sum(len(t) for t in ar_result.tokens)
+    if ar is not None:
+        out["ar_ms_per_token"] = 1e3 * ar_s / max(ar_tokens, 1)
+    elif same:
+        out["ar_ms_per_token"] = 1e3 * total_s / max(tokens, 1)
     profile = engine.profile(groups[0], max_new, rounds=job["profile_rounds"])
     ceilings, source = backend.ceilings(cfg, profile)
     out.update(

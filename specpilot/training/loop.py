@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -53,6 +54,20 @@ def make_optimizer(ts: TrainSpec) -> optax.GradientTransformation:
     )
 
 
+@functools.lru_cache(maxsize=16)
+def compiled_step(loss_fn: Callable, ts: TrainSpec):
+    """The jitted update for a loss and a recipe, cached so repeated runs in one process compile once."""
+    tx = make_optimizer(ts)
+
+    def step_fn(params, opt_state, frozen, batch, lr):
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, frozen, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = jax.tree.map(lambda p, u: p - lr * u.astype(p.dtype), params, updates)
+        return params, opt_state, {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
+
+    return tx, jax.jit(step_fn, donate_argnums=(0, 1))
+
+
 def _progress(total: int, initial: int, desc: str):
     try:
         from tqdm import tqdm
@@ -79,7 +94,7 @@ def train_loop(
 
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    tx = make_optimizer(ts)
+    tx, step = compiled_step(loss_fn, ts)
     opt_state = tx.init(params)
     mgr = ocp.CheckpointManager(run_dir / "ckpt", options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
     plan_file = run_dir / "plan.json"
@@ -91,13 +106,6 @@ def train_loop(
         params, opt_state = restored["params"], restored["opt_state"]
         log.info("%s: resumed from the checkpoint at step %d of %d", name, start, plan["total_steps"])
 
-    def step_fn(params, opt_state, frozen, batch, lr):
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, frozen, batch)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        params = jax.tree.map(lambda p, u: p - lr * u.astype(p.dtype), params, updates)
-        return params, opt_state, {**metrics, "loss": loss, "grad_norm": optax.global_norm(grads)}
-
-    step = jax.jit(step_fn, donate_argnums=(0, 1))
     bar = _progress(plan["total_steps"], start, name)
     history: list[dict] = []
     pending: list[dict] = []
@@ -136,7 +144,8 @@ def train_loop(
                 t_last_log = now
                 history.append(row)
                 if tracker is not None:
-                    tracker.log({f"{name}/{k}": v for k, v in row.items() if k != "step"}, step=done)
+                    # one W&B run holds both phases: their own step counter is a metric, W&B's step increases
+                    tracker.log({f"{name}/{k}": v for k, v in row.items()})
                 if bar is not None:
                     bar.set_postfix(loss=f"{row['loss']:.3f}")
                 log.info("%s step %d/%d loss %.4f lr %.2e %.1f steps/s", name, done, plan["total_steps"],

@@ -9,7 +9,8 @@ offline files). An interrupted build resumes from its checkpoints when called ag
 
 GPU entry point (no Hydra, pydantic or W&B needed; one command trains, measures and writes a summary):
 
-    PYTHONPATH=$PWD python3 -m specpilot.training.proxy --size proxy_gpu --out $OUT --acceptance
+    PYTHONPATH=$PWD python3 -m specpilot.training.proxy --size proxy_gpu --work /tmp/proxy_gpu --out $OUT \
+        --acceptance --temperatures 0 1 --deadline-s 570
 """
 
 from __future__ import annotations
@@ -126,68 +127,133 @@ def _streams(tok, corpus, work: Path):
     return train, held
 
 
-def build(spec: ProxySpec, work: str | Path, stop_after: dict | None = None) -> dict:
-    """Train (or resume) the whole pair into `work`; returns the report (also `work/report.json`).
-
-    stop_after: {"target": n} or {"drafter": n} simulates an interruption after n steps (tests)."""
-    from specpilot.models.export import export_drafter, export_target
+def prepare_data(spec: ProxySpec, work: Path):
+    """(corpus, tokenizer, train token stream, held-out token stream); tokenizer and streams cached in `work`."""
     from specpilot.training.corpus import load_corpus
-    from specpilot.training.tracking import Tracker
-    from specpilot.training.train_drafter import prompt_windows, train_drafter
-    from specpilot.training.train_target import train_target
 
-    stop_after = stop_after or {}
-    work = Path(work)
-    work.mkdir(parents=True, exist_ok=True)
-    timings = {}
     t0 = time.perf_counter()
     corpus = load_corpus(spec.corpus)
     tok = _tokenizer(spec, corpus, work)
     train_stream, held_stream = _streams(tok, corpus, work)
-    timings["data_s"] = time.perf_counter() - t0
     log.info("%s: corpus %s; %d train / %d held-out tokens (%.1f s)", spec.name, corpus.summary(),
-             len(train_stream), len(held_stream), timings["data_s"])
-    tracker = Tracker(spec.wandb.mode, spec.wandb.project, work / "run", spec.name, spec.to_dict())
-    try:
-        t1 = time.perf_counter()
-        tcfg, tparams, target_report = train_target(spec, train_stream, held_stream, work / "run" / "target",
-                                                    tracker, stop_after.get("target"))
-        export_target(work / "target", tcfg, tparams, "float32", tokenizer_dir=work / "tokenizer")
-        timings["target_s"] = time.perf_counter() - t1
+             len(train_stream), len(held_stream), time.perf_counter() - t0)
+    return corpus, tok, train_stream, held_stream
 
-        t2 = time.perf_counter()
-        ds = spec.drafter_train
-        train_prompts = prompt_windows(train_stream, ds.num_sequences, ds.prompt_tokens, spec.seed)
-        held_prompts = prompt_windows(held_stream, ds.eval_batches * ds.batch_size, ds.prompt_tokens, spec.seed)
-        dcfg, dparams, drafter_report = train_drafter(spec, tcfg, tparams, train_prompts, held_prompts,
-                                                      work / "run" / "drafter", tracker, stop_after.get("drafter"))
-        export_drafter(work / "drafter", dcfg, dparams, "float32")
-        timings["drafter_s"] = time.perf_counter() - t2
-    finally:
-        tracker.finish()
-    timings["total_s"] = time.perf_counter() - t0
-    report = {
-        "name": spec.name,
-        "key": work.name,
-        "corpus": corpus.summary(),
-        "tokenizer": {"vocab_size": tok.get_vocab_size(), "model_vocab_size": spec.tokenizer.vocab_size,
-                      "train_tokens": int(len(train_stream)), "held_out_tokens": int(len(held_stream)),
-                      "bytes_per_token": corpus.train_bytes / max(len(train_stream), 1)},
-        "target": target_report,
-        "drafter": drafter_report,
-        "timings": timings,
-        "recipe": spec.to_dict(),
-    }
-    tmp = work / "report.tmp.json"
-    tmp.write_text(json.dumps(report, indent=1))
-    tmp.replace(work / "report.json")
-    log.info("%s: done in %.0f s: target held-out loss %.3f, drafter held-out loss %.3f", spec.name,
-             timings["total_s"], target_report["held_out_loss"], drafter_report["held_out_loss"])
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.stem + ".tmp.json")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+def build_target(spec: ProxySpec, work: str | Path, tracker=None, stop_after: int | None = None) -> dict:
+    """Train (or resume) the target in `work/run/target`; export it with the tokenizer to `work/target`."""
+    from specpilot.models.export import export_target
+    from specpilot.training.train_target import train_target
+
+    work = Path(work)
+    t0 = time.perf_counter()
+    corpus, tok, train_stream, held_stream = prepare_data(spec, work)
+    data_s = time.perf_counter() - t0
+    tcfg, tparams, report = train_target(spec, train_stream, held_stream, work / "run" / "target", tracker, stop_after)
+    export_target(work / "target", tcfg, tparams, "float32", tokenizer_dir=work / "tokenizer")
+    report.update(
+        corpus=corpus.summary(),
+        tokenizer={"vocab_size": tok.get_vocab_size(), "model_vocab_size": spec.tokenizer.vocab_size,
+                   "train_tokens": int(len(train_stream)), "held_out_tokens": int(len(held_stream)),
+                   "bytes_per_token": corpus.train_bytes / max(len(train_stream), 1)},
+        data_s=data_s,
+        seconds=time.perf_counter() - t0,
+    )
+    _write_json(work / "target_report.json", report)
     return report
 
 
-def run_acceptance(spec: ProxySpec, work: Path, temperatures, engines, prompts_source: str, dtype: str) -> dict:
-    """{f"T={t}": {engine: {...}}} on the recipe's evaluation prompts."""
+def build_drafter(spec: ProxySpec, work: str | Path, target_dir: str | Path | None = None, tracker=None,
+                  stop_after: int | None = None) -> dict:
+    """Train (or resume) a drafter for the target in `target_dir` (default `work/target`, float32) in
+    `work/run/drafter`; export it to `work/drafter`. Prompts come from the target's tokenizer on the corpus."""
+    import jax.numpy as jnp
+
+    from specpilot.models import hf
+    from specpilot.models.config import CheckpointError
+    from specpilot.models.export import export_drafter
+    from specpilot.training.train_drafter import prompt_windows, train_drafter
+
+    from specpilot.training.tokenizer import MASK, MASK_ID, load_tokenizer
+
+    work = Path(work)
+    target_dir = Path(target_dir or work / "target")
+    t0 = time.perf_counter()
+    if not (target_dir / "tokenizer.json").is_file():
+        raise CheckpointError(f"{target_dir}: no tokenizer.json (a proxy target folder carries its tokenizer)")
+    if load_tokenizer(target_dir).token_to_id(MASK) != MASK_ID:
+        raise CheckpointError(f"{target_dir}: its tokenizer has no {MASK} token at id {MASK_ID}")
+    if not (work / "tokenizer" / "tokenizer.json").is_file():  # the prompts must use the target's tokenizer
+        import shutil
+
+        shutil.copytree(target_dir, work / "tokenizer", dirs_exist_ok=True,
+                        ignore=lambda d, names: [n for n in names if not n.startswith(("tokenizer", "special"))])
+    _, _, train_stream, held_stream = prepare_data(spec, work)
+    tcfg, tparams = hf.load_target(target_dir, jnp.float32)
+    ds = spec.drafter_train
+    train_prompts = prompt_windows(train_stream, ds.num_sequences, ds.prompt_tokens, spec.seed)
+    held_prompts = prompt_windows(held_stream, ds.eval_batches * ds.batch_size, ds.prompt_tokens, spec.seed)
+    dcfg, dparams, report = train_drafter(spec, tcfg, tparams, train_prompts, held_prompts, work / "run" / "drafter",
+                                          tracker, stop_after)
+    export_drafter(work / "drafter", dcfg, dparams, "float32")
+    report["seconds"] = time.perf_counter() - t0
+    _write_json(work / "drafter_report.json", report)
+    return report
+
+
+def make_tracker(spec: ProxySpec, work: Path):
+    from specpilot.tracking import Tracker
+
+    return Tracker(spec.wandb.mode, spec.wandb.project, work / "run", f"{spec.name}-{work.name[-8:]}",
+                   spec.to_dict(), name=spec.name)
+
+
+def build(spec: ProxySpec, work: str | Path, stop_after: dict | None = None) -> dict:
+    """Train (or resume) the whole pair into `work`; returns the report (also `work/report.json`, last).
+
+    stop_after: {"target": n} or {"drafter": n} simulates an interruption after n steps (tests)."""
+    stop_after = stop_after or {}
+    work = Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    tracker = make_tracker(spec, work)
+    try:
+        target_report = build_target(spec, work, tracker, stop_after.get("target"))
+        drafter_report = build_drafter(spec, work, None, tracker, stop_after.get("drafter"))
+    finally:
+        tracker.finish()
+    report = {
+        "name": spec.name,
+        "key": work.name,
+        "corpus": target_report.pop("corpus"),
+        "tokenizer": target_report.pop("tokenizer"),
+        "target": target_report,
+        "drafter": drafter_report,
+        "timings": {"data_s": target_report["data_s"], "target_s": target_report["seconds"] - target_report["data_s"],
+                    "drafter_s": drafter_report["seconds"], "total_s": time.perf_counter() - t0},
+        "recipe": spec.to_dict(),
+    }
+    _write_json(work / "report.json", report)
+    log.info("%s: done in %.0f s: target held-out loss %.3f, drafter held-out loss %.3f", spec.name,
+             report["timings"]["total_s"], target_report["held_out_loss"], drafter_report["held_out_loss"])
+    return report
+
+
+def run_acceptance(spec: ProxySpec, work: Path, temperatures, engines, prompts_source: str, dtype: str,
+                   deadline: float | None = None, on_result=None) -> dict:
+    """{"prompts": ..., f"T={t}": {engine: {...}}} on the recipe's evaluation prompts.
+
+    Order: every engine at the first temperature, then at the next, ...; with a `deadline` (perf_counter
+    time), what would start after it is recorded as skipped. `on_result(partial)` after each measurement."""
+    import jax.numpy as jnp
+
+    from specpilot.models import hf
     from specpilot.training.acceptance import eval_prompts, measure
     from specpilot.training.corpus import load_corpus
     from specpilot.training.tokenizer import load_tokenizer
@@ -196,10 +262,26 @@ def run_acceptance(spec: ProxySpec, work: Path, temperatures, engines, prompts_s
     tok = load_tokenizer(work / "tokenizer")
     e = spec.eval
     prompts = eval_prompts(prompts_source, tok, corpus, e.num_prompts, e.prompt_tokens)
-    out = {"prompts": {"source": prompts_source, "count": len(prompts), "max_new_tokens": e.max_new_tokens}}
+    jdtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype]
+    tcfg, tw = hf.load_target(work / "target", jdtype)
+    dcfg, dw = hf.load_drafter(work / "drafter", jdtype)
+    out: dict = {"prompts": {"source": prompts_source, "count": len(prompts), "prompt_tokens": e.prompt_tokens,
+                             "max_new_tokens": e.max_new_tokens, "dtype": dtype}}
+    longest = 0.0  # the slowest measurement so far (compile included): the next one may take as long
     for t in temperatures:
-        out[f"T={t:g}"] = measure(work / "target", work / "drafter", prompts, engines, t, e.max_new_tokens,
-                                  e.batch_size, dtype, spec.seed)
+        key = f"T={t:g}"
+        out[key] = {}
+        for name in engines:
+            if deadline is not None and time.perf_counter() + longest > deadline:
+                out.setdefault("skipped", []).append(f"{name}@{key}")
+                log.warning("deadline: skipping %s at %s", name, key)
+                continue
+            t0 = time.perf_counter()
+            out[key].update(measure(None, None, prompts, [name], t, e.max_new_tokens, e.batch_size, dtype,
+                                    spec.seed, weights=(tcfg, tw, dcfg, dw)))
+            longest = max(longest, time.perf_counter() - t0)
+            if on_result is not None:
+                on_result(out)
     return out
 
 
@@ -216,7 +298,7 @@ def summary_markdown(report: dict, acceptance: dict | None, command: str) -> str
         f"- Target: {t['params']:,} params, {t['steps']} steps ({t['tokens_seen']:,} tokens), "
         f"held-out loss **{t['held_out_loss']:.3f}** nats/token (train {t['train_loss']:.3f})",
         f"- Drafter: {d['params']:,} params, {d['steps']} steps, held-out loss **{d['held_out_loss']:.3f}**, "
-        f"held-out chain tokens/round {d['held_out']['chain_tokens_per_round']:.2f}, "
+        f"held-out simulated stock τ {d['held_out']['stock_tau_simulated']:.2f}, "
         f"row accuracy {d['held_out']['row_accuracy']}",
         f"- Time: " + ", ".join(f"{k} {v:.0f} s" for k, v in report["timings"].items()),
     ]
@@ -228,6 +310,8 @@ def summary_markdown(report: dict, acceptance: dict | None, command: str) -> str
             if key.startswith("T="):
                 for name, r in res.items():
                     lines.append(f"| {key[2:]} | {name} | {r['tau']:.3f} | {r['histogram']} |")
+        if acceptance.get("skipped"):
+            lines += ["", f"Skipped (deadline): {', '.join(acceptance['skipped'])}"]
     return "\n".join(lines) + "\n"
 
 
@@ -242,16 +326,20 @@ def _commit() -> str:
 
 
 def main(argv=None) -> int:
+    t_start = time.perf_counter()
     ap = argparse.ArgumentParser(description="Train (or load from cache) a proxy target/drafter pair.")
     ap.add_argument("--size", default="proxy_tiny", help="recipe in conf/proxy/ (proxy_tiny, proxy_gpu, ...)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key")
     ap.add_argument("--work", help="folder for checkpoints and the trained pair (default: the proxy cache)")
-    ap.add_argument("--out", help="write results.json and summary.md here")
+    ap.add_argument("--out", help="write results.json and summary.md here (updated after every phase)")
     ap.add_argument("--acceptance", action="store_true", help="measure tau for the engines after training")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     ap.add_argument("--engines", nargs="+", default=["stock", "ddtree", "specpilot"])
     ap.add_argument("--prompts", default="heldout", choices=["heldout", "humaneval", "both"])
     ap.add_argument("--dtype", default=None, help="engine dtype for acceptance (default: the target's train dtype)")
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help="wall-time budget of the whole command: an acceptance measurement that might not finish "
+                         "before it (judged by the slowest one so far) is skipped")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     for noisy in ("jax", "absl", "orbax"):
@@ -261,26 +349,38 @@ def main(argv=None) -> int:
     except SpecError as e:
         print(e, file=sys.stderr)
         return 2
+    command = "python -m specpilot.training.proxy " + " ".join(argv if argv is not None else sys.argv[1:])
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work) if args.work else proxy_dir(spec)
+
+    def write(report: dict | None, acceptance: dict | None) -> str:
+        result = {"command": command, "commit": _commit(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                  "target_dir": str(work / "target"), "drafter_dir": str(work / "drafter"),
+                  "elapsed_s": time.perf_counter() - t_start, "acceptance": acceptance,
+                  "report": None if report is None else {k: v for k, v in report.items() if k != "recipe"},
+                  "recipe": spec.to_dict()}
+        md = summary_markdown(report, acceptance, command) if report is not None else ""
+        if out is not None:
+            _write_json(out / "results.json", result)
+            (out / "summary.md").write_text(md)
+        return md
+
     if (work / "report.json").is_file():
         report = json.loads((work / "report.json").read_text())
         log.info("%s: cached pair in %s", spec.name, work)
     else:
         with _locked(work.with_name(work.name + ".lock")):
             report = build(spec, work)
+    write(report, None)
     acceptance = None
     if args.acceptance:
+        deadline = t_start + args.deadline_s if args.deadline_s else None
         acceptance = run_acceptance(spec, work, args.temperatures, args.engines, args.prompts,
-                                    args.dtype or spec.target_train.dtype)
-    command = "python -m specpilot.training.proxy " + " ".join(argv if argv is not None else sys.argv[1:])
-    result = {"report": {k: v for k, v in report.items() if k != "recipe"}, "acceptance": acceptance,
-              "recipe": report.get("recipe"), "target_dir": str(work / "target"), "drafter_dir": str(work / "drafter")}
-    md = summary_markdown(report, acceptance, command)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps(result, indent=1))
-        (out / "summary.md").write_text(md)
+                                    args.dtype or spec.target_train.dtype, deadline,
+                                    on_result=lambda partial: write(report, partial))
+    md = write(report, acceptance)
     print(md, file=sys.stderr)
     compact = {"target_held_out_loss": report["target"]["held_out_loss"],
                "drafter_held_out_loss": report["drafter"]["held_out_loss"], "target_dir": str(work / "target"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -124,7 +125,6 @@ class WandbSpec:
 @dataclasses.dataclass(frozen=True)
 class ProxySpec:
     name: str
-    deployments: list[str]  # deployments whose runs use this pair when target.path is null
     seed: int = _field(ge=0)
     corpus: CorpusSpec
     tokenizer: TokenizerSpec
@@ -147,7 +147,7 @@ class ProxySpec:
     def fingerprint_dict(self) -> dict:
         """What decides the trained weights (not where they are used or how the run is logged)."""
         d = self.to_dict()
-        for k in ("name", "deployments", "wandb"):
+        for k in ("name", "wandb"):
             d.pop(k)
         return d
 
@@ -189,7 +189,7 @@ def _parse(cls, data: Any, prefix: str):
 
 def _value(tp, v: Any, key: str, rng) -> Any:
     args = typing.get_args(tp)
-    if typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
         if v is None:
             if type(None) in args:
                 return None

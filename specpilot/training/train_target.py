@@ -8,6 +8,7 @@ no second copy of the model math exists for training.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from pathlib import Path
 
@@ -94,6 +95,7 @@ def even_windows(stream: np.ndarray, count: int, length: int) -> np.ndarray:
     return np.stack([stream[s : s + length] for s in starts])
 
 
+@functools.lru_cache(maxsize=8)
 def make_loss(cfg: ModelConfig, dtype):
     def loss_fn(params, frozen, batch):
         tokens = batch[:, :-1]
@@ -104,9 +106,14 @@ def make_loss(cfg: ModelConfig, dtype):
     return loss_fn
 
 
+@functools.lru_cache(maxsize=8)
+def _jitted_loss(cfg: ModelConfig, dtype):
+    return jax.jit(make_loss(cfg, dtype))
+
+
 def held_out_loss(params, cfg: ModelConfig, windows: np.ndarray, batch: int, dtype) -> float:
     """Mean next-token cross-entropy (nats/token) over held-out windows [N, T + 1]."""
-    loss_fn = jax.jit(make_loss(cfg, dtype))
+    loss_fn = _jitted_loss(cfg, dtype)
     n = (len(windows) // batch) * batch
     losses = [float(loss_fn(params, None, jnp.asarray(windows[i : i + batch]))[0]) for i in range(0, n, batch)]
     return float(np.mean(losses))
@@ -138,6 +145,7 @@ def train_target(spec: ProxySpec, train_stream: np.ndarray, held_stream: np.ndar
     report = {
         "params": int(sum(np.prod(a.shape) for a in jax.tree.leaves(params))),
         "steps": run["steps"],
+        "resumed_from": run["resumed_from"],
         "tokens_seen": run["steps"] * ts.batch_size * ts.seq_len,
         "seconds_per_step": run["seconds_per_step"],
         "train_loss_last_log": run["final_train_loss"],

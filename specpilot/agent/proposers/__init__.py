@@ -43,6 +43,7 @@ class ProposalContext:
     tried: set[str]  # config keys already measured or rejected
     memory: list[Any]  # matching MemoryRecords, best first
     feedback: list[dict]  # {"round", "delta", "reason"} of rejected proposals
+    measured: dict[str, float] = dataclasses.field(default_factory=dict)  # config key -> speedup (baselines too)
 
 
 API_KEY_ENV = ("GEMINI_API_KEY", "GOOGLE_API_KEY")

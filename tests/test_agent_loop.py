@@ -1,0 +1,217 @@
+"""The search loop on the scripted FakeEngine deployment: rounds, integration, the token-forcing gate,
+memory across searches, kill -9 and resume, and parallel workers — in seconds, with exact numbers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from specpilot.agent.backend import FakeBackend
+from specpilot.agent.loop import Search, SearchSettings
+from specpilot.agent.memory import MemoryStore
+from specpilot.agent.proposers import Proposal, ProposalBatch
+from specpilot.agent.proposers.offline import OfflineProposer
+from specpilot.agent.runner import InProcessRunner, PoolRunner
+from specpilot.agent.space import config_key
+from specpilot.config import _ENGINE_CLASSES
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class ScriptedProposer:
+    """Returns fixed deltas per round (an injected proposer: how a cheating idea would arrive)."""
+
+    name = "scripted"
+
+    def __init__(self, rounds: list[list[dict]]):
+        self.rounds = rounds
+        self.contexts = []
+
+    def propose(self, ctx):
+        self.contexts.append(ctx)
+        deltas = self.rounds[ctx.round - 1] if ctx.round <= len(self.rounds) else []
+        return ProposalBatch([Proposal(d, f"scripted {d}", "scripted") for d in deltas])
+
+
+class RecordingTracker:
+    """Stands in for the W&B wrapper (same methods) and keeps what the search sent it."""
+
+    def __init__(self):
+        self.logged, self.summaries, self.tables, self.artifacts = [], {}, {}, []
+
+    def log(self, metrics, step=None):
+        self.logged.append(metrics)
+
+    def summary(self, values):
+        self.summaries.update(values)
+
+    def table(self, name, columns, rows, step=None):
+        self.tables[name] = (columns, rows)
+
+    def artifact(self, name, kind, paths):
+        self.artifacts.append((name, [str(p) for p in paths]))
+
+
+def search(run_dir, proposer=None, backend=None, memory=None, tracker=None, fallback=None, **settings):
+    settings = {"rounds": 4, "candidates_per_round": 3, **settings}
+    return Search(InProcessRunner(backend or FakeBackend()), proposer or OfflineProposer(), run_dir,
+                  SearchSettings(**settings), memory=memory, tracker=tracker, offline_fallback=fallback).run()
+
+
+def log_lines(run_dir) -> list[dict]:
+    return [json.loads(x) for x in (Path(run_dir) / "trials.jsonl").read_text().splitlines()]
+
+
+def test_search_improves_on_stock_and_writes_its_outputs(tmp_path):
+    s = search(tmp_path / "run", memory=MemoryStore(tmp_path / "mem"))
+    assert s["best_speedup"] > 1.3 * s["stock_speedup"] > 1.0
+    assert s["rounds"] >= 2 and s["stopped"] in ("min_gain", "rounds")
+    assert s["best_forcing"]["passed"] and s["best_forcing"]["num_violations"] == 0
+    # every trial once in the log, each a full record; the summary agrees with the log
+    trials = [r for r in log_lines(tmp_path / "run") if r["type"] == "trial"]
+    assert len({t["id"] for t in trials}) == len(trials) == s["num_trials"]
+    assert all(t["status"] == "ok" and t["speedup"] > 0 for t in trials)
+    on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
+    for key in ("stock_speedup", "best_speedup", "best_config", "rounds", "trials", "rejected_by_token_forcing"):
+        assert key in on_disk
+    # the best config is a ready-to-use engine group option
+    best = OmegaConf.to_container(OmegaConf.load(tmp_path / "run" / "engine" / "best.yaml"))
+    assert _ENGINE_CLASSES[best["name"]].model_validate(best).name == s["best_config"]["name"]
+    # a round's incumbent is measured: integration trials exist and the best is one of them (or stock)
+    assert s["best_trial"].endswith("/integrate") or s["best_trial"] == "baseline/stock"
+
+
+def test_planted_cheat_is_rejected_as_reward_hacking(tmp_path):
+    """tree_budget=13 is scripted to be 10x faster and to corrupt every 3rd token: forcing must stop it."""
+    tracker = RecordingTracker()
+    proposer = ScriptedProposer([[{"engine": "ddtree", "tree_budget": 13}, {"engine": "ddtree", "tree_budget": 64}]])
+    s = search(tmp_path / "run", proposer=proposer, tracker=tracker, rounds=1)
+    rejected = s["rejected_by_token_forcing"]
+    assert [r["trial"] for r in rejected] == ["r1/c0"]
+    assert rejected[0]["forcing"]["num_violations"] > 0 and rejected[0]["forcing"]["violations"]
+    assert s["best_config"].get("tree_budget") == 64
+    cheat = next(t for t in s["trials"] if t["id"] == "r1/c0")
+    assert cheat["status"] == "rejected_token_forcing" and "speedup" not in cheat  # never measured, never counted
+    # W&B gets it as a metric, in the trials table and in the run summary
+    assert any(m.get("trial/rejected_by_token_forcing") == 1 for m in tracker.logged)
+    cols, rows = tracker.tables["trials"]
+    assert [r[cols.index("status")] for r in rows if r[0] == "r1/c0"] == ["rejected_token_forcing"]
+    assert tracker.summaries["rejected_by_token_forcing"] == 1
+    assert tracker.summaries["rejected_by_token_forcing_trials"] == ["r1/c0"]
+
+
+def test_out_of_space_proposals_are_rejected_and_fed_back(tmp_path):
+    proposer = ScriptedProposer([[{"tree_budget": 64}, {"engine": "ddtree", "tree_budget": 9999}],
+                                 [{"engine": "tlv"}]])
+    s = search(tmp_path / "run", proposer=proposer, rounds=2, min_gain=0.0, fallback=OfflineProposer())
+    reasons = [r["reason"] for r in s["rejected_by_space"]]
+    assert any("applies to ddtree, specpilot, tlv, not stock" in r for r in reasons)
+    assert any("9999 outside" in r for r in reasons)
+    assert [f["reason"] for f in proposer.contexts[1].feedback] == reasons  # round 2 sees why
+    # nothing valid in round 1: the offline proposer filled in (logged), and the search went on
+    assert any("no proposal inside the config space" in n for n in s["proposer_notes"])
+    round1 = [t for t in s["trials"] if t["id"].startswith("r1/c")]
+    assert round1 and all(t["source"].startswith("offline:") for t in round1)
+    assert any(t["id"] == "r2/c0" and t["config"]["name"] == "tlv" for t in s["trials"])
+
+
+def test_memory_is_written_and_seeds_the_next_deployment(tmp_path):
+    store = MemoryStore(tmp_path / "mem")
+    # one candidate per round, so that finding the best takes the first search several rounds
+    first = search(tmp_path / "a", backend=FakeBackend(name="fake-a"), memory=store, rounds=8, candidates_per_round=1)
+    written = first["memory"]["written"]
+    assert written
+    rec = json.loads(Path(written[0]).read_text())
+    assert rec["schema_version"] == 1 and rec["gain"]["forcing"]["passed"] and rec["gain"]["run_id"]
+    assert rec["deployment"]["name"] == "fake-a" and rec["preconditions"]["greedy"] is True
+    assert not list((tmp_path / "mem" / "records").glob(".*tmp*"))  # atomic writes leave no temporaries
+
+    second = search(tmp_path / "b", backend=FakeBackend(name="fake-b"), memory=store, rounds=8, candidates_per_round=1)
+    assert second["memory"]["loaded"]
+    round1 = [t for t in second["trials"] if t["id"].startswith("r1/c")]
+    assert round1 and all(t["source"].startswith("memory:") for t in round1)
+
+    def rounds_to(s, target):
+        return next(r["round"] for r in s["round_log"] if r["speedup"] >= target)
+
+    target = 0.99 * first["best_speedup"]
+    assert second["best_speedup"] >= target
+    assert rounds_to(second, target) == 1 < rounds_to(first, target)
+    # a deployment the records do not fit (sampling at T > 0) does not load them
+    other = search(tmp_path / "c", backend=FakeBackend(name="fake-c", temperature=0.7), memory=store, rounds=1)
+    assert other["memory"]["loaded"] == []
+
+
+KILLABLE = textwrap.dedent("""
+    import sys
+    from specpilot.agent.backend import FakeBackend
+    from specpilot.agent.loop import Search, SearchSettings
+    from specpilot.agent.proposers.offline import OfflineProposer
+    from specpilot.agent.runner import InProcessRunner
+    run_dir, delay, eval_log = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+    backend = FakeBackend(delay_s=delay, eval_log=eval_log)
+    Search(InProcessRunner(backend), OfflineProposer(), run_dir, SearchSettings(rounds=3, candidates_per_round=3)).run()
+""")
+
+
+def test_kill_9_mid_round_then_resume_loses_and_repeats_nothing(tmp_path):
+    script = tmp_path / "killable.py"
+    script.write_text(KILLABLE)
+    run_dir, evals = tmp_path / "run", tmp_path / "evals.txt"
+    log = run_dir / "trials.jsonl"
+    proc = subprocess.Popen([sys.executable, str(script), str(run_dir), "0.4", str(evals)], cwd=REPO)
+    deadline = time.time() + 60
+    while time.time() < deadline:  # kill once round 1 has finished some candidates but not all
+        if log.exists() and sum('"type": "trial"' in x for x in log.read_text().splitlines()) >= 4:
+            break
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = [r["id"] for r in log_lines(run_dir) if r["type"] == "trial"]
+    assert len(before) >= 4 and "r1/integrate" not in before
+
+    subprocess.run([sys.executable, str(script), str(run_dir), "0", str(evals)], cwd=REPO, check=True, timeout=60)
+    after = [r["id"] for r in log_lines(run_dir) if r["type"] == "trial"]
+    assert after[: len(before)] == before and len(after) == len(set(after))  # nothing lost, nothing twice
+    started = evals.read_text().split()
+    for trial in before:  # a finished trial was never started again
+        assert started.count(trial) == 1
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed"] and summary["trials_from_log"] >= len(before)
+    # the resumed search ends where an uninterrupted one does
+    clean = search(tmp_path / "clean", rounds=3, candidates_per_round=3)
+    assert [t["id"] for t in summary["trials"]] == [t["id"] for t in clean["trials"]]
+    assert config_key(summary["best_config"]) == config_key(clean["best_config"])  # (summary.json: str keys)
+
+
+def test_parallel_workers_give_the_same_search(tmp_path):
+    """Two worker processes (one per GPU on a GPU host; plain processes here) run a round's candidates."""
+    seq = search(tmp_path / "seq", rounds=2)
+    runner = PoolRunner(FakeBackend().spec(), 2, envs=[{}, {}])
+    try:
+        settings = SearchSettings(rounds=2, candidates_per_round=3)
+        par = Search(runner, OfflineProposer(), tmp_path / "par", settings).run()
+    finally:
+        runner.close()
+    assert [(t["id"], t["config"], t.get("speedup")) for t in par["trials"]] == \
+           [(t["id"], t["config"], t.get("speedup")) for t in seq["trials"]]
+    assert all(not p.is_alive() for p in runner.procs)
+
+
+def test_resume_with_a_different_deployment_is_refused(tmp_path):
+    search(tmp_path / "run", rounds=1)
+    from specpilot.agent.loop import ResumeError
+
+    s = Search(InProcessRunner(FakeBackend()), OfflineProposer(), tmp_path / "run",
+               SearchSettings(rounds=1, measure_repeats=5))
+    with pytest.raises(ResumeError, match="measure_repeats"):
+        s.run()

@@ -1,0 +1,53 @@
+"""scripts/search.py end to end on the CPU deployment (random tiny model, tiny settings), as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = [
+    "deployment.models=config", "deployment.max_new_tokens=4", "deployment.prompt_len=4", "deployment.num_prompts=2",
+    "deployment.max_tree_budget=8", "search.rounds=1", "search.candidates_per_round=2", "search.measure_repeats=1",
+    "search.profile_rounds=1", "search.wandb.mode=disabled",
+]
+
+
+def run_search(tmp_path, *args):
+    env = {**os.environ, "JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}  # compile time dominates here; numerics unchanged
+    env.pop("GEMINI_API_KEY", None)
+    env.pop("GOOGLE_API_KEY", None)
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "search.py"), *TINY,
+                           f"search.memory_dir={tmp_path / 'memory'}", *args],
+                          capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+
+
+def test_search_runs_end_to_end_and_resumes_from_its_log(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_search(tmp_path, f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = json.loads(proc.stdout.strip().splitlines()[-1])
+    summary = json.loads(Path(last["summary"]).read_text())
+    assert Path(last["summary"]) == run_dir / "summary.json"
+    for key in ("stock_speedup", "best_speedup", "best_config", "rounds", "trials", "rejected_by_token_forcing"):
+        assert key in summary
+    assert last["best_config"] == summary["best_config"] and summary["rounds"] == 1
+    assert summary["best_speedup"] >= summary["stock_speedup"]
+    if summary["best_trial"] != "baseline/stock":  # a new incumbent passed token forcing
+        assert summary["best_forcing"]["passed"] and summary["best_forcing"]["num_violations"] == 0
+    assert "search finished" in proc.stderr and "baseline/stock" in proc.stderr
+    assert (run_dir / "engine" / "best.yaml").is_file()
+    trials = [json.loads(x) for x in (run_dir / "trials.jsonl").read_text().splitlines()]
+    ids = [t["id"] for t in trials if t["type"] == "trial"]
+    assert ids[:2] == ["baseline/ar", "baseline/stock"] and len(ids) == len(set(ids)) == summary["num_trials"]
+
+    # the same run again: everything comes from the log, nothing is measured twice
+    again = run_search(tmp_path, f"search.resume={run_dir}", f"hydra.run.dir={tmp_path / 'other'}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    resumed = json.loads((run_dir / "summary.json").read_text())
+    assert resumed["resumed"] and resumed["trials_from_log"] == len(ids)
+    assert [t["id"] for t in resumed["trials"]] == [t["id"] for t in summary["trials"]]
+    assert len([x for x in (run_dir / "trials.jsonl").read_text().splitlines() if '"type": "trial"' in x]) == len(ids)

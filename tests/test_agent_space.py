@@ -1,0 +1,81 @@
+"""The config space: deltas inside it apply, deltas outside it are refused with a reason a proposer can act on."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specpilot.agent.space import ConfigSpace, SpaceError, config_key
+from specpilot.config import _ENGINE_CLASSES
+
+
+@pytest.fixture(scope="module")
+def space():
+    return ConfigSpace(drafter_block_size=16, max_tree_budget=128, target_dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def stock(space):
+    return space.switched(space.engine_defaults["ar"], "stock")
+
+
+def reason(space, base, delta) -> str:
+    with pytest.raises(SpaceError) as e:
+        space.apply(base, delta)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_engine_switch_starts_from_defaults_and_clamps(space, stock):
+    cfg = space.apply(stock, {"engine": "specpilot"})
+    assert cfg["name"] == "specpilot" and cfg["tree_budget"] == 128  # YAML default 256, clamped to the deployment
+    assert max(cfg["budget_candidates"]) <= 128
+    _ENGINE_CLASSES["specpilot"].model_validate(cfg)
+    smaller = space.apply(cfg, {"tree_budget": 32})  # the cost-aware candidates follow a smaller budget
+    assert smaller["budget_candidates"] == [4, 8, 16, 32]
+    assert space.diff(stock, smaller) == {"engine": "specpilot", "tree_budget": 32, "budget_candidates": [4, 8, 16, 32]}
+    assert space.apply(stock, space.diff(stock, smaller)) == smaller
+
+
+@pytest.mark.parametrize("delta, expected", [
+    ({"tree_budget": 32}, "tree_budget: applies to ddtree, specpilot, tlv, not stock"),
+    ({"engine": "ddtree", "tree_budget": 5000}, "tree_budget: 5000 outside [1, 128]"),
+    ({"engine": "ddtree", "tree_budget": "32"}, "tree_budget: expected an integer, got '32'"),
+    ({"block_size": 32}, "block_size: 32 outside [2, 16]"),
+    ({"weight_format": "w12"}, "weight_format=w12: needs bfloat16 target weights"),
+    ({"attention": "pallas_tree"}, "attention='pallas_tree': not available yet"),
+    ({"tlv_paths": 2}, "tlv_paths: not available yet"),
+    ({"engine": "beam"}, "engine: expected one of 'ar'"),
+    ({"tree_size": 8}, "tree_size: unknown knob"),
+    ({"verify_cost_ms": {1: 2.0}}, "verify_cost_ms: derived"),
+    ({"engine": "specpilot", "budget_candidates": [4, 256]}, "budget_candidates: 256 outside"),
+    ({"engine": "specpilot", "tree_budget": 16, "budget_candidates": [4, 64]},
+     "budget_candidates: 64 exceeds tree_budget 16"),
+    ({}, "empty change"),
+])
+def test_out_of_space_deltas_name_the_reason(space, stock, delta, expected):
+    assert expected in reason(space, stock, delta)
+
+
+def test_w12_allowed_with_bfloat16_weights(stock):
+    space = ConfigSpace(drafter_block_size=16, max_tree_budget=128, target_dtype="bfloat16")
+    assert space.apply(stock, {"weight_format": "w12"})["weight_format"] == "w12"
+
+
+def test_moves_stay_inside_the_space_and_are_distinct(space, stock):
+    for base in (stock, space.apply(stock, {"engine": "specpilot"}), space.apply(stock, {"engine": "tlv"})):
+        moves = space.moves(base)
+        configs = [space.apply(base, m) for m in moves]
+        keys = {config_key(c) for c in configs}
+        assert len(keys) == len(moves) and config_key(base) not in keys
+        assert {"engine": "ar"} in moves
+
+
+def test_description_is_json_and_lists_unavailable_knobs(space):
+    d = json.loads(json.dumps(space.describe()))
+    names = {k["name"]: k for k in d["knobs"]}
+    assert names["tree_budget"]["range"] == [1, 128]
+    assert names["tlv_paths"]["available"] is False and names["tlv_paths"]["why_unavailable"]
+    assert "pallas_tree" in names["attention"]["not_yet_available_values"]
+    assert any("w12" in c for c in d["constraints"])

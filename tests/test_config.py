@@ -152,11 +152,11 @@ def test_load_tokenizer_absent(tmp_path):
 
 
 def test_load_random_models_and_engine():
-    cfg = validate(composed("engine=stock", "max_new_tokens=4", "drafter.num_layers=1"))
+    cfg = validate(composed("engine=stock", "max_new_tokens=4", "drafter.num_layers=1", "deployment.models=config"))
     target_cfg, target_w, drafter_cfg, drafter_w, tokenizer = build.load_models(cfg)
     assert tokenizer is None and drafter_cfg is not None and drafter_w is not None
     assert drafter_cfg.target_layer_ids == (1,)
-    assert build.load_models(validate(composed("engine=ar")))[2] is None  # ar needs no drafter
+    assert build.load_models(validate(composed("engine=ar", "deployment.models=config")))[2] is None  # no drafter
     engine = build.build_engine(cfg, target_cfg, target_w, drafter_cfg, drafter_w)
     assert callable(engine.generate)
 

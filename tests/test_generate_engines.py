@@ -26,7 +26,7 @@ def load_generate_module():
 @pytest.mark.parametrize("engine", ["ar", "stock", "ddtree", "specpilot", "tlv"])
 def test_every_engine_runs_from_generate(engine, capsys):
     overrides = [f"engine={engine}", "prompt_ids=[[3,1,4,1,5],[9,2,6]]", "max_new_tokens=10", "target.cache_dir=null",
-                 "model=tiny", "target.path=null", "drafter.path=null"]
+                 "model=tiny", "target.path=null", "drafter.path=null", "deployment.models=config"]
     if engine != "ar":
         overrides.append("engine.tree_budget=6" if engine != "stock" else "drafter.block_size=4")
     if engine == "specpilot":

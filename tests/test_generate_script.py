@@ -13,7 +13,9 @@ SCRIPT = REPO / "scripts" / "generate.py"
 
 def run_generate(tmp_path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(SCRIPT), f"hydra.run.dir={tmp_path}", *args],
+        # deployment.models=config: the tiny random model of the `model` group, not the trained proxy pair
+        # (which trains for minutes on first use; tests/test_training.py covers that path)
+        [sys.executable, str(SCRIPT), f"hydra.run.dir={tmp_path}", "deployment.models=config", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -21,7 +23,7 @@ def run_generate(tmp_path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_no_arguments_runs_the_tiny_random_model(tmp_path):
+def test_defaults_run_the_tiny_random_model(tmp_path):
     proc = run_generate(tmp_path, "max_new_tokens=8")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -62,7 +64,7 @@ def test_force_script_passes_an_honest_engine(tmp_path):
     repo = Path(__file__).resolve().parents[1]
     proc = subprocess.run(
         [sys.executable, str(repo / "scripts" / "force.py"), "engine=ddtree", "engine.tree_budget=8",
-         "prompt_ids=[[1,2,3],[5,6,7,8]]", "max_new_tokens=12", f"hydra.run.dir={tmp_path}"],
+         "prompt_ids=[[1,2,3],[5,6,7,8]]", "max_new_tokens=12", f"hydra.run.dir={tmp_path}", "deployment.models=config"],
         capture_output=True, text=True, cwd=repo, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]

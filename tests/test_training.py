@@ -254,3 +254,27 @@ def test_build_loads_the_deployments_proxy_pair(built, monkeypatch):
     assert asked == ["proxy_tiny"]  # the composed proxy group is proxy_test: the deployment's recipe is loaded by name
     assert tcfg.vocab_size == 320 and dcfg.block_size == 4 and tokenizer is not None
     assert build.make_prompts(on, tokenizer) == [tokenizer.encode("def f(x):")]
+
+
+def test_simulated_stock_tau_replays_the_chain_loop():
+    from specpilot.training.train_drafter import simulated_stock_tau
+
+    hit = np.zeros((1, 6, 3), bool)  # 6 anchor positions, block 4 (3 drafted rows)
+    hit[0, 0] = [True, True, False]  # round 1 at position 0 commits 3, the next round starts at position 3
+    hit[0, 3] = [True, True, True]  # round 2 commits 4 and runs past the end
+    assert simulated_stock_tau(hit) == 3.5
+
+
+def test_one_command_run_writes_results_and_summary(built, tmp_path, capsys):
+    """`python -m specpilot.training.proxy` (the GPU entry point) on a trained pair: results.json + summary.md."""
+    from specpilot.training.run import main
+
+    out = tmp_path / "out"
+    rc = main(["--size", "proxy_test", "--work", str(built["work"]), "--out", str(out), "--acceptance",
+               "--engines", "stock", "--temperatures", "0", "--deadline-s", "600"])
+    assert rc == 0
+    result = json.loads((out / "results.json").read_text())
+    assert result["acceptance"]["T=0"]["stock"]["tau"] >= 1.0 and result["report"]["target"]["held_out_loss"] > 0
+    assert "| 0 | stock |" in (out / "summary.md").read_text()
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last["acceptance"]["T=0"]["stock"]["histogram"] == result["acceptance"]["T=0"]["stock"]["histogram"]

@@ -26,7 +26,7 @@ $(REF_VENV)/.installed:
 	touch $@
 
 test: venv ref-venv
-	$(VENV)/bin/python -m pytest -q --durations=15 tests
+	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile --durations=15 tests
 
 search: venv
 	if [ -f scripts/search.py ]; then $(VENV)/bin/python scripts/search.py; \

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from specpilot.decoding import make_engine
 from specpilot.decoding.spec import SpecEngine, quantize_target
-from specpilot.decoding.tree import Walk, ancestor_mask
+from specpilot.decoding.tree import Walk
 from specpilot.forcing import force, target_margin_fn
 from specpilot.models.config import DrafterConfig, ModelConfig
 from specpilot.models.target import forward

@@ -494,7 +494,7 @@ class Search:
         }
         summary = scrub(summary)
         path = self.run_dir / "summary.json"
-        _atomic_write(path, json_dumps(summary))
+        mem.atomic_write(path, json_dumps(summary))
         summary["summary_path"] = str(path)
         if self.tracker is not None:
             cols = ["id", "round", "status", "config", "delta", "source", "speedup", "tau", "ms_per_token",
@@ -545,18 +545,6 @@ def json_dumps(obj) -> str:
     return json.dumps(obj, indent=2, default=str) + "\n"
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    import os
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_best_yaml(path: Path, inc: dict, run_dir: Path) -> None:
     """The incumbent as a Hydra `engine` group option: `--config-dir RUN_DIR engine=best`."""
     from omegaconf import OmegaConf
@@ -569,4 +557,4 @@ def write_best_yaml(path: Path, inc: dict, run_dir: Path) -> None:
     head = (f"# Best engine config of search run {run_dir.name} (trial {inc['id']}): {inc['speedup']:.3f}x AR, "
             f"tau {inc['tau']:.2f}; {gate}.\n"
             f"# Use: python scripts/generate.py --config-dir {run_dir} engine=best (with the same target/drafter)\n")
-    _atomic_write(path, head + body)
+    mem.atomic_write(path, head + body)

@@ -192,16 +192,20 @@ class MemoryStore:
                 record = record.model_copy(update={"history": ([old.gain] + old.history)[:MAX_HISTORY]})
             except (OSError, json.JSONDecodeError, ValidationError):
                 pass
-        path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(scrub(record.model_dump()), indent=2, sort_keys=True) + "\n"
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps(scrub(record.model_dump()), indent=2, sort_keys=True) + "\n")
         return path
 
 
 def today() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write `text` to `path` so a reader sees the old file or the whole new one, never a torn one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

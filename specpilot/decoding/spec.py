@@ -25,7 +25,7 @@ from specpilot.models import dflash
 from specpilot.models.config import DrafterConfig, ModelConfig
 from specpilot.models.kv_cache import compact
 from specpilot.models.target import forward
-from specpilot.models.weights import QuantArray, quantize
+from specpilot.models.weights import quantize
 
 
 @jax.tree_util.register_dataclass

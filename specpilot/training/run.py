@@ -86,7 +86,7 @@ def summary_markdown(report: dict, acceptance: dict | None, command: str) -> str
         f"- Drafter: {d['params']:,} params, {d['steps']} steps, held-out loss **{d['held_out_loss']:.3f}**, "
         f"held-out simulated stock τ {d['held_out']['stock_tau_simulated']:.2f}, "
         f"row accuracy {d['held_out']['row_accuracy']}",
-        f"- Time: " + ", ".join(f"{k} {v:.0f} s" for k, v in report["timings"].items()),
+        "- Time: " + ", ".join(f"{k} {v:.0f} s" for k, v in report["timings"].items()),
     ]
     if acceptance:
         p = acceptance["prompts"]

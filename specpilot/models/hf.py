@@ -26,7 +26,13 @@ from specpilot.models.config import (
     drafter_config_from_hf,
     target_config_from_hf,
 )
-from specpilot.models.weights import DrafterWeights, Layer, TargetWeights
+from specpilot.models.weights import (
+    DrafterWeights,
+    Layer,
+    TargetWeights,
+    init_random_drafter,
+    init_random_target,
+)
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +188,10 @@ def _fingerprint(path: Path, dtype) -> str:
     return h.hexdigest()[:16]
 
 
-def _cached(convert, path: Path, dtype, cache_dir: str | Path | None):
+def _cached(convert, abstract_init, path: Path, dtype, cache_dir: str | Path | None):
+    """`convert()`, or its orbax copy from an earlier load. The restore target's shapes come from
+    `abstract_init` (random init under eval_shape: the one weight description), so a cache hit reads
+    no safetensors at all."""
     if cache_dir is None:
         return convert()
     import orbax.checkpoint as ocp
@@ -191,7 +200,7 @@ def _cached(convert, path: Path, dtype, cache_dir: str | Path | None):
     ckptr = ocp.StandardCheckpointer()
     if where.exists():
         try:
-            abstract = jax.eval_shape(convert)
+            abstract = jax.eval_shape(abstract_init)
             return ckptr.restore(where, abstract)
         except Exception as e:  # a stale or partial cache entry must never break loading
             log.warning("ignoring unreadable weight cache %s: %s", where, e)
@@ -208,7 +217,9 @@ def load_target(path: str | Path, dtype=jnp.bfloat16, cache_dir: str | Path | No
     if not path.is_dir():
         raise CheckpointError(f"target checkpoint folder not found: {path}")
     cfg = target_config_from_hf(path)
-    return cfg, _cached(lambda: _convert_target(path, cfg, dtype), path, dtype, cache_dir)
+    return cfg, _cached(
+        lambda: _convert_target(path, cfg, dtype), lambda: init_random_target(cfg, 0, dtype), path, dtype, cache_dir
+    )
 
 
 def load_drafter(path: str | Path, dtype=jnp.bfloat16, cache_dir: str | Path | None = None):
@@ -217,4 +228,6 @@ def load_drafter(path: str | Path, dtype=jnp.bfloat16, cache_dir: str | Path | N
     if not path.is_dir():
         raise CheckpointError(f"drafter checkpoint folder not found: {path}")
     cfg = drafter_config_from_hf(path)
-    return cfg, _cached(lambda: _convert_drafter(path, cfg, dtype), path, dtype, cache_dir)
+    return cfg, _cached(
+        lambda: _convert_drafter(path, cfg, dtype), lambda: init_random_drafter(cfg, 0, dtype), path, dtype, cache_dir
+    )

@@ -1,8 +1,9 @@
 """One engine interface for AR and every speculative engine, and the jitted loop that drives it.
 
-An engine is `prefill(prompts) -> state` plus `round(state) -> state`, both pure and jittable. The
-whole generation is one `jax.lax.while_loop` over `round` (no host round trip per round); the host
-sees the state once at the end. `LoopState` holds what every engine shares (committed tokens, round
+An engine is `prefill(prompts) -> state` plus `round(state) -> state` (named stages fused in one
+trace), both pure and jittable. Generation is a `jax.lax.while_loop` over `round` (no host round trip
+per round); the host only steps in when a large batch is half finished, to drop the finished rows
+(`Engine.generate`). `LoopState` holds what every engine shares (committed tokens, round
 counts, done flags, rng); `extra` holds the engine's own pytree (caches, drafter context, ...).
 """
 
@@ -60,7 +61,7 @@ def commit(state: LoopState, new: jax.Array, n_new: jax.Array, eos_ids: tuple[in
 
     Finished requests commit nothing (their rounds are not counted). The count recorded per round is
     what the round produced, before truncation at max_new / EOS, as the reference loops do; `n_out`
-    may exceed max_new inside the loop and is cut in `to_result`.
+    may exceed max_new inside the loop and is cut in `harvest_row`.
     """
     live = ~state.done
     n_new = jnp.where(live, n_new, 0)

@@ -26,20 +26,16 @@ def main(argv=None) -> int:
     res = R.run(args, configs, "reproduce_ddtree_comparison")
     lines = R.header(res, "DDTree at its best budget vs SpecPilot")
     rows = []
-    for d in res["deployments"]:
-        for b in args.batches:
-            es = [e for e in res["entries"] if e["deployment"] == d["name"] and e["batch"] == b]
-            if not es:
-                continue
-            per_budget = {e["engine_cfg"]["tree_budget"]: e for e in es if e["engine_cfg"]["name"] == "ddtree"}
-            dd = R.best(es, R.label_is("ddtree"))
-            sp = R.best(es, R.is_specpilot_config)
-            ratio = f"{sp['speedup'] / dd['speedup']:.2f}×" if dd and sp else "–"
-            rows.append([d["name"], d["kind"].upper(), b,
-                         *[f"{per_budget[n]['speedup']:.2f}×" if n in per_budget else "–"
-                           for n in args.ddtree_budgets],
-                         f"{dd['engine_cfg']['tree_budget']}: {R.fmt_speedup(dd)}" if dd else "–",
-                         f"{sp['label']}: {R.fmt_speedup(sp)}" if sp else "–", ratio])
+    for d, b, es in R.groups(res, args.batches):
+        per_budget = {e["engine_cfg"]["tree_budget"]: e for e in es if e["engine_cfg"]["name"] == "ddtree"}
+        dd = R.best(es, R.label_is("ddtree"))
+        sp = R.best(es, R.is_specpilot_config)
+        ratio = f"{sp['speedup'] / dd['speedup']:.2f}×" if dd and sp else "–"
+        rows.append([d["name"], d["kind"].upper(), b,
+                     *[f"{per_budget[n]['speedup']:.2f}×" if n in per_budget else "–"
+                       for n in args.ddtree_budgets],
+                     f"{dd['engine_cfg']['tree_budget']}: {R.fmt_speedup(dd)}" if dd else "–",
+                     f"{sp['label']}: {R.fmt_speedup(sp)}" if sp else "–", ratio])
     from specpilot.costmodel.report import md_table
 
     lines += [md_table(["deployment", "kind", "batch", *[f"DDTree@{n}" for n in args.ddtree_budgets],

@@ -26,15 +26,11 @@ def main(argv=None) -> int:
     res = R.run(args, configs, "reproduce_table2")
     lines = R.header(res, "Table 2 — batched speedup over autoregressive decoding")
     rows = []
-    for d in res["deployments"]:
-        for b in args.batches:
-            es = [e for e in res["entries"] if e["deployment"] == d["name"] and e["batch"] == b]
-            if not es:
-                continue
-            sp = R.best(es, R.is_specpilot_config)
-            rows.append([d["name"], d["kind"].upper(), b, R.fmt_speedup(R.best(es, R.label_is("stock"))),
-                         R.fmt_speedup(R.best(es, R.label_is("ddtree"))), sp["label"] if sp else "–",
-                         R.fmt_speedup(sp)])
+    for d, b, es in R.groups(res, args.batches):
+        sp = R.best(es, R.is_specpilot_config)
+        rows.append([d["name"], d["kind"].upper(), b, R.fmt_speedup(R.best(es, R.label_is("stock"))),
+                     R.fmt_speedup(R.best(es, R.label_is("ddtree"))), sp["label"] if sp else "–",
+                     R.fmt_speedup(sp)])
     from specpilot.costmodel.report import md_table
 
     lines += [md_table(["deployment", "kind", "batch", "stock", f"DDTree (budget {args.ddtree_budget})",

@@ -151,6 +151,15 @@ def fmt_speedup(e: dict | None) -> str:
     return f"{e['speedup']:.2f}× (τ {e['tau']:.2f}){tag}{loss}"
 
 
+def groups(res: dict, batches):
+    """(deployment, batch, its entries) for every deployment × batch that has measurements."""
+    for d in res["deployments"]:
+        for b in batches:
+            es = [e for e in res["entries"] if e["deployment"] == d["name"] and e["batch"] == b]
+            if es:
+                yield d, b, es
+
+
 def best(entries: list[dict], pred) -> dict | None:
     pool = [e for e in entries if pred(e)]
     return max(pool, key=lambda e: e["speedup"]) if pool else None

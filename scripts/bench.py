@@ -1,5 +1,6 @@
 """Step-time benchmark: every engine's stage times against the hardware ceilings, on synthetic shapes or a
-real checkpoint pair, plus the cost model's leave-one-out check. Writes into --out:
+real checkpoint pair, plus the cost model's check: every configuration predicted from the other rows
+(calibration runs of the curves' anchor points included, never its own). Writes into --out:
 
     bench.json          everything (provenance, calibration, rows with stage times, byte counts, ceilings and
                         gap reports, fitted curves, validation, skipped configs); rewritten after every row
@@ -55,9 +56,21 @@ def parse_args(argv=None):
     ap.add_argument("--formats", nargs="+", default=["bf16"], choices=("bf16", "w12"), help="weight formats")
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     ap.add_argument("--context", type=int, default=1024, help="committed tokens per request")
-    ap.add_argument("--rounds", type=int, default=8, help="timed rounds per configuration")
+    ap.add_argument("--rounds", type=int, default=6,
+                    help="timed rounds per configuration (6 = the reproduction scripts' default: same shapes, so "
+                         "their programs come from the compilation cache)")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="stop starting configurations once this many seconds of measuring are spent")
+    ap.add_argument("--calibration", choices=("on", "off"), default="on",
+                    help="also measure the cost model's curves on a grid in separate runs (role 'calibration': "
+                         "fitted, never checked): AR, stock, DDTree and TLV at the --calibration-*-budgets")
+    ap.add_argument("--calibration-ddtree-budgets", nargs="*", type=int, default=[16, 64, 256],
+                    help="the verify curve's grid (tree budgets), when a tree engine runs")
+    ap.add_argument("--calibration-tlv-budgets", nargs="*", type=int, default=[64, 256],
+                    help="the level-1 curve's grid, when tlv runs")
+    ap.add_argument("--compile-workers", type=int, default=None,
+                    help="threads compiling a batch's configs before the timed pass (default 4 on an accelerator, "
+                         "else 1)")
     ap.add_argument("--compile-cache", default=".cache/jax-compile",
                     help="jax persistent compilation cache folder ('none' = off)")
     ap.add_argument("--eager-prefill", choices=("auto", "on", "off"), default="auto",
@@ -88,6 +101,22 @@ def engine_configs(args) -> list[dict]:
             else:
                 out.append(base)
     return sorted(out, key=lambda c: c["name"] == "specpilot")  # specpilot last: its table is fitted first
+
+
+def calibration_configs(args) -> list[dict]:
+    """Separate runs at the curves' anchor points, so every configuration — AR and stock included, the only
+    ones with their commit / chain-tree stages — is predicted from measurements other than its own."""
+    if args.calibration == "off":
+        return []
+    out = []
+    for fmt in args.formats:
+        out += [{"name": n, "weight_format": fmt} for n in ("ar", "stock") if n in args.engines]
+        if {"ddtree", "specpilot", "tlv"} & set(args.engines):
+            out += [{"name": "ddtree", "weight_format": fmt, "tree_budget": n} for n in args.calibration_ddtree_budgets]
+        if "tlv" in args.engines:
+            out += [{"name": "tlv", "weight_format": fmt, "tree_budget": n, "level1_format": args.level1_format}
+                    for n in args.calibration_tlv_budgets]
+    return out
 
 
 def log(msg: str) -> None:
@@ -152,8 +181,9 @@ def main(argv=None) -> int:
 
     eager = {"auto": None, "on": True, "off": False}[args.eager_prefill]
     budget = None if args.budget_s is None else args.budget_s - (time.perf_counter() - t_start)
+    workers = args.compile_workers or (4 if accel else 1)
     rows, skipped = M.sweep(dep, configs, args.batches, args.context, args.rounds, hw, budget, log, args.seed,
-                            eager, on_row=save)
+                            eager, on_row=save, calibration=calibration_configs(args), compile_workers=workers)
     res["rows"], res["skipped"] = rows, skipped
     res["fit"] = StepTimeModel.fit(rows).to_json() if rows else {}
     res["validation"] = leave_one_out(rows, dep.block) if len(rows) > 1 else []
@@ -163,7 +193,8 @@ def main(argv=None) -> int:
         given = json.loads(Path(args.prompts).read_text()) if args.prompts else dep.prompts
         prompts = [list(map(int, p)) for p in given] if given else M.random_prompts(
             args.num_prompts, 16, dep.target_cfg.vocab_size, args.seed, exclude=(dep.drafter_cfg.mask_token_id,))
-        by_batch = {b: [r["engine_cfg"] for r in rows if r["batch"] == b] for b in args.batches}
+        by_batch = {b: [r["engine_cfg"] for r in rows if r["batch"] == b and r.get("role") != "calibration"]
+                    for b in args.batches}
         res["generate"] = M.generation_rows(dep, {b: c for b, c in by_batch.items() if c}, prompts, args.max_new,
                                             args.seed, log)
         source = f"{dep.name} ({len(prompts)} prompts × {args.max_new} tokens, greedy)"

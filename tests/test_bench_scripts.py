@@ -42,20 +42,28 @@ def test_bench_runs_without_hydra_or_pydantic(tmp_path, cache_env):
     tau.write_text(json.dumps({"source": "test τ", "tau": {"stock": 2.0, "ddtree@8": 2.5}}))
     out = tmp_path / "bench"
     cmd = [sys.executable, "-c", BARE, str(REPO / "scripts" / "bench.py"), "--out", str(out), "--model", "tiny",
-           "--engines", "ar", "stock", "specpilot", "--budgets", "4", "8", "--batches", "1",
+           "--engines", "ar", "stock", "ddtree", "specpilot", "--budgets", "4", "8", "--batches", "1",
            "--context", "12", "--rounds", "2", "--drafter-layers", "1", "--block-size", "4",
-           "--compile-cache", "none", "--tau-profile", str(tau)]
+           "--compile-cache", str(tmp_path / "jit"), "--compile-workers", "2", "--calibration-ddtree-budgets", "4",
+           "--tau-profile", str(tau)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=cache_env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
-    assert json.loads(proc.stdout.strip().splitlines()[-1])["rows"] == 3
+    assert "compiled B=1 in 2 threads" in proc.stdout
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["rows"] == 8
     res = json.loads((out / "bench.json").read_text())
-    assert [r["label"] for r in res["rows"]] == ["ar", "stock", "specpilot[4,8]"]
+    assert [(r["label"], r["role"]) for r in res["rows"]] == [
+        ("ar", "calibration"), ("stock", "calibration"), ("ddtree@4", "calibration"), ("ar", "config"),
+        ("stock", "config"),
+        ("ddtree@4", "config"), ("ddtree@8", "config"), ("specpilot[4,8]", "config")]
     sp = res["rows"][-1]["engine_cfg"]
     assert sorted(map(int, sp["verify_cost_ms"])) == [4, 8] and sp["draft_cost_ms"] > 0  # fitted before it ran
     for r in res["rows"]:
         assert r["gaps"]["components"] and all(c["ceiling_ms"] >= 0 for c in r["gaps"]["components"])
         assert r["round_ms"] == pytest.approx(sum(r["stage_ms"].values()))
-    assert len(res["validation"]) == 3 and all(p["kind"] == "projected" for p in res["projected"])
+    # every configuration, AR and stock included, is predicted from rows other than its own
+    assert [v["label"] for v in res["validation"]] == ["ar", "stock", "ddtree@4", "ddtree@8", "specpilot[4,8]"]
+    assert all(v["predicted_ms"] > 0 for v in res["validation"])
+    assert len(res["projected"]) == 4 and all(p["kind"] == "projected" for p in res["projected"])
     md = (out / "bench.md").read_text()
     assert "PROJECTED speedup" in md and "Components against their ceilings" in md and "leave one out" in md
     assert res["provenance"]["command"].startswith("python ") and res["provenance"]["device"]

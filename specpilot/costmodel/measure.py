@@ -215,19 +215,62 @@ def measure_row(dep: Deployment, engine_cfg: dict, batch: int, context: int, cap
     }
 
 
+def kv_capacity(context: int, rounds: int, block: int, configs: Sequence[dict], multiple: int = 256) -> int:
+    """KV slots a sweep needs (prefix + the rounds' tokens + the largest scratch), rounded up to `multiple`:
+    the bench and the reproduction scripts then build the same shapes, so jax's persistent compilation
+    cache serves one script's programs to the next."""
+    need = context + (rounds + 2) * block + max(slack_of(c, block) for c in configs)
+    return -(-need // multiple) * multiple
+
+
+def warm_up(dep: Deployment, configs: Sequence[dict], batch: int, context: int, capacity: int, seed: int = 0,
+            eager_prefill: bool | None = None, workers: int = 1, log: Callable[[str], None] = print) -> None:
+    """Compile every config's stages at `batch` in `workers` threads (XLA compiles with the GIL released),
+    one untimed round each. The programs land in jax's persistent compilation cache, so the sequential,
+    timed pass that follows loads them instead of compiling: a sweep's wall time is mostly compilation.
+    Needs the cache enabled (`enable_compile_cache`); a failure here only costs the time it took."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(cfg):
+        try:
+            measure_row(dep, cfg, batch, context, capacity, 1, None, seed, eager_prefill)
+        except Exception as e:  # the timed pass reports it properly
+            log(f"  warm-up of {config_label(cfg)} B={batch} failed: {type(e).__name__}: {e}")
+
+    import jax
+
+    if not jax.config.jax_compilation_cache_dir:
+        log("  warm-up skipped: the persistent compilation cache is off, so it would compile everything twice")
+        return
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(one, configs))
+
+
 def sweep(dep: Deployment, configs: list[dict], batches: Sequence[int], context: int, rounds: int, hw,
           budget_s: float | None = None, log: Callable[[str], None] = print, seed: int = 0,
           eager_prefill: bool | None = None, capacity: int | None = None,
-          on_row: Callable[[list[dict], list[dict]], None] | None = None) -> tuple[list[dict], list[dict]]:
-    """Measure every (config, batch), batch by batch in the given order. `specpilot` configs get their
+          on_row: Callable[[list[dict], list[dict]], None] | None = None,
+          calibration: Sequence[dict] = (), compile_workers: int = 1) -> tuple[list[dict], list[dict]]:
+    """Measure every (config, batch), batch by batch in the given order; at each batch the `calibration`
+    configs come first (rows tagged role "calibration": the cost model fits them but they are not among
+    the configurations it is checked on; the others are role "config"). `specpilot` configs get their
     verify-cost table from the rows measured before them at the same batch (the cost model's fit).
+    `compile_workers` > 1 compiles a batch's configs in parallel first (`warm_up`).
     Returns (rows, skipped); a config is skipped when the time spent plus the slowest config so far would
     exceed `budget_s`. `on_row(rows, skipped)` runs after each measurement (to save partial results)."""
     block = dep.block
-    capacity = capacity or context + (rounds + 2) * block + max(slack_of(c, block) for c in configs)
+    plan = [(c, "calibration") for c in calibration] + [(c, "config") for c in configs]
+    capacity = capacity or kv_capacity(context, rounds, block, [c for c, _ in plan])
     rows, skipped, t_start, slowest = [], [], time.perf_counter(), 0.0
     for batch in batches:
-        for cfg in configs:
+        if compile_workers > 1:
+            t0 = time.perf_counter()
+            # specpilot's cost table is fitted from this batch's rows: its program is compiled in the timed pass
+            warm_up(dep, [c for c, _ in plan if c["name"] != "specpilot"], batch, context, capacity, seed,
+                    eager_prefill, compile_workers, log)
+            log(f"[{time.perf_counter() - t_start:6.1f}s] compiled B={batch} in {compile_workers} threads "
+                f"({time.perf_counter() - t0:.1f}s)")
+        for cfg, role in plan:
             elapsed = time.perf_counter() - t_start
             if budget_s is not None and elapsed + slowest > budget_s:
                 skipped.append({"label": config_label(cfg), "batch": batch, "reason": f"time budget {budget_s:.0f} s"})
@@ -242,13 +285,15 @@ def sweep(dep: Deployment, configs: list[dict], batches: Sequence[int], context:
             t0 = time.perf_counter()
             row = measure_row(dep, cfg, batch, context, capacity, rounds, hw, seed, eager_prefill)
             row["wall_s"] = time.perf_counter() - t0
+            row["role"] = role
             slowest = max(slowest, row["wall_s"])
             rows.append(row)
             if on_row is not None:
                 on_row(rows, skipped)
             stages = " ".join(f"{k}={v:.2f}" for k, v in row["stage_ms"].items())
             log(f"[{time.perf_counter() - t_start:6.1f}s] {row['label']:>22} B={batch:<3} "
-                f"round {row['round_ms']:8.3f} ms ({stages}) in {row['wall_s']:.1f}s")
+                f"round {row['round_ms']:8.3f} ms ({stages}) in {row['wall_s']:.1f}s"
+                + (" [calibration]" if role == "calibration" else ""))
     return rows, skipped
 
 

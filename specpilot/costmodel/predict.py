@@ -249,10 +249,14 @@ def measured_row(profile: dict, engine_cfg: dict, block: int, nodes: int | None 
 
 
 def leave_one_out(rows: list[dict], block: int) -> list[dict]:
-    """Each measured row predicted by a model fitted on all the others: the honest test of the curves.
-    Rows carry "engine_cfg", "batch", "stage_ms", "points" (and "nodes" when known)."""
+    """Each measured configuration predicted by a model fitted on all the other rows: the honest test of
+    the curves. Rows carry "engine_cfg", "batch", "stage_ms", "points" (and "nodes" when known); rows of
+    role "calibration" (separate runs of the curves' anchor points, `measure.sweep`) are always fitted and
+    never predicted themselves."""
     out = []
     for i, row in enumerate(rows):
+        if row.get("role") == "calibration":
+            continue
         model = StepTimeModel.fit(r for j, r in enumerate(rows) if j != i)
         measured = sum(row["stage_ms"].values())
         try:
@@ -271,11 +275,12 @@ def project(rows: list[dict], tau: TauProfile, block: int) -> list[dict]:
     rows (a `specpilot` row's step is re-predicted at the budget its policy would pick under that τ: the
     budget it picked with random drafts says nothing)."""
     model = StepTimeModel.fit(rows)
-    ar = {r["batch"]: r["round_ms"] for r in rows if r["engine_cfg"]["name"] == "ar"}
+    ar = {r["batch"]: r["round_ms"] for r in sorted(rows, key=lambda r: r.get("role") != "calibration")
+          if r["engine_cfg"]["name"] == "ar"}  # the configuration's own AR row wins over a calibration one
     out = []
     for r in rows:
         cfg, b = r["engine_cfg"], r["batch"]
-        if cfg["name"] == "ar":
+        if cfg["name"] == "ar" or r.get("role") == "calibration":
             continue
         nodes = None
         t_step = r["round_ms"]

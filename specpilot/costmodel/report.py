@@ -100,7 +100,7 @@ def bench_markdown(res: dict) -> str:
     table = []
     for r in rows:
         ceil = sum(r["ceilings_ms"].values()) if r.get("ceilings_ms") else None
-        table.append([r["label"], r["batch"], *[r["stage_ms"].get(s) for s in stages], r["round_ms"], ceil,
+        table.append([r["label"] + (" (calibration)" if r.get("role") == "calibration" else ""), r["batch"], *[r["stage_ms"].get(s) for s in stages], r["round_ms"], ceil,
                       r["round_ms"] / ceil if ceil else None])
     out += [md_table(["engine", "B", *stages, "round", "ceiling", "× ceiling"], table), ""]
     out += ["## Components against their ceilings", "",
@@ -112,13 +112,14 @@ def bench_markdown(res: dict) -> str:
         if not g:
             continue
         for c in g["components"]:
-            comp.append([r["label"], r["batch"], c["stage"], c["measured_ms"], c["ceiling_ms"], c["gap_ms"],
+            comp.append([r["label"] + (" (calibration)" if r.get("role") == "calibration" else ""), r["batch"], c["stage"], c["measured_ms"], c["ceiling_ms"], c["gap_ms"],
                          c["gap_ms_per_token"], c["ratio"], r["costs"][c["stage"]]["bytes"] / 1e6])
     out += [md_table(["engine", "B", "stage", "measured ms", "ceiling ms", "gap ms", "gap ms/token", "× ceiling",
                       "MB moved"], comp), ""]
     loo = res.get("validation") or []
     if loo:
-        out += ["## Cost model: each round predicted from the other measurements (leave one out)", ""]
+        out += ["## Cost model: each configuration predicted from the other rows (leave one out)", "",
+                "The fit holds every other row, calibration runs included, never the configuration's own.", ""]
         out += [md_table(["engine", "B", "measured ms", "predicted ms", "error"],
                          [[v["label"], v["batch"], v["measured_ms"], v["predicted_ms"],
                            v.get("note") if v["error"] is None else f"{100 * v['error']:+.1f}%"] for v in loo]), ""]

@@ -43,6 +43,8 @@ def base_parser(doc: str, batches: list[int]) -> argparse.ArgumentParser:
     ap.add_argument("--configs", help="JSON list of extra SpecPilot engine configs (e.g. the search's best)")
     ap.add_argument("--budget-s", type=float, default=None, help="time budget per synthetic deployment's sweep")
     ap.add_argument("--compile-cache", default=".cache/jax-compile")
+    ap.add_argument("--compile-workers", type=int, default=None,
+                    help="threads compiling a batch's configs before timing (default 4 on an accelerator, else 1)")
     ap.add_argument("--dtype", default=None, help="synthetic weights: bfloat16 (GPU default) | float32 (CPU default)")
     ap.add_argument("--seed", type=int, default=0)
     return ap
@@ -105,7 +107,8 @@ def run(args, configs: list[dict], script: str) -> dict:
             prompts += M.random_prompts(args.num_prompts - len(prompts), 12, dep.target_cfg.vocab_size, args.seed,
                                         exclude=(dep.drafter_cfg.mask_token_id,))
         context = max(len(p) for p in prompts)
-        rows, _ = M.sweep(dep, configs, args.batches, context, args.rounds, hw, log=log, seed=args.seed)
+        rows, _ = M.sweep(dep, configs, args.batches, context, args.rounds, hw, log=log, seed=args.seed,
+                          compile_workers=args.compile_workers or (4 if accel else 1))
         by_batch = {b: [r["engine_cfg"] for r in rows if r["batch"] == b] for b in args.batches}
         gens = M.generation_rows(dep, by_batch, prompts, args.max_new, args.seed, log)
         ar_round = {r["batch"]: r["round_ms"] for r in rows if r["label"] == "ar"}
@@ -130,7 +133,8 @@ def run(args, configs: list[dict], script: str) -> dict:
         t0 = time.perf_counter()
         dep = M.synthetic_deployment(model, args.dtype or ("bfloat16" if accel else "float32"), args.seed)
         context = args.context or (1024 if accel else 64)
-        rows, skipped = M.sweep(dep, configs, args.batches, context, args.rounds, hw, args.budget_s, log, args.seed)
+        rows, skipped = M.sweep(dep, configs, args.batches, context, args.rounds, hw, args.budget_s, log, args.seed,
+                                compile_workers=args.compile_workers or (4 if accel else 1))
         ar_round = {r["batch"]: r["round_ms"] for r in rows if r["label"] == "ar"}
         for p in project(rows, tau, dep.block):
             base = p["label"].split(" (budget")[0]

@@ -138,6 +138,12 @@ def main(argv=None) -> int:
     if args.replot:
         out = Path(args.replot)
         res = json.loads((out / "bench.json").read_text())
+        if res["rows"] and not res.get("validation"):  # a run cut short: fit and check what it measured
+            from specpilot.costmodel import leave_one_out
+            from specpilot.costmodel.predict import StepTimeModel
+
+            res["fit"] = StepTimeModel.fit(res["rows"]).to_json()
+            res["validation"] = leave_one_out(res["rows"], res["deployment"]["drafter"]["block_size"])
         log("wrote " + ", ".join(finish(res, out)))
         return 0
     if not args.out:

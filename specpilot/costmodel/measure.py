@@ -263,7 +263,7 @@ def sweep(dep: Deployment, configs: list[dict], batches: Sequence[int], context:
     capacity = capacity or kv_capacity(context, rounds, block, [c for c, _ in plan])
     rows, skipped, t_start, slowest = [], [], time.perf_counter(), 0.0
     for batch in batches:
-        if compile_workers > 1:
+        if compile_workers > 1 and (budget_s is None or time.perf_counter() - t_start + slowest < budget_s):
             t0 = time.perf_counter()
             # specpilot's cost table is fitted from this batch's rows: its program is compiled in the timed pass
             warm_up(dep, [c for c, _ in plan if c["name"] != "specpilot"], batch, context, capacity, seed,

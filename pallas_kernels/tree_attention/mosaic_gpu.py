@@ -1,0 +1,367 @@
+"""Tree-verification attention for Hopper, written with Mosaic GPU (``plgpu.kernel``).
+
+What it computes: every node of a draft tree attends to its request's cached prefix
+(positions below ``lengths[b]``) and to its own ancestors in the tree (the bitmask
+of ``ancestors.py``), softmax in f32, scale ``D**-0.5``.
+
+Rows. Decode-time attention has few queries, so the queries of the ``G = Hq / Hkv``
+heads that share a KV head are packed with the tree nodes into the wgmma M
+dimension: one block of ``block_m`` rows holds ``T = block_m / G`` nodes times the G
+heads, row ``r = g * T + t`` (head-major inside the block, so each head's rows are one
+contiguous ``[T, D]`` TMA box of ``q`` and of the output; no transpose in HBM). K and
+V of that KV head are then read once per ``block_m`` rows instead of once per head.
+
+KV. The keys of one request are the prefix blocks ``0 .. ceil(length / block_kv)``
+followed by the tree's keys, padded to whole blocks. This virtual block sequence is
+cut into ``splits`` contiguous ranges; each CTA of the grid ``(B, Hkv, row blocks,
+splits)`` streams its range with a TMA pipeline (one for the prefix part, one for the
+tree part), running the online softmax (FlashAttention-2 style, base-2 exponentials).
+The prefix mask (key < length) only bites in the block holding ``length``; tree blocks
+apply the ancestor bits, decoded in registers from ``block_kv / 32`` words per row
+(node ``t``'s words, repeated for its G heads, arrive with the Q tile). Because the
+split ranges follow the live length rather than the cache capacity, blocks past
+``length`` are never read and every split gets an equal share of the real work.
+
+Combine. With one split the kernel writes the normalised output in q's dtype. With
+more, each split writes its normalised f32 partial and its log2-sum-exp, and a small
+jnp combine (``_combine``) weights them: ``o = sum_s 2**(lse_s - m) o_s / sum_s
+2**(lse_s - m)``. The auto split (``TuningConfig.splits``) keeps ``B * Hkv * row blocks
+* splits`` at about one wave of 132 SMs: B=1, Hkv=8, n=16 (one row block) gets 16
+splits of a 2k prefix.
+
+Status (2026-11-30): passes ``tests/test_tree_attention.py`` in Pallas GPU-interpret mode
+on CPU, and Mosaic GPU lowers its GPU form to NVVM on CPU (layout inference included),
+but it has not yet run on a GPU. The two forms differ only in ``P V``: interpret mode
+runs neither a register wgmma operand nor ``pl.run_state``, so ``interpretable`` (the
+default when interpreting) stages P in SMEM and adds ``P V`` from a fresh accumulator;
+the GPU form keeps P in registers and accumulates in place (as jax's
+``attention_mgpu`` does), which saves an SMEM round trip and a [block_m, D] f32
+register tile.
+
+Not done yet (in expected order of gain): warp specialisation (a TMA warpgroup and
+two compute warpgroups ping-ponging softmax and wgmma, as in FA3 / ``attention_mgpu``);
+async wgmma so ``Q K^T`` of the next block overlaps the softmax; two compute
+warpgroups per CTA (block_m = 128) so the prefix is re-read by half as many row blocks
+(16 per KV head at n = 256, G = 4); a fused combine (the last CTA of a row block merges
+the partials, maybe in bf16) to save a launch and the f32 partials' traffic at small batch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels.tree_attention.ancestors import WORD_BITS, num_words
+from pallas_kernels.tree_attention.config import TuningConfig
+
+_LOG2E = math.log2(math.e)
+_SUPPORTED_DTYPES = (jnp.bfloat16, jnp.float16)
+_SMEM_LIMIT = 227 * 1024  # per CTA on H100 / H200
+_SMEM_RESERVED = 4 * 1024  # Mosaic GPU's reduction scratch, barriers, alignment
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _smem_transforms(minor_dim: int, dtype) -> tuple:
+    """Tiling + swizzle that wgmma operands and conflict-free SMEM access need."""
+    bits = jnp.dtype(dtype).itemsize * 8
+    swizzle = plgpu.find_swizzle(minor_dim * bits)
+    return (plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle))
+
+
+def check_supported(q, k_cache, v_cache, k_tree, v_tree, ancestor_bits, config: TuningConfig) -> None:
+    """Raises ValueError for inconsistent inputs, NotImplementedError for shapes not tiled yet."""
+    if q.ndim != 4 or k_cache.ndim != 4:
+        raise ValueError(f"tree attention: q and k_cache must be 4-D, got {q.shape}, {k_cache.shape}")
+    b, n, hq, d = q.shape
+    _, s, hkv, _ = k_cache.shape
+    if v_cache.shape != k_cache.shape or (k_cache.shape[0], k_cache.shape[3]) != (b, d):
+        raise ValueError(f"tree attention: k_cache {k_cache.shape} / v_cache {v_cache.shape} do not match q {q.shape}")
+    if k_tree.shape != (b, n, hkv, d) or v_tree.shape != k_tree.shape:
+        raise ValueError(f"tree attention: k_tree/v_tree must be {(b, n, hkv, d)}, got {k_tree.shape}, {v_tree.shape}")
+    if ancestor_bits.shape != (b, n, num_words(n)):
+        raise ValueError(f"tree attention: ancestor_bits must be {(b, n, num_words(n))}, got {ancestor_bits.shape}")
+    if hq % hkv:
+        raise ValueError(f"tree attention: Hq={hq} is not a multiple of Hkv={hkv}")
+    dtypes = {jnp.dtype(x.dtype) for x in (q, k_cache, v_cache, k_tree, v_tree)}
+    if len(dtypes) != 1 or dtypes.pop() not in map(jnp.dtype, _SUPPORTED_DTYPES):
+        raise NotImplementedError(f"tree attention kernel needs one 16-bit float dtype, got {q.dtype}, {k_cache.dtype}")
+    if d % 64:
+        raise NotImplementedError(f"head_dim={d} is not a multiple of 64")
+    g = hq // hkv
+    if config.block_m % g or (config.block_m // g) % 8:
+        raise NotImplementedError(f"block_m={config.block_m} / G={g} must be a whole multiple of 8 nodes")
+    if s % config.block_kv:
+        raise NotImplementedError(f"cache capacity S={s} is not a multiple of block_kv={config.block_kv}")
+
+
+def smem_bytes(d: int, row_words: int, config: TuningConfig, *, final: bool, interpretable: bool) -> int:
+    """Shared memory one CTA allocates (the two KV pipelines reuse the same buffers)."""
+    m, kv = config.block_m, config.block_kv
+    return (
+        m * d * 2  # Q tile
+        + row_words * m * 4  # ancestor words
+        + m * d * (2 if final else 4)
+        + m * 4  # output tile, lse
+        + (m * kv * 2 if interpretable else 0)
+        + 2 * config.max_concurrent_steps * kv * d * 2
+    )  # K and V stages
+
+
+def _kernel_call(
+    q5,
+    k_cache,
+    v_cache,
+    lengths,
+    k_tree,
+    v_tree,
+    row_bits,
+    *,
+    config: TuningConfig,
+    splits: int,
+    tree_blocks: int,
+    interpretable: bool,
+    interpret,
+):
+    """The ``(B, Hkv, row blocks, splits)`` grid; returns the output, plus lse when ``splits > 1``."""
+    b, n_pad, hkv, g, d = q5.shape
+    dtype = q5.dtype
+    block_m, block_kv = config.block_m, config.block_kv
+    nodes = block_m // g  # T: nodes per row block
+    row_blocks = n_pad // nodes
+    words_per_block = block_kv // WORD_BITS
+    final = splits == 1
+    out_dtype = dtype if final else jnp.float32
+    score_scale = d**-0.5 * _LOG2E  # scores in log2 units: exp2 is the native instruction
+    kv_transforms = _smem_transforms(d, dtype)
+    kv_spec = lambda first: plgpu.BlockSpec((block_kv, d), lambda i: (first + i, 0), transforms=kv_transforms)
+
+    def kernel(q_ref, k_cache_ref, v_cache_ref, lengths_ref, k_tree_ref, v_tree_ref, bits_ref, *refs):
+        out_ref, lse_ref = (refs[0], None) if final else refs[:2]
+        q_smem, bits_smem, out_smem, lse_smem, p_smem, load_barrier = refs[1 if final else 2 :]
+        bi, hi = lax.axis_index("b"), lax.axis_index("h")
+        row_block, split = lax.axis_index("rows"), lax.axis_index("split")
+        node0 = row_block * nodes
+
+        for gi in range(g):
+            plgpu.copy_gmem_to_smem(
+                q_ref.at[bi, pl.ds(node0, nodes), hi, gi], q_smem.at[pl.ds(gi * nodes, nodes)], load_barrier
+            )
+        plgpu.copy_gmem_to_smem(bits_ref.at[bi, row_block], bits_smem, load_barrier)
+        plgpu.barrier_wait(load_barrier)
+
+        # this split's slice [lo, hi) of the blocks: prefix blocks first, then the tree's
+        length = lengths_ref[bi]
+        prefix_blocks = (length + block_kv - 1) // block_kv
+        total = prefix_blocks + tree_blocks
+        per_split = (total + splits - 1) // splits
+        lo = jnp.minimum(split * per_split, total)
+        hi_ = jnp.minimum(lo + per_split, total)
+        prefix_lo, prefix_hi = jnp.minimum(lo, prefix_blocks), jnp.minimum(hi_, prefix_blocks)
+        tree_lo, tree_hi = (
+            jnp.maximum(lo, prefix_blocks) - prefix_blocks,
+            jnp.maximum(hi_, prefix_blocks) - prefix_blocks,
+        )
+
+        def column():
+            return plgpu.broadcasted_iota(jnp.int32, (block_m, block_kv), 1, layout=plgpu.Layout.WGMMA)
+
+        def attend(carry, k_smem, v_smem, visible):
+            """One online-softmax step over a ``[block_kv, D]`` block of keys and values."""
+            acc, row_max, row_sum = carry
+
+            def scores_of(acc_ref):
+                plgpu.wgmma(acc_ref, q_smem, k_smem.transpose((1, 0)))
+                return acc_ref[...]
+
+            scores = pl.run_scoped(scores_of, plgpu.ACC((block_m, block_kv), jnp.float32))
+            scores = jnp.where(visible, scores * score_scale, -jnp.inf)
+            new_max = jnp.maximum(row_max, scores.max(axis=1))
+            alpha = jnp.exp2(row_max - new_max)
+            probs = jnp.exp2(scores - lax.broadcast_in_dim(new_max, scores.shape, [0]))
+            row_sum = row_sum * alpha + probs.sum(axis=1)
+            probs = probs.astype(dtype)
+
+            acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+            if interpretable:  # P through SMEM, P V into a fresh accumulator
+                p_smem[...] = probs
+                plgpu.commit_smem()
+
+                def values_of(acc_ref):
+                    plgpu.wgmma(acc_ref, p_smem, v_smem)
+                    return acc_ref[...]
+
+                return acc + pl.run_scoped(values_of, plgpu.ACC((block_m, d), jnp.float32)), new_max, row_sum
+
+            def accumulate_values(acc_ref):  # P from registers, accumulated into acc in place
+                plgpu.wgmma(acc_ref, probs, v_smem)
+
+            return pl.run_state(accumulate_values)(plgpu.ACC.init(acc)), new_max, row_sum
+
+        def prefix_step(idx, k_smem, v_smem, carry):
+            first_key = (prefix_lo + idx[0]) * block_kv
+            return attend(carry, k_smem, v_smem, first_key + column() < length)
+
+        def tree_step(idx, k_smem, v_smem, carry):
+            col = column()
+            first_word = (tree_lo + idx[0]) * words_per_block
+            word = None
+            for w in range(words_per_block):  # row r's word for column c: bits_smem[first_word + c // 32, r]
+                word_w = lax.broadcast_in_dim(bits_smem[first_word + w], (block_m, block_kv), [0])
+                word = word_w if word is None else jnp.where(col >= w * WORD_BITS, word_w, word)
+            bit = lax.shift_right_logical(word, (col & (WORD_BITS - 1)).astype(jnp.uint32)) & jnp.uint32(1)
+            return attend(carry, k_smem, v_smem, bit != jnp.uint32(0))
+
+        # a finite start for the running max: a fully masked block then yields p = 0, not NaN
+        carry = (
+            jnp.zeros((block_m, d), jnp.float32),
+            jnp.full((block_m,), -1e30, jnp.float32),
+            jnp.zeros((block_m,), jnp.float32),
+        )
+        carry = plgpu.emit_pipeline(
+            prefix_step,
+            grid=(prefix_hi - prefix_lo,),
+            in_specs=[kv_spec(prefix_lo)] * 2,
+            max_concurrent_steps=config.max_concurrent_steps,
+            init_carry=carry,
+        )(k_cache_ref.at[bi, :, hi], v_cache_ref.at[bi, :, hi])
+        carry = plgpu.emit_pipeline(
+            tree_step,
+            grid=(tree_hi - tree_lo,),
+            in_specs=[kv_spec(tree_lo)] * 2,
+            max_concurrent_steps=min(config.max_concurrent_steps, tree_blocks),
+            init_carry=carry,
+        )(k_tree_ref.at[bi, :, hi], v_tree_ref.at[bi, :, hi])
+        acc, row_max, row_sum = carry
+
+        seen = row_sum > 0  # rows with no visible key (padding) write 0, lse -inf
+        out = acc / lax.broadcast_in_dim(jnp.where(seen, row_sum, 1.0), acc.shape, [0])
+        out_smem[...] = out.astype(out_dtype)
+        if not final:
+            lse_smem[...] = jnp.where(seen, row_max + jnp.log(row_sum) * _LOG2E, -jnp.inf)
+        plgpu.commit_smem()
+        for gi in range(g):
+            rows, out_rows = out_smem.at[pl.ds(gi * nodes, nodes)], (bi, pl.ds(node0, nodes), hi, gi)
+            plgpu.copy_smem_to_gmem(rows, out_ref.at[out_rows] if final else out_ref.at[(split, *out_rows)])
+        if not final:  # whole rows: a TMA source in SMEM wants 128-byte alignment, a T-row slice may lack it
+            plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[split, bi, hi, row_block])
+        plgpu.wait_smem_to_gmem(0)
+
+    if final:
+        out_type = jax.ShapeDtypeStruct(q5.shape, dtype)
+    else:
+        out_type = (
+            jax.ShapeDtypeStruct((splits, *q5.shape), jnp.float32),
+            jax.ShapeDtypeStruct((splits, b, hkv, row_blocks, block_m), jnp.float32),
+        )
+    scratch = (
+        plgpu.SMEM((block_m, d), dtype, transforms=_smem_transforms(d, dtype)),
+        plgpu.SMEM(row_bits.shape[2:], jnp.uint32),
+        plgpu.SMEM((block_m, d), out_dtype, transforms=_smem_transforms(d, out_dtype)),
+        plgpu.SMEM((block_m,), jnp.float32),
+        plgpu.SMEM((block_m, block_kv), dtype, transforms=_smem_transforms(block_kv, dtype)) if interpretable else None,
+        plgpu.Barrier(num_arrivals=g + 1),
+    )
+    call = plgpu.kernel(
+        kernel,
+        out_type=out_type,
+        grid=(b, hkv, row_blocks, splits),
+        grid_names=("b", "h", "rows", "split"),
+        scratch_types=scratch,
+        compiler_params=plgpu.CompilerParams(approx_math=True, lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+        interpret=interpret,
+    )
+    return call(q5, k_cache, v_cache, lengths, k_tree, v_tree, row_bits)
+
+
+def _row_bits(ancestor_bits, n, n_pad, nodes, g, words):
+    """uint32 ``[B, row blocks, words, block_m]``: row ``r = g * T + t`` of a block holds node ``t``'s words."""
+    b = ancestor_bits.shape[0]
+    last = n - (num_words(n) - 1) * WORD_BITS  # valid bits in the last word; keys >= n must stay hidden
+    keep = jnp.full((num_words(n),), 0xFFFFFFFF, jnp.uint32).at[-1].set(jnp.uint32((1 << last) - 1))
+    bits = ancestor_bits.astype(jnp.uint32) & keep
+    bits = jnp.pad(bits, ((0, 0), (0, n_pad - n), (0, words - num_words(n))))
+    bits = bits.reshape(b, n_pad // nodes, nodes, words).transpose(0, 1, 3, 2)
+    return jnp.tile(bits, (1, 1, 1, g))
+
+
+def _combine(out_parts, lse):
+    """Merges normalised f32 partials ``[S, B, n, Hkv, G, D]`` by their log2-sum-exp.
+
+    ``lse`` comes in the kernel's row order, ``[S, B, Hkv, row blocks, G * T]``.
+    """
+    splits, b, n, hkv, g, _ = out_parts.shape
+    lse = lse.reshape(splits, b, hkv, -1, g, n // lse.shape[3]).transpose(0, 1, 3, 5, 2, 4)
+    lse = lse.reshape(splits, b, n, hkv, g)
+    top = jnp.max(lse, axis=0)
+    weights = jnp.exp2(lse - jnp.where(jnp.isfinite(top), top, 0.0))
+    total = jnp.sum(weights, axis=0)
+    out = jnp.sum(out_parts * weights[..., None], axis=0)
+    return out / jnp.where(total > 0, total, 1.0)[..., None]
+
+
+def tree_attention(
+    q,
+    k_cache,
+    v_cache,
+    lengths,
+    k_tree,
+    v_tree,
+    ancestor_bits,
+    *,
+    config: TuningConfig | None = None,
+    interpret: plgpu.InterpretGPUParams | None = None,
+    interpretable: bool | None = None,
+) -> jax.Array:
+    """Tree attention with the Mosaic GPU kernel; shapes and semantics as ``tree_attention_reference``.
+
+    ``interpret=plgpu.InterpretGPUParams()`` runs it on CPU for tests. ``interpretable``
+    (default: only when interpreting) selects the ``P V`` form interpret mode can run.
+    Unsupported shapes raise NotImplementedError so ``ops.tree_attention`` can fall back.
+    """
+    config = config or TuningConfig()
+    check_supported(q, k_cache, v_cache, k_tree, v_tree, ancestor_bits, config)
+    b, n, hq, d = q.shape
+    s, hkv = k_cache.shape[1], k_cache.shape[2]
+    g = hq // hkv
+    nodes = config.block_m // g
+    n_pad = _cdiv(n, nodes) * nodes
+    tree_blocks = _cdiv(n, config.block_kv)
+    tree_pad = tree_blocks * config.block_kv - n
+    splits = config.splits(b * hkv * (n_pad // nodes), s // config.block_kv + tree_blocks)
+    row_words = tree_blocks * config.block_kv // WORD_BITS
+    interpretable = interpret is not None if interpretable is None else interpretable
+    smem = smem_bytes(d, row_words, config, final=splits == 1, interpretable=interpretable)
+    if smem + _SMEM_RESERVED > _SMEM_LIMIT:
+        raise NotImplementedError(
+            f"{smem} bytes of shared memory per CTA exceed {_SMEM_LIMIT}: lower max_concurrent_steps or block_kv"
+        )
+
+    q5 = jnp.pad(q, ((0, 0), (0, n_pad - n), (0, 0), (0, 0))).reshape(b, n_pad, hkv, g, d)
+    k_tree = jnp.pad(k_tree, ((0, 0), (0, tree_pad), (0, 0), (0, 0)))
+    v_tree = jnp.pad(v_tree, ((0, 0), (0, tree_pad), (0, 0), (0, 0)))
+    row_bits = _row_bits(ancestor_bits, n, n_pad, nodes, g, row_words)
+    lengths = jnp.clip(lengths, 0, s).astype(jnp.int32)
+    result = _kernel_call(
+        q5,
+        k_cache,
+        v_cache,
+        lengths,
+        k_tree,
+        v_tree,
+        row_bits,
+        config=config,
+        splits=splits,
+        tree_blocks=tree_blocks,
+        interpretable=interpretable,
+        interpret=interpret,
+    )
+    out = result if splits == 1 else _combine(*result)
+    return out.reshape(b, n_pad, hq, d)[:, :n].astype(q.dtype)

@@ -1,0 +1,86 @@
+"""The public tree attention: one entry point, the implementation picked per backend."""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+import jax
+
+from pallas_kernels.tree_attention.config import TuningConfig
+from pallas_kernels.tree_attention.reference import tree_attention_reference
+
+_log = logging.getLogger(__name__)
+
+Implementation = Literal["pallas", "reference"]
+_IMPLEMENTATIONS = ("pallas", "reference")
+
+
+def _on_hopper() -> bool:
+    device = jax.devices()[0]
+    return device.platform == "gpu" and getattr(device, "compute_capability", "") == "9.0"
+
+
+def _pallas(q, k_cache, v_cache, lengths, k_tree, v_tree, ancestor_bits, config, interpret):
+    from jax.experimental.pallas import mosaic_gpu as plgpu  # lazy: importing the package stays cheap
+
+    from pallas_kernels.tree_attention import mosaic_gpu
+
+    if not interpret and not _on_hopper():
+        raise NotImplementedError("the tree attention kernel needs an H100/H200 (or interpret=True)")
+    return mosaic_gpu.tree_attention(
+        q,
+        k_cache,
+        v_cache,
+        lengths,
+        k_tree,
+        v_tree,
+        ancestor_bits,
+        config=config,
+        interpret=plgpu.InterpretGPUParams() if interpret else None,
+    )
+
+
+def tree_attention(
+    q: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    lengths: jax.Array,
+    k_tree: jax.Array,
+    v_tree: jax.Array,
+    ancestor_bits: jax.Array,
+    *,
+    implementation: Implementation | None = None,
+    interpret: bool = False,
+    config: TuningConfig | None = None,
+) -> jax.Array:
+    """Attention of a draft tree's nodes over their cached prefix and their ancestors.
+
+    q ``[B, n, Hq, D]``; k_cache, v_cache ``[B, S, Hkv, D]`` of which the first
+    ``lengths[b]`` positions are visible; k_tree, v_tree ``[B, n, Hkv, D]``, the tree
+    nodes' own keys and values; ancestor_bits uint32 ``[B, n, ceil(n / 32)]`` (node i
+    sees node j iff bit j is set, ancestors-or-self; ``ancestors.py``). Returns
+    ``[B, n, Hq, D]`` in q's dtype (f32 softmax, scale ``D**-0.5``).
+
+    ``implementation="pallas"`` runs the Mosaic GPU kernel (on CPU with
+    ``interpret=True``) and raises for shapes it does not support; ``"reference"`` the
+    jnp reference. ``None`` picks the kernel on Hopper (or when interpreting) and the
+    reference elsewhere; a shape the kernel does not support then falls back to the
+    reference with a warning at trace time, so the result is never silently wrong.
+    """
+    if implementation not in (None, *_IMPLEMENTATIONS):
+        raise ValueError(
+            f"unknown tree attention implementation {implementation!r}; expected one of {_IMPLEMENTATIONS}"
+        )
+    args = (q, k_cache, v_cache, lengths, k_tree, v_tree, ancestor_bits)
+    if implementation == "reference":
+        return tree_attention_reference(*args)
+    if implementation == "pallas":
+        return _pallas(*args, config, interpret)
+    if not (interpret or _on_hopper()):
+        return tree_attention_reference(*args)
+    try:
+        return _pallas(*args, config, interpret)
+    except NotImplementedError as e:
+        _log.warning("tree attention falls back to the reference for q%s, k_cache%s: %s", q.shape, k_cache.shape, e)
+        return tree_attention_reference(*args)

@@ -1,0 +1,254 @@
+"""One tree-attention suite, run by every implementation: the jnp reference, the Mosaic GPU
+kernel interpreted on CPU, and the kernel on a real Hopper when one is present. All are
+checked against a float64 numpy oracle; the ancestor bitmask against a brute-force walk."""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels import tree_attention as ta
+from pallas_kernels.tree_attention import mosaic_gpu as ta_mosaic_gpu
+from pallas_kernels.tree_attention import ops as ta_ops
+from specpilot.models import target
+
+
+def random_parents(n, rng, shuffle=False):
+    """A random tree; with ``shuffle`` node labels are permuted, so parents may follow children."""
+    parents = np.array([-1] + [rng.integers(0, i) for i in range(1, n)])
+    if not shuffle:
+        return parents
+    order = rng.permutation(n)  # node i is relabelled order[i]
+    relabelled = np.empty(n, np.int64)
+    relabelled[order] = np.where(parents < 0, -1, order[np.maximum(parents, 0)])
+    return relabelled
+
+
+def tree_parents(kind, n, rng):
+    if kind == "chain":
+        return np.arange(n) - 1
+    if kind == "star":
+        return np.where(np.arange(n) == 0, -1, 0)
+    return random_parents(n, rng, shuffle=kind == "shuffled")
+
+
+def ancestor_walk(parents):
+    """Brute force: ``[n, n]`` bool, row i marks i and every node on its path to the root."""
+    n = len(parents)
+    seen = np.zeros((n, n), bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            seen[i, j] = True
+            j = parents[j]
+    return seen
+
+
+def oracle(q, k_cache, v_cache, lengths, k_tree, v_tree, visible_tree):
+    """float64 attention with the dense mask: prefix below ``lengths``, then ``visible_tree`` [B, n, n]."""
+    q, k_cache, v_cache, k_tree, v_tree = (np.asarray(x, np.float64) for x in (q, k_cache, v_cache, k_tree, v_tree))
+    b, n, hq, d = q.shape
+    s, hkv = k_cache.shape[1:3]
+    k = np.concatenate([k_cache, k_tree], axis=1)
+    v = np.concatenate([v_cache, v_tree], axis=1)
+    mask = np.concatenate(
+        [np.broadcast_to(np.arange(s)[None, None] < np.asarray(lengths)[:, None, None], (b, n, s)), visible_tree],
+        axis=-1,
+    )
+    k = np.repeat(k, hq // hkv, axis=2)
+    v = np.repeat(v, hq // hkv, axis=2)
+    scores = np.einsum("bnhd,bshd->bhns", q, k) * d**-0.5
+    scores = np.where(mask[:, None], scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    probs = weights / weights.sum(-1, keepdims=True)
+    return np.einsum("bhns,bshd->bnhd", probs, v)
+
+
+def make_inputs(b, n, hq, hkv, d, s, kind, lengths, seed, dtype=jnp.bfloat16):
+    rng = np.random.default_rng(seed)
+    normal = lambda *shape: jnp.asarray(rng.normal(size=shape), dtype)
+    parents = np.stack([tree_parents(kind, n, rng) for _ in range(b)])
+    bits = ta.parents_to_ancestor_bits(jnp.asarray(parents, jnp.int32))
+    visible = np.stack([ancestor_walk(p) for p in parents])
+    args = (
+        normal(b, n, hq, d),
+        normal(b, s, hkv, d),
+        normal(b, s, hkv, d),
+        jnp.asarray(lengths, jnp.int32),
+        normal(b, n, hkv, d),
+        normal(b, n, hkv, d),
+        bits,
+    )
+    return args, visible
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the ancestor bitmask
+
+
+@pytest.mark.parametrize("kind", ["random", "shuffled", "chain", "star"])
+@pytest.mark.parametrize("n", [1, 5, 32, 33, 100])
+def test_parents_to_bits_matches_ancestor_walk(kind, n):
+    rng = np.random.default_rng(n)
+    parents = np.stack([tree_parents(kind, n, rng) for _ in range(3)])
+    bits = ta.parents_to_ancestor_bits(jnp.asarray(parents, jnp.int32))
+    assert bits.shape == (3, n, ta.num_words(n)) and bits.dtype == jnp.uint32
+    expected = np.stack([ancestor_walk(p) for p in parents])
+    np.testing.assert_array_equal(np.asarray(ta.ancestor_bits_to_dense(bits, n)), expected)
+    np.testing.assert_array_equal(np.asarray(ta.dense_to_ancestor_bits(jnp.asarray(expected))), np.asarray(bits))
+
+
+def test_bits_match_the_engine_tree_mask():
+    """The engine's ``ancestor_mask`` (verify index 0 = root) packs to the same bits as its parents."""
+    from specpilot.decoding import tree as tree_lib
+
+    logp = jax.nn.log_softmax(jax.random.normal(jax.random.key(0), (4, 6)))
+    tree = tree_lib.best_first(logp, budget=9)
+    dense = tree_lib.ancestor_mask(tree, max_depth=4)
+    parents = jnp.concatenate([jnp.array([-1], jnp.int32), tree.parent])
+    bits = ta.parents_to_ancestor_bits(parents[None])[0]
+    valid = np.concatenate([[True], np.asarray(tree.valid)])
+    np.testing.assert_array_equal(
+        np.asarray(ta.ancestor_bits_to_dense(bits, len(valid)))[valid][:, valid], np.asarray(dense)[valid][:, valid]
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# attention: one suite per implementation
+
+
+class TreeAttentionSuite:
+    """Cases every implementation must pass; subclasses say how to run one."""
+
+    def run(self, args, config):
+        raise NotImplementedError
+
+    @pytest.mark.parametrize(
+        "b,n,hq,hkv,d,s,kind,lengths,config",
+        [
+            # n not a multiple of 16, partial prefix blocks, one split: the kernel writes the output itself
+            (2, 20, 4, 1, 64, 128, "random", [37, 128], ta.TuningConfig(num_splits=1)),
+            # GQA ratio 1 (64 nodes per row block), a deep tree, an empty prefix, 3 splits and a combine
+            (2, 37, 2, 2, 64, 192, "chain", [0, 150], ta.TuningConfig(num_splits=3)),
+            # a wide tree over two tree blocks; one split straddles prefix and tree
+            (1, 70, 8, 2, 64, 192, "star", [130], ta.TuningConfig(num_splits=3)),
+            # nodes out of order, D=128, the automatic split
+            (1, 64, 4, 1, 128, 256, "shuffled", [200], ta.TuningConfig()),
+        ],
+    )
+    def test_matches_oracle(self, b, n, hq, hkv, d, s, kind, lengths, config):
+        args, visible = make_inputs(b, n, hq, hkv, d, s, kind, lengths, seed=n)
+        out = self.run(args, config)
+        assert out.shape == (b, n, hq, d) and out.dtype == jnp.bfloat16
+        expected = oracle(*args[:-1], visible)
+        err = np.abs(np.asarray(out, np.float64) - expected)
+        assert err.max() < 2e-2 and err.mean() < 2e-3, (err.max(), err.mean())
+
+
+class TestReference(TreeAttentionSuite):
+    def run(self, args, config):
+        return ta.tree_attention(*args, implementation="reference")
+
+    def test_matches_the_model_attention(self):
+        """The reference equals ``target.attention`` under the dense cache mask the engine builds (f32)."""
+        b, n, s = 2, 9, 16
+        args, visible = make_inputs(b, n, 8, 2, 16, s, "random", [5, 16], seed=0, dtype=jnp.float32)
+        q, k_cache, v_cache, lengths, k_tree, v_tree, bits = args
+        # the engine writes the tree's K/V at slots length..length+n-1 of a cache with room for them
+        k_full = jnp.zeros((b, s + n, 2, 16)).at[:, :s].set(k_cache)
+        v_full = jnp.zeros((b, s + n, 2, 16)).at[:, :s].set(v_cache)
+        for i in range(b):
+            k_full = k_full.at[i, lengths[i] : lengths[i] + n].set(k_tree[i])
+            v_full = v_full.at[i, lengths[i] : lengths[i] + n].set(v_tree[i])
+        mask = target.cache_mask(lengths, jnp.asarray(visible), s + n)
+        expected = target.attention(q, k_full, v_full, mask).reshape(q.shape)
+        np.testing.assert_allclose(
+            np.asarray(ta.tree_attention_reference(*args)), np.asarray(expected), rtol=1e-5, atol=1e-5
+        )
+
+
+class TestMosaicGpuInterpret(TreeAttentionSuite):
+    def run(self, args, config):
+        return ta_mosaic_gpu.tree_attention(*args, config=config, interpret=plgpu.InterpretGPUParams())
+
+    @pytest.mark.parametrize(
+        "hq,hkv,d,s,config,match",
+        [
+            (4, 1, 48, 128, ta.TuningConfig(), "head_dim"),
+            (3, 1, 64, 128, ta.TuningConfig(), "whole multiple of 8 nodes"),
+            (4, 1, 64, 96, ta.TuningConfig(), "capacity"),
+            (4, 1, 128, 256, ta.TuningConfig(block_kv=256, max_concurrent_steps=4), "shared memory"),
+        ],
+    )
+    def test_unsupported_shapes_raise_not_implemented(self, hq, hkv, d, s, config, match):
+        args, _ = make_inputs(1, 8, hq, hkv, d, s, "random", [s], seed=0)
+        with pytest.raises(NotImplementedError, match=match):
+            self.run(args, config)
+
+
+@pytest.mark.parametrize(
+    "b,n,config",
+    [
+        (1, 16, ta.TuningConfig()),  # 16 splits + combine
+        (8, 256, ta.TuningConfig()),  # 1 split: the kernel writes bf16 itself
+        (1, 100, ta.TuningConfig(block_m=128, max_concurrent_steps=2, num_splits=3)),
+    ],
+)
+def test_gpu_kernel_lowers_for_cuda(b, n, config):
+    """Mosaic GPU accepts the GPU path (probabilities in registers, which interpret mode cannot take) at
+    Qwen3-8B shapes: layout inference and lowering to NVVM run on CPU; only ptxas and the run need a GPU."""
+    sds = jax.ShapeDtypeStruct
+    kv = sds((b, 2048, 8, 128), jnp.bfloat16)
+    tree_kv = sds((b, n, 8, 128), jnp.bfloat16)
+    shapes = (
+        sds((b, n, 32, 128), jnp.bfloat16),
+        kv,
+        kv,
+        sds((b,), jnp.int32),
+        tree_kv,
+        tree_kv,
+        sds((b, n, ta.num_words(n)), jnp.uint32),
+    )
+    run = jax.jit(lambda *a: ta_mosaic_gpu.tree_attention(*a, config=config, interpretable=False))
+    text = run.trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+    assert "mosaic_gpu" in text
+
+
+def test_auto_split_fills_one_wave_at_decode_shapes():
+    config = ta.TuningConfig()
+    kv_blocks = 2048 // config.block_kv + 1
+    assert config.splits(1 * 8 * 1, kv_blocks) == 16  # B=1, Hkv=8, n=16 (one row block): 128 CTAs
+    assert config.splits(1 * 8 * 16, kv_blocks) == 1  # n=256: 128 row blocks already fill the GPU
+    assert config.splits(1 * 8 * 1, 3) == 1  # never fewer than min_blocks_per_split blocks per CTA
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ta_ops._on_hopper(), reason="needs an H100/H200")
+class TestMosaicGpu(TreeAttentionSuite):
+    def run(self, args, config):
+        return jax.jit(lambda *a: ta.tree_attention(*a, implementation="pallas", config=config))(*args)
+
+    @pytest.mark.parametrize("b,n", [(1, 16), (1, 64), (8, 256)])
+    def test_qwen3_8b_shapes(self, b, n):
+        lengths = [2048 - 37 * i for i in range(b)]
+        args, visible = make_inputs(b, n, 32, 8, 128, 2048, "random", lengths, seed=b + n)
+        out = self.run(args, None)
+        err = np.abs(np.asarray(out, np.float64) - oracle(*args[:-1], visible))
+        assert err.max() < 2e-2 and err.mean() < 2e-3, (err.max(), err.mean())
+
+
+def test_default_falls_back_to_reference_loudly(caplog):
+    args, visible = make_inputs(1, 5, 4, 1, 48, 64, "random", [10], seed=1)  # head_dim 48: no kernel
+    with caplog.at_level(logging.WARNING, logger=ta_ops.__name__):
+        out = ta.tree_attention(*args, interpret=True)
+    assert "falls back" in caplog.text
+    np.testing.assert_allclose(np.asarray(out, np.float64), oracle(*args[:-1], visible), atol=2e-2)
+
+
+def test_named_kernel_does_not_fall_back():
+    args, _ = make_inputs(1, 5, 4, 1, 48, 64, "random", [10], seed=1)
+    with pytest.raises(NotImplementedError):
+        ta.tree_attention(*args, implementation="pallas", interpret=not ta_ops._on_hopper())

@@ -68,6 +68,10 @@ def _identity(cfg) -> dict:
     }
 
 
+def _seconds(value) -> str:
+    return "?" if value is None else f"{value:.1f} s"  # a log written before elapsed_s existed
+
+
 def _human(summary: dict) -> str:
     rej = summary["rejected_by_token_forcing"]
     lines = [
@@ -77,6 +81,9 @@ def _human(summary: dict) -> str:
         f"  AR {summary['ar']['ms_per_token']:.3f} ms/token | stock {summary['stock_speedup']:.2f}x AR "
         f"(tau {summary['stock_tau']:.2f}) | best {summary['best_speedup']:.2f}x AR (tau {summary['best_tau']:.2f}, "
         f"{summary['best_speedup'] / summary['stock_speedup']:.2f}x stock)",
+        f"  best first found by trial {summary['best_found_trial']} (trial {summary['best_found_at_trial']} of "
+        f"{summary['num_trials']}, {_seconds(summary['best_found_after_s'])} into a {_seconds(summary['elapsed_s'])} "
+        "search)",
         f"  best config: {summary['best_config_yaml']}",
         f"    use it: python scripts/generate.py --config-dir {Path(summary['best_config_yaml']).parent.parent} "
         "engine=best",
@@ -141,6 +148,9 @@ def run(hydra_cfg: DictConfig) -> None:
         "stock_speedup": summary["stock_speedup"],
         "rounds": summary["rounds"],
         "trials": summary["num_trials"],
+        "best_found_at_trial": summary["best_found_at_trial"],
+        "best_found_after_s": summary["best_found_after_s"],
+        "elapsed_s": summary["elapsed_s"],
         "rejected_by_token_forcing": [r["trial"] for r in summary["rejected_by_token_forcing"]],
     }
     print(json.dumps(last), flush=True)

@@ -120,7 +120,7 @@ class DeploymentGroup(_Strict):
 
     name: str
     gpu: str
-    models: Literal["config", "proxy_tiny", "proxy_gpu"]
+    models: Literal["config", "proxy_tiny", "proxy_gpu", "proxy_h200"]
     batch: PosInt
     temperature: NonNegFloat
     proposer: Literal["offline", "gemini"]
@@ -165,8 +165,11 @@ class SearchGroup(_Strict):
     rounds: PosInt
     candidates_per_round: PosInt
     min_gain: NonNegFloat
+    min_rounds: PosInt
+    max_seconds: PosFloat | None
     measure_repeats: PosInt
     profile_rounds: PosInt
+    profile_all: bool
     workers: Literal["auto"] | NonNegInt
     resume: str | None
     memory_dir: str | None

@@ -9,4 +9,5 @@ speedup over autoregressive decoding, and remember what worked (docs/search.md).
     proposers/     offline (memory remedies for the largest gap, then local moves) and gemini
     memory.py      schema-versioned mechanism records in memory_store/
     loop.py        baseline → rounds (gap report → proposals → trials → integration) → summary
+    transfer.py    memory transfer: a search seeded with records vs one without, who finds its best first
 """

@@ -10,12 +10,15 @@ returns K deltas; each inside the config space becomes a candidate trial (token 
 measurement); a delta outside it is rejected with its reason, which the proposer sees next round.
 Candidates that beat the incumbent are combined (the best one, plus every other compatible delta),
 and the combination is token-forced and measured again; the better of it and the best single
-candidate becomes the new incumbent. The search stops after `rounds` rounds or when a round gains less
-than `min_gain`.
+candidate becomes the new incumbent. The search stops after `rounds` rounds, when a round (from round
+`min_rounds` on) gains less than `min_gain`, or before a round once `max_seconds` of search have passed.
 
-Every decision is a function of the logged trial results, so a resumed search replays the log to the
-point where it was killed and re-runs nothing it finds there (proposals are logged too, so a
-non-deterministic proposer replays the same candidates).
+Every trial record carries `elapsed_s` (search seconds when it finished), and the summary says when the
+final best was first found (`best_found_at_trial`, `best_found_after_s`; `best_found`).
+
+Every decision but the `max_seconds` stop is a function of the logged trial results, so a resumed search
+replays the log to the point where it was killed and re-runs nothing it finds there (proposals are logged
+too, so a non-deterministic proposer replays the same candidates).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import dataclasses
 import datetime as dt
 import logging
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -52,23 +56,29 @@ class SearchSettings:
     rounds: int = 3
     candidates_per_round: int = 3
     min_gain: float = 0.01
+    min_rounds: int = 1  # the min_gain stop applies from this round on
     measure_repeats: int = 3
     profile_rounds: int = 4
     tie_tolerance: float = 1e-3
     max_restarts: int = 8
     write_memory: bool = True
+    max_seconds: float | None = None  # no round starts after this many seconds of search (None = no limit)
+    profile_all: bool = True  # False: a candidate slower than the incumbent is not profiled stage by stage
 
     @classmethod
     def from_config(cls, cfg) -> "SearchSettings":
         s = cfg.search
         return cls(rounds=s.rounds, candidates_per_round=s.candidates_per_round, min_gain=s.min_gain,
+                   min_rounds=s.min_rounds,
                    measure_repeats=s.measure_repeats, profile_rounds=s.profile_rounds,
                    tie_tolerance=cfg.forcing.tie_tolerance, max_restarts=cfg.forcing.max_restarts,
-                   write_memory=s.write_memory)
+                   write_memory=s.write_memory, max_seconds=s.max_seconds,
+                   profile_all=s.profile_all)
 
     def identity(self) -> dict:
-        """What a resumed search must share with the log (rounds and min_gain may change)."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if k not in ("rounds", "min_gain", "write_memory")}
+        """What a resumed search must share with the log (the stopping rules may change)."""
+        return {k: v for k, v in dataclasses.asdict(self).items()
+                if k not in ("rounds", "min_gain", "min_rounds", "write_memory", "max_seconds", "profile_all")}
 
 
 def git_commit() -> str | None:
@@ -111,6 +121,10 @@ class Search:
         self.ar_config: dict | None = None
         self.resumed = False
         self._logged_proposals: dict | None = None
+        # search time: seconds since run() started, plus what a resumed log had already spent (the time the
+        # search was not running is not counted); every trial record keeps it as `elapsed_s`
+        self._t0: float | None = None
+        self._elapsed_before = 0.0
 
     # ---- the log ----------------------------------------------------------------------------------
 
@@ -138,17 +152,27 @@ class Search:
             if r.get("type") == "trial":
                 r["config"] = normalize(r["config"])
                 self.done[r["id"]] = r
+                self._elapsed_before = max(self._elapsed_before, float(r.get("elapsed_s") or 0.0))
             elif r.get("type") == "proposals":
                 for c in r["candidates"]:
                     c["config"] = normalize(c["config"])
         return {r["round"]: r for r in records if r.get("type") == "proposals"}
 
+    def elapsed(self) -> float:
+        """Seconds of search so far (from the start of `run`, plus the time a resumed log had spent)."""
+        if self._t0 is None:
+            return self._elapsed_before
+        return self._elapsed_before + time.perf_counter() - self._t0
+
     # ---- trials -----------------------------------------------------------------------------------
 
-    def _job(self, trial_id: str, role: str, cfg: dict, reference=None) -> dict:
+    def _job(self, trial_id: str, role: str, cfg: dict, reference=None, incumbent: dict | None = None) -> dict:
         s = self.settings
         job = {"id": trial_id, "role": role, "engine": cfg, "measure_repeats": s.measure_repeats,
                "profile_rounds": s.profile_rounds, "tie_tolerance": s.tie_tolerance, "max_restarts": s.max_restarts}
+        if not s.profile_all and incumbent is not None:
+            # only a candidate that may become the incumbent (or a memory record) needs its stage times
+            job["profile_above"] = incumbent["speedup"]
         if role != "ar" and self.ar_config is not None:
             job["ar_config"] = self.ar_config
         if reference is not None:
@@ -190,7 +214,7 @@ class Search:
 
     def _record(self, result: dict, notes: dict, round_no: int, base_speedup: float | None) -> dict:
         rec = {"type": "trial", "round": round_no, **notes, **result, "config_key": config_key(result["config"]),
-               "finished_at": _now()}
+               "finished_at": _now(), "elapsed_s": round(self.elapsed(), 3)}
         if result["status"] == "ok":
             # paired AR time when the trial measured one; the AR baseline itself is 1.0 by definition
             ar_ms = result.get("ar_ms_per_token") or self.ar_ms or result["ms_per_token"]
@@ -225,7 +249,7 @@ class Search:
         if t["status"] == "ok":
             metrics.update({"trial/speedup": t["speedup"], "trial/tau": t["tau"],
                             "trial/ms_per_token": t["ms_per_token"], "trial/tokens_per_s": t["tokens_per_s"]})
-            metrics.update({f"trial/stage_ms/{k}": v for k, v in t["stage_ms"].items()})
+            metrics.update({f"trial/stage_ms/{k}": v for k, v in t.get("stage_ms", {}).items()})
         self.tracker.log(metrics)
 
     # ---- proposals --------------------------------------------------------------------------------
@@ -367,6 +391,7 @@ class Search:
 
     def run(self) -> dict:
         s = self.settings
+        self._t0 = time.perf_counter()
         self.open()
         logged_proposals = self._logged_proposals
         descriptor = self.runner.describe()
@@ -396,6 +421,10 @@ class Search:
         self.round_log: list[dict] = []
 
         for r in range(1, s.rounds + 1):
+            if s.max_seconds is not None and self.elapsed() >= s.max_seconds:
+                stopped = "max_seconds"
+                log.info("%.0f s of search >= max_seconds %.0f: no round %d", self.elapsed(), s.max_seconds, r)
+                break
             gaps = gap_report({"engine": inc["config"]["name"], "stage_ms": inc["stage_ms"],
                                "tokens_per_round": inc["tokens_per_round"]}, inc["ceilings_ms"])
             top = gaps["components"][0] if gaps["components"] else {"stage": "-", "gap_ms_per_token": 0.0}
@@ -409,21 +438,22 @@ class Search:
                                     for c in gaps["components"]])
             candidates = self._proposals(r, space, inc, gaps, memory, feedback, logged_proposals.get(r))
             feedback = [x for x in self.rejected_by_space]
-            specs = [(self._job(c["id"], "candidate", c["config"], reference),
+            specs = [(self._job(c["id"], "candidate", c["config"], reference, inc),
                       {"phase": "candidate", "delta": c["delta"], "hypothesis": c["hypothesis"], "source": c["source"]})
                      for c in candidates]
             results = self._run_trials(specs, r, inc["speedup"])
-            improving = sorted((t for t in results if t["status"] == "ok" and t["speedup"] > inc["speedup"]),
-                               key=lambda t: -t["speedup"])
+            improving = sorted((t for t in results if t["status"] == "ok" and t["speedup"] > inc["speedup"]
+                                and "stage_ms" in t), key=lambda t: -t["speedup"])
             new_inc = inc
             if improving:
                 combined, used = self._combine(space, inc, improving)
                 note = {"phase": "integration", "delta": space.diff(inc["config"], combined),
                         "hypothesis": "integration: " + "; ".join(_fmt_delta(t["delta"]) for t in used),
                         "source": "integration", "combines": [t["id"] for t in used]}
-                integ = self._run_trials([(self._job(f"r{r}/integrate", "candidate", combined, reference), note)],
+                integ = self._run_trials([(self._job(f"r{r}/integrate", "candidate", combined, reference, inc),
+                                           note)],
                                          r, inc["speedup"])[0]
-                pick = [t for t in (integ,) if t["status"] == "ok"]
+                pick = [t for t in (integ,) if t["status"] == "ok" and "stage_ms" in t]
                 if len(used) > 1:
                     pick.append(improving[0])  # the combination must beat the best single delta to win
                 pick.sort(key=lambda t: -t["speedup"])
@@ -443,7 +473,7 @@ class Search:
                 self.tracker.log({"round": r, "incumbent/speedup": new_inc["speedup"], "incumbent/tau": new_inc["tau"],
                                   "round/gain": gain})
             inc = new_inc
-            if gain < s.min_gain:
+            if gain < s.min_gain and r >= s.min_rounds:
                 stopped = "min_gain"
                 log.info("round %d gained %.1f%% < min_gain %.1f%%: stopping", r, 100 * gain, 100 * s.min_gain)
                 break
@@ -459,6 +489,7 @@ class Search:
              | {"violations": t["forcing"]["violations"][:5]}}
             for t in self.trials if t["status"] == "rejected_token_forcing"
         ]
+        found = best_found(self.trials, inc)
         summary = {
             "schema_version": 1,
             "run_id": self.run_id,
@@ -477,6 +508,10 @@ class Search:
             "best_trial": inc["id"],
             "best_config_yaml": str(best_yaml),
             "best_forcing": {k: v for k, v in (inc.get("forcing") or {}).items() if k not in ("violations", "ties")},
+            "best_found_trial": found["id"],
+            "best_found_at_trial": found["index"],
+            "best_found_after_s": found["elapsed_s"],
+            "elapsed_s": round(self.elapsed(), 3),
             "rounds": rounds_run,
             "round_log": self.round_log,
             "stopped": stopped,
@@ -513,9 +548,24 @@ class Search:
         return summary
 
 
+def best_found(trials: list[dict], best: dict) -> dict:
+    """When the search first had its final best: the first measured trial of the best trial's config (the
+    integration trial that ends a round often re-measures a config a candidate found earlier that round).
+    `index` is 1-based over all trials in run order, baselines included (AR is trial 1, stock trial 2);
+    the AR baseline itself never counts (it is the reference: AR is only adopted as a proposed candidate).
+    `elapsed_s` is the search time at the end of that trial."""
+    key = config_key(best["config"])
+    for i, t in enumerate(trials, 1):
+        if t["status"] == "ok" and t["id"] != "baseline/ar" and config_key(t["config"]) == key:
+            return {"id": t["id"], "index": i, "elapsed_s": t.get("elapsed_s")}
+    idx = next((i for i, t in enumerate(trials, 1) if t["id"] == best["id"]), None)
+    return {"id": best["id"], "index": idx, "elapsed_s": best.get("elapsed_s")}
+
+
 def _compact(t: dict) -> dict:
     row = {"id": t["id"], "round": t["round"], "status": t["status"], "config": t["config"]}
-    for k in ("delta", "hypothesis", "source", "speedup", "gain", "tau", "ms_per_token", "stage_ms", "error"):
+    for k in ("delta", "hypothesis", "source", "speedup", "gain", "tau", "ms_per_token", "stage_ms", "error",
+              "elapsed_s"):
         if k in t:
             row[k] = t[k]
     if t.get("forcing"):

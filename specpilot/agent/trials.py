@@ -114,12 +114,20 @@ def _evaluate(backend, job: dict, out: dict) -> None:
         out["ar_ms_per_token"] = 1e3 * ar_s / max(ar_tokens, 1)
     elif same:
         out["ar_ms_per_token"] = 1e3 * total_s / max(tokens, 1)
-    profile = engine.profile(groups[0], max_new, rounds=job["profile_rounds"])
-    ceilings, source = backend.ceilings(cfg, profile)
     out.update(
         ms_per_token=1e3 * total_s / max(tokens, 1),
         tokens_per_s=tokens / max(total_s, 1e-12),
         tau=committed / max(rounds, 1),
+    )
+    # `profile_above` (search.profile_all=false): a candidate slower than the incumbent is not profiled stage by
+    # stage — it can become neither the incumbent nor a memory record — which saves compiling every stage alone
+    if job.get("profile_above") is not None and out.get("ar_ms_per_token") and out["ms_per_token"] > 0:
+        if out["ar_ms_per_token"] / out["ms_per_token"] < job["profile_above"]:
+            out["profiled"] = False
+            return
+    profile = engine.profile(groups[0], max_new, rounds=job["profile_rounds"])
+    ceilings, source = backend.ceilings(cfg, profile)
+    out.update(
         stage_ms=dict(profile["stage_ms"]),
         round_ms=profile["round_ms"],
         tokens_per_round=profile["tokens_per_round"],

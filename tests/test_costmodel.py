@@ -20,7 +20,7 @@ from specpilot.costmodel import (
     stage_costs,
 )
 from specpilot.costmodel import counts
-from specpilot.costmodel.predict import measured_row, project, stage_points
+from specpilot.costmodel.predict import measured_row, observed_budgets, project, stage_points
 from specpilot.decoding.fake import FakeEngine
 from specpilot.models.config import DrafterConfig, ModelConfig, RopeConfig
 
@@ -121,11 +121,16 @@ def true_ms(curve: str, x: float, b: int) -> float:
     """Known, bilinear stage times: the fitted model must reproduce them exactly."""
     return {
         "target_pass/bf16": 2.0 + 0.05 * x + 0.5 * b + 0.01 * x * b,
+        "tlv_verify/bf16": 2.5 + 0.05 * x + 0.6 * b,
         "level1/int8": 1.0 + 0.02 * x + 0.3 * b,
-        "draft/bf16": 1.0 + 0.2 * b,
+        "draft/chain/bf16": 1.0 + 0.2 * b,
+        "draft/tree/bf16": 1.1 + 0.2 * b,
+        "draft/tlv/bf16": 1.3 + 0.25 * b,
         "tree/chain": 0.05 * b,
         "tree/best_first": 0.1 + 0.001 * x * b,
-        "commit/bf16": 0.3 + 0.1 * b,
+        "commit/chain/bf16": 0.3 + 0.1 * b,
+        "commit/tree/bf16": 0.35 + 0.1 * b,
+        "commit/tlv/bf16": 0.5 + 0.1 * b,
         "commit/ar": 0.02 * b,
     }[curve]
 
@@ -188,8 +193,31 @@ def test_leave_one_out_exact_inside_the_measured_range(rows):
     assert loo[("ddtree@64", 1)]["error"] == pytest.approx(0.0, abs=1e-9)  # interpolated from x = 17 and 257
     assert loo[("ddtree@64", 8)]["error"] == pytest.approx(0.0, abs=1e-9)
     assert loo[("ddtree@16", 8)]["error"] == pytest.approx(0.0, abs=1e-9)  # extrapolated linearly: exact here
-    # the chain tree is measured by stock alone: without it, B=8 is extrapolated from B=1's value.
-    assert loo[("stock", 8)]["predicted_ms"] == pytest.approx(expected_step({"name": "stock"}, 8) - 0.05 * 7)
+    # chain draft, tree and commit are measured by stock alone: without it, B=8 takes B=1's values.
+    only_stock = 0.2 * 7 + 0.05 * 7 + 0.1 * 7
+    assert loo[("stock", 8)]["predicted_ms"] == pytest.approx(expected_step({"name": "stock"}, 8) - only_stock)
+
+
+def test_engine_kinds_keep_their_own_draft_and_commit_curves(rows):
+    model = StepTimeModel.fit(rows)
+    for name, kind in (("stock", "chain"), ("ddtree", "tree"), ("tlv", "tlv")):
+        pts = stage_points({"name": name, "tree_budget": 64}, BLOCK)
+        assert pts["draft"][0] == f"draft/{kind}/bf16" and pts["commit"][0] == f"commit/{kind}/bf16"
+        assert model.curve_ms(*pts["commit"], 8) == pytest.approx(true_ms(f"commit/{kind}/bf16", 0, 8))
+
+
+def test_specpilot_rounds_are_predicted_at_the_budgets_they_chose(rows):
+    cfg = {"name": "specpilot", "tree_budget": 256, "budget_candidates": [16, 64, 256]}
+    assert observed_budgets({"verified_nodes": [64, 60, 256, 64]}, cfg) == {64: 0.75, 256: 0.25}
+    assert observed_budgets({"verified_nodes": [64]}, {"name": "ddtree", "tree_budget": 64}) == {}
+    # a measured row that chose 64 in three rounds of four and 256 in one: its truth is that mixture
+    truth = 0.75 * expected_step(cfg, 8, 64) + 0.25 * expected_step(cfg, 8, 256)
+    eng = FakeEngine("specpilot", stage_ms={"draft": 0.0, "tree": 0.0, "verify": truth, "commit": 0.0})
+    prof = {**eng.profile([[1, 2]] * 8, 32), "verified_nodes": [64, 64, 256, 64]}
+    row = measured_row(prof, cfg, BLOCK)
+    assert row["nodes_mix"] == {64: 0.75, 256: 0.25}
+    (v,) = [v for v in leave_one_out(rows + [row], BLOCK) if v["label"] == row["label"]]
+    assert v["predicted_ms"] == pytest.approx(truth, rel=1e-9)
 
 
 def test_single_level1_point_borrows_the_target_pass_shape(rows):

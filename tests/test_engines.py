@@ -182,3 +182,18 @@ def test_no_round_after_eos(eos_runs, eos_setup):
     for name, (tokens, acc, _) in eos_runs.items():
         extra[name] = [i for i, (w, a) in enumerate(zip(want, acc)) if len(a) > 1 and sum(a[:-1]) >= len(w) - 1]
     assert not any(extra.values()), f"requests that ran a round after finishing: {extra}"
+
+
+def test_profile_times_stages_and_reports_the_budgets_specpilot_chose(pair, prompts):
+    """`Engine.profile`: every stage timed (median of repeats), the round is their sum, and a cost-aware
+    engine's verified node counts per round are among its candidates' sizes."""
+    tcfg = pair[0]
+    eng = engine("specpilot", SPEC_ENGINES["specpilot"], tcfg, pair)
+    prof = eng.profile(prompts[:2], 24, rounds=3, repeats=2)
+    assert list(prof["stage_ms"]) == ["draft", "tree", "verify", "commit"]
+    assert all(v > 0 for v in prof["stage_ms"].values())
+    assert prof["round_ms"] == pytest.approx(sum(prof["stage_ms"].values()))
+    assert len(prof["verified_nodes"]) == prof["rounds"] > 0
+    assert all(1 <= v <= 24 for v in prof["verified_nodes"])
+    ar = engine("ar", dict(name="ar"), tcfg, pair).profile(prompts[:2], 8, rounds=2, repeats=1)
+    assert ar["verified_nodes"] == [] and list(ar["stage_ms"]) == ["verify", "commit"]

@@ -18,7 +18,7 @@ import numpy as np
 
 from specpilot.costmodel import counts
 from specpilot.costmodel.gaps import gap_report
-from specpilot.costmodel.predict import StepTimeModel, config_label, measured_row
+from specpilot.costmodel.predict import StepTimeModel, config_label, measured_row, observed_budgets
 from specpilot.models.config import DrafterConfig, ModelConfig, model_config_from_shapes, synthetic_drafter_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -201,7 +201,9 @@ def measure_row(dep: Deployment, engine_cfg: dict, batch: int, context: int, cap
     engine = build_engine(dep, engine_cfg, capacity)
     prof = profile_engine(engine, prompts, max_new, rounds, seed, eager_prefill)
     del engine
-    nodes = None  # what a specpilot round chose is not observable from a profile; predicted from its table
+    # a specpilot engine that chose one budget in every timed round sits on the shared target-pass curve
+    mix = observed_budgets(prof, engine_cfg)
+    nodes = next(iter(mix)) if len(mix) == 1 else None
     costs = counts.stage_costs(dep.target_cfg, dep.drafter_cfg, engine_cfg, batch, context, dep.act_bytes, nodes)
     ceilings = {s: hw.ms(c.bytes, c.flops) for s, c in costs.items()} if hw is not None else {}
     return {

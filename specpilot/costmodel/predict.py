@@ -48,14 +48,20 @@ def stage_points(engine_cfg: dict, block: int, nodes: int | None = None) -> dict
     """{stage: (curve, x)} for one round. `block`: the drafter's block size (ignored for AR);
     `nodes`: the budget a `specpilot` round verified. A measured specpilot round whose budget is unknown
     (nodes=None) puts its verify on a curve of its own, so it never skews the shared target-pass curve;
-    predictions pass the budget its policy picks (`choose_budget`)."""
+    predictions pass the budget its policy picks (`choose_budget`) or the mix it was seen to pick.
+
+    The target pass (verify) is one curve for AR, stock, DDTree and SpecPilot: the same forward over x
+    tokens. Draft and commit are separate programs per engine kind (chain, tree, tlv) and measured
+    1.5x apart on the H200 (docs/results/2026-11-30-costmodel-h200-b1), so each kind has its own curves;
+    so has TLV's exact verify of its chosen chain."""
     name = engine_cfg["name"]
     fmt = engine_cfg.get("weight_format", "bf16")
     if name == "ar":
         return {"verify": (f"target_pass/{fmt}", 1), "commit": ("commit/ar", 0)}
     block = int(engine_cfg.get("block_size") or block)
     depth = block - 1
-    points = {"draft": (f"draft/{fmt}", block)}
+    kind = {"stock": "chain", "tlv": "tlv"}.get(name, "tree")
+    points = {"draft": (f"draft/{kind}/{fmt}", block)}
     if name == "stock":
         points["tree"] = ("tree/chain", depth)
         verify_x = block
@@ -66,7 +72,7 @@ def stage_points(engine_cfg: dict, block: int, nodes: int | None = None) -> dict
             if nodes is None:  # the budget each round chose is not observed: keep it off the shared curve
                 points["tree"] = ("tree/best_first", built)
                 points["verify"] = (f"specpilot_verify/{fmt}", built + 1)
-                points["commit"] = (f"commit/{fmt}", depth + 1)
+                points["commit"] = (f"commit/{kind}/{fmt}", depth + 1)
                 return points
             verify_x = int(nodes) + 1
         else:
@@ -75,9 +81,11 @@ def stage_points(engine_cfg: dict, block: int, nodes: int | None = None) -> dict
         points["tree"] = ("tree/best_first", built)
         if name == "tlv":
             points["level1"] = (f"level1/{engine_cfg.get('level1_format', 'int8')}", built + 1)
-            verify_x = block  # the exact target verifies the chosen chain only
+            points["verify"] = (f"tlv_verify/{fmt}", block)  # the exact target verifies the chosen chain only
+            points["commit"] = (f"commit/{kind}/{fmt}", depth + 1)
+            return points
     points["verify"] = (f"target_pass/{fmt}", verify_x)
-    points["commit"] = (f"commit/{fmt}", depth + 1)
+    points["commit"] = (f"commit/{kind}/{fmt}", depth + 1)
     return points
 
 
@@ -234,6 +242,17 @@ class StepTimeModel:
         return {f"{c}@B{b}": [[x, y] for x, y in pts] for (c, b), pts in sorted(self.curves.items())}
 
 
+def observed_budgets(profile: dict, engine_cfg: dict) -> dict[int, float]:
+    """{budget: share of the timed rounds} a `specpilot` engine chose, from its profile's `verified_nodes`
+    (a round that verified v nodes chose the smallest candidate ≥ v). Empty for other engines."""
+    seen = profile.get("verified_nodes") or []
+    if engine_cfg["name"] != "specpilot" or not seen:
+        return {}
+    cands = sorted(int(c) for c in (engine_cfg.get("budget_candidates") or [engine_cfg.get("tree_budget", 256)]))
+    picked = [next((c for c in cands if c >= v), cands[-1]) for v in seen]
+    return {c: picked.count(c) / len(picked) for c in sorted(set(picked))}
+
+
 def measured_row(profile: dict, engine_cfg: dict, block: int, nodes: int | None = None) -> dict:
     """A row `StepTimeModel.fit` reads, from an `Engine.profile` (or `FakeEngine.profile`) result."""
     return {
@@ -245,6 +264,7 @@ def measured_row(profile: dict, engine_cfg: dict, block: int, nodes: int | None 
         "tokens_per_round": float(profile["tokens_per_round"]),
         "points": {k: list(v) for k, v in stage_points(engine_cfg, block, nodes).items()},
         **({"nodes": nodes} if nodes is not None else {}),
+        **({"nodes_mix": observed_budgets(profile, engine_cfg)} if observed_budgets(profile, engine_cfg) else {}),
     }
 
 
@@ -260,7 +280,8 @@ def leave_one_out(rows: list[dict], block: int) -> list[dict]:
         model = StepTimeModel.fit(r for j, r in enumerate(rows) if j != i)
         measured = sum(row["stage_ms"].values())
         try:
-            pred = model.predict_step(row["engine_cfg"], row["batch"], block, row.get("nodes"))
+            mix = {int(n): w for n, w in (row.get("nodes_mix") or {}).items()} or {row.get("nodes"): 1.0}
+            pred = sum(w * model.predict_step(row["engine_cfg"], row["batch"], block, n) for n, w in mix.items())
         except KeyError as e:
             out.append({"label": row["label"], "batch": row["batch"], "measured_ms": measured, "predicted_ms": None,
                         "error": None, "note": f"not predictable without it: {e.args[0]}"})

@@ -19,7 +19,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def git_commit() -> str:
-    """HEAD's short hash (+ '-dirty' when tracked files differ), else $SPECPILOT_COMMIT, else 'unknown'."""
+    """$SPECPILOT_COMMIT when set (the device tool's copy of a checkout carries a stale .git: its HEAD is the
+    session's first commit), else HEAD's short hash (+ '-dirty' when tracked files differ), else 'unknown'."""
+    if os.environ.get("SPECPILOT_COMMIT"):
+        return os.environ["SPECPILOT_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
                               timeout=10)
@@ -29,7 +32,7 @@ def git_commit() -> str:
             return head.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("SPECPILOT_COMMIT", "unknown (no git checkout; set SPECPILOT_COMMIT)")
+    return "unknown (no git checkout; set SPECPILOT_COMMIT)"
 
 
 def provenance(hw=None) -> dict:

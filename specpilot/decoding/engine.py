@@ -111,10 +111,15 @@ class Engine:
         return carry["state"]
 
     def profile(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, rounds: int = 8, seed: int = 0,
-                eager_prefill: bool = False) -> dict:
-        """Mean wall time per round of each stage (ms), each stage jitted alone and synchronised, over
-        up to `rounds` rounds after one warm-up round. Feeds the cost model's measured components.
-        `eager_prefill` runs the (untimed) prefill op by op instead of compiling it."""
+                eager_prefill: bool = False, repeats: int = 5) -> dict:
+        """Wall time per round of each stage (ms), each stage jitted alone and synchronised, over up to
+        `rounds` rounds after one warm-up round. Feeds the cost model's measured components.
+
+        Each stage runs `repeats` times per round on the same inputs (stages are pure) and its median
+        counts: one synchronised call of a 36-layer step carries host-dispatch jitter of ±15 % on a GPU
+        (docs/results/2026-11-30-costmodel-h200-b1). `verified_nodes` lists, per timed round, the most tree
+        nodes a request verified (the budget a cost-aware `specpilot` round chose). `eager_prefill` runs
+        the (untimed) prefill op by op instead of compiling it."""
         import time
 
         check_prompts(prompts, self.cfg, max_new_tokens, self.max_prompt_plus_new())
@@ -123,16 +128,22 @@ class Engine:
         stage_fns = [(name, jax.jit(fn)) for name, fn in self.stages()]
         state = prefill(self.params, tokens, lens, max_new_tokens, jax.random.key(seed))
         totals = {name: 0.0 for name, _ in stage_fns}
-        timed_rounds, committed = 0, 0
+        timed_rounds, committed, nodes = 0, 0, []
         for r in range(rounds + 1):
             if bool(np.all(np.asarray(state.done))):
                 break
             carry, before = {}, np.asarray(state.n_out).sum()
             for name, fn in stage_fns:
-                t0 = time.perf_counter()
-                carry = jax.block_until_ready(fn(self.params, state, carry))
+                times = []
+                for _ in range(max(repeats, 1) if r > 0 else 1):
+                    t0 = time.perf_counter()
+                    out = jax.block_until_ready(fn(self.params, state, carry))
+                    times.append(time.perf_counter() - t0)
+                carry = out
                 if r > 0:
-                    totals[name] += time.perf_counter() - t0
+                    totals[name] += float(np.median(times))
+                    if "nodes" in carry:
+                        nodes.append(int(np.max(np.asarray(carry["nodes"]))))
             state = carry["state"]
             if r > 0:
                 timed_rounds += 1
@@ -145,6 +156,7 @@ class Engine:
             "stage_ms": {k: 1e3 * v / n for k, v in totals.items()},
             "round_ms": 1e3 * sum(totals.values()) / n,
             "tokens_per_round": committed / n,
+            "verified_nodes": nodes,
         }
 
     def max_prompt_plus_new(self) -> int:

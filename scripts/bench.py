@@ -54,6 +54,8 @@ def parse_args(argv=None):
     ap.add_argument("--tlv-budget", type=int, default=128, help="TLV level-1 tree size")
     ap.add_argument("--level1-format", default="int8", choices=("int8", "fp8"))
     ap.add_argument("--formats", nargs="+", default=["bf16"], choices=("bf16", "w12"), help="weight formats")
+    ap.add_argument("--attentions", nargs="+", default=["xla"], choices=("xla", "pallas_tree"),
+                    help="verify attention implementations (pallas_tree: the tree-attention kernel on Hopper)")
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     ap.add_argument("--context", type=int, default=1024, help="committed tokens per request")
     ap.add_argument("--rounds", type=int, default=6,
@@ -89,9 +91,9 @@ def parse_args(argv=None):
 def engine_configs(args) -> list[dict]:
     cands = sorted(set(args.specpilot_candidates or args.budgets))
     out = []
-    for fmt in args.formats:
+    for fmt, attention in [(f, a) for f in args.formats for a in args.attentions]:
         for name in args.engines:
-            base = {"name": name, "weight_format": fmt}
+            base = {"name": name, "weight_format": fmt, **({"attention": attention} if attention != "xla" else {})}
             if name == "ddtree":
                 out += [{**base, "tree_budget": n} for n in args.budgets]
             elif name == "tlv":
@@ -109,12 +111,13 @@ def calibration_configs(args) -> list[dict]:
     if args.calibration == "off":
         return []
     out = []
-    for fmt in args.formats:
-        out += [{"name": n, "weight_format": fmt} for n in ("ar", "stock") if n in args.engines]
+    for fmt, attention in [(f, a) for f in args.formats for a in args.attentions]:
+        base = {"weight_format": fmt, **({"attention": attention} if attention != "xla" else {})}
+        out += [{"name": n, **base} for n in ("ar", "stock") if n in args.engines]
         if {"ddtree", "specpilot", "tlv"} & set(args.engines):
-            out += [{"name": "ddtree", "weight_format": fmt, "tree_budget": n} for n in args.calibration_ddtree_budgets]
+            out += [{"name": "ddtree", **base, "tree_budget": n} for n in args.calibration_ddtree_budgets]
         if "tlv" in args.engines:
-            out += [{"name": "tlv", "weight_format": fmt, "tree_budget": n, "level1_format": args.level1_format}
+            out += [{"name": "tlv", **base, "tree_budget": n, "level1_format": args.level1_format}
                     for n in args.calibration_tlv_budgets]
     return out
 

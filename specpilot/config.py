@@ -203,8 +203,8 @@ ProxyGroup = Annotated[Any, BeforeValidator(_proxy_spec)]
 
 class _EngineBase(_Strict):
     weight_format: Literal["bf16", "w12"] = "bf16"
-    # only plain XLA attention exists today; cudnn / pallas_tree land with the tree-attention kernel
-    attention: Literal["xla"] = "xla"
+    # verify attention: xla (dense mask) | pallas_tree (pallas_kernels/tree_attention; specpilot/models/target.py)
+    attention: Literal["xla", "pallas_tree"] = "xla"
 
 
 class AREngineConfig(_EngineBase):

@@ -44,7 +44,7 @@ def test_engine_switch_starts_from_defaults_and_clamps(space, stock):
     ({"engine": "ddtree", "tree_budget": "32"}, "tree_budget: expected an integer, got '32'"),
     ({"block_size": 32}, "block_size: 32 outside [2, 16]"),
     ({"weight_format": "w12"}, "weight_format=w12: needs bfloat16 target weights"),
-    ({"attention": "pallas_tree"}, "attention='pallas_tree': not available yet"),
+    ({"attention": "cudnn"}, "attention='cudnn': not available yet"),
     ({"tlv_paths": 2}, "tlv_paths: not available yet"),
     ({"engine": "beam"}, "engine: expected one of 'ar'"),
     ({"tree_size": 8}, "tree_size: unknown knob"),
@@ -77,5 +77,5 @@ def test_description_is_json_and_lists_unavailable_knobs(space):
     names = {k["name"]: k for k in d["knobs"]}
     assert names["tree_budget"]["range"] == [1, 128]
     assert names["tlv_paths"]["available"] is False and names["tlv_paths"]["why_unavailable"]
-    assert "pallas_tree" in names["attention"]["not_yet_available_values"]
+    assert "cudnn" in names["attention"]["not_yet_available_values"] and "pallas_tree" in names["attention"]["choices"]
     assert any("w12" in c for c in d["constraints"])

@@ -168,9 +168,8 @@ class ConfigSpace:
             Knob("weight_format", "categorical", ENGINE_NAMES, choices=("bf16", "w12"),
                  description="target/drafter weight storage: bf16, or w12 (lossless 12-bit: fewer bytes per "
                              "verify; needs bfloat16 weights)"),
-            Knob("attention", "categorical", ENGINE_NAMES, choices=("xla",),
-                 planned=(("cudnn", "lands with the tree-attention kernel"),
-                          ("pallas_tree", "lands with the tree-attention kernel")),
+            Knob("attention", "categorical", ENGINE_NAMES, choices=("xla", "pallas_tree"),
+                 planned=(("cudnn", "not built yet"),),
                  description="attention implementation of verify"),
             Knob("tlv_paths", "int", ("tlv",), low=1, high=8, available=False,
                  unavailable_reason="tlv verifies exactly one level-1 path today",

@@ -41,7 +41,17 @@ def config_label(engine_cfg: dict) -> str:
     if engine_cfg.get("block_size"):
         label += f"/b{int(engine_cfg['block_size'])}"
     fmt = engine_cfg.get("weight_format", "bf16")
-    return label if fmt == "bf16" else f"{label}+{fmt}"
+    label = label if fmt == "bf16" else f"{label}+{fmt}"
+    attention = engine_cfg.get("attention", "xla")
+    return label if attention == "xla" else f"{label}+{attention}"
+
+
+def program_variant(engine_cfg: dict) -> str:
+    """What changes the compiled passes besides their size: weight format, plus the verify attention
+    when it is not XLA's (e.g. 'bf16', 'w12', 'bf16+pallas_tree'). Each variant has its own curves."""
+    fmt = engine_cfg.get("weight_format", "bf16")
+    attention = engine_cfg.get("attention", "xla")
+    return fmt if attention == "xla" else f"{fmt}+{attention}"
 
 
 def stage_points(engine_cfg: dict, block: int, nodes: int | None = None) -> dict[str, tuple[str, int]]:
@@ -55,7 +65,7 @@ def stage_points(engine_cfg: dict, block: int, nodes: int | None = None) -> dict
     1.5x apart on the H200 (docs/results/2026-11-30-costmodel-h200-b1), so each kind has its own curves;
     so has TLV's exact verify of its chosen chain."""
     name = engine_cfg["name"]
-    fmt = engine_cfg.get("weight_format", "bf16")
+    fmt = program_variant(engine_cfg)
     if name == "ar":
         return {"verify": (f"target_pass/{fmt}", 1), "commit": ("commit/ar", 0)}
     block = int(engine_cfg.get("block_size") or block)
@@ -227,7 +237,7 @@ class StepTimeModel:
         """`engine_cfg` (a specpilot dict) with its verify-cost table and fixed per-round cost taken from
         this model: draft + tree (best-first at its largest budget; the chain's when none was measured)
         + commit."""
-        fmt = engine_cfg.get("weight_format", "bf16")
+        fmt = program_variant(engine_cfg)
         cands = engine_cfg.get("budget_candidates") or [engine_cfg.get("tree_budget", 256)]
         pts = stage_points(engine_cfg, block)
         fixed = sum(self.curve_ms(*pts[s], batch) for s in ("draft", "commit"))
@@ -310,7 +320,8 @@ def project(rows: list[dict], tau: TauProfile, block: int) -> list[dict]:
             t_step = model.predict_step(cfg, b, block, nodes)
         t_ar = ar.get(b)
         if t_ar is None:
-            t_ar = model.predict_step({"name": "ar", "weight_format": cfg.get("weight_format", "bf16")}, b, block)
+            t_ar = model.predict_step({"name": "ar", **{k: cfg[k] for k in ("weight_format", "attention") if k in cfg}},
+                                      b, block)
         value, how = tau.lookup(cfg, nodes)
         out.append({"label": r["label"] + (f" (budget {nodes})" if nodes else ""), "batch": b, "tau": value,
                     "tau_how": how, "t_step_ms": t_step, "t_ar_ms": t_ar, "speedup": speedup(value, t_ar, t_step),

@@ -19,13 +19,14 @@ def make_engine(engine_cfg: dict, target_cfg, target_weights, drafter_cfg=None, 
 
         target_weights = pack_w12(target_weights)
         drafter_weights = None if drafter_weights is None else pack_w12(drafter_weights)
+    attention = engine_cfg.get("attention", "xla")
     if name == "ar":
-        return AREngine(target_cfg, target_weights, sampling, context)
+        return AREngine(target_cfg, target_weights, sampling, context, attention)
     if name not in ENGINES:
         raise ValueError(f"engine.name: unknown engine {name!r} (choose from {', '.join(ENGINES)})")
     if drafter_cfg is None or drafter_weights is None:
         raise ValueError(f"engine {name!r} needs a drafter (set drafter.path or use random drafter shapes)")
-    common = dict(sampling=sampling, context=context, block_size=engine_cfg.get("block_size"))
+    common = dict(sampling=sampling, context=context, block_size=engine_cfg.get("block_size"), attention=attention)
     if name == "stock":
         return SpecEngine("stock", target_cfg, target_weights, drafter_cfg, drafter_weights, tree="chain", **common)
     if name == "ddtree":

@@ -19,8 +19,9 @@ class AREngine(Engine):
     name = "ar"
     slack = 1
 
-    def __init__(self, cfg: ModelConfig, weights, sampling: Sampling = Sampling(), context: int | None = None):
-        self.cfg, self.params, self.sampling = cfg, weights, sampling
+    def __init__(self, cfg: ModelConfig, weights, sampling: Sampling = Sampling(), context: int | None = None,
+                 attention: str = "xla"):
+        self.cfg, self.params, self.sampling, self.attention = cfg, weights, sampling, attention
         self.context = context or cfg.max_position_embeddings
         self.dtype = weights.embed.dtype
 
@@ -35,7 +36,7 @@ class AREngine(Engine):
 
     def _stage_step(self, params, state: LoopState, carry):
         cache = state.extra
-        out = forward(params, self.cfg, state.last[:, None], cache.lengths[:, None], cache)
+        out = forward(params, self.cfg, state.last[:, None], cache.lengths[:, None], cache, attention=self.attention)
         key, sub = jax.random.split(state.key)
         return {"next": pick(sub, out.logits[:, 0], self.sampling), "cache": out.cache, "key": key}
 

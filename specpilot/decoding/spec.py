@@ -71,6 +71,7 @@ class SpecEngine(Engine):
         level1_format: str | None = None,
         budget_for_round=None,
         reference_loop: bool = False,
+        attention: str = "xla",
     ):
         if dcfg.layers.hidden_size != cfg.hidden_size:
             raise ValueError(
@@ -88,6 +89,7 @@ class SpecEngine(Engine):
         self.n_nodes = self.depth if tree == "chain" else int(tree_budget or self.depth)
         self.budget_for_round = budget_for_round
         self.reference_loop = reference_loop
+        self.attention = attention  # of the verify (and level-1) passes; the prefill stays on XLA
         self.slack = self.n_nodes + 1  # scratch cache slots one verify writes past the committed prefix
         self.context = context or cfg.max_position_embeddings
         self.dtype = target_weights.embed.dtype
@@ -147,7 +149,8 @@ class SpecEngine(Engine):
         anc = jax.vmap(lambda t: trees.ancestor_mask(t, self.depth))(tree)
         toks = jnp.concatenate([last[:, None], tree.tokens], axis=1)
         depth = jnp.concatenate([jnp.zeros_like(tree.depth[:, :1]), tree.depth], axis=1)
-        out = forward(weights, self.cfg, toks, cache.lengths[:, None] + depth, cache, anc, hidden_layer_ids)
+        out = forward(weights, self.cfg, toks, cache.lengths[:, None] + depth, cache, anc, hidden_layer_ids,
+                      attention=self.attention)
         return out, anc
 
     def _verify(self, weights, last, tree, cache):

@@ -3,6 +3,13 @@
 One function serves prefill, decode, chain verification and tree verification: it takes T new tokens
 per request at arbitrary positions, with an arbitrary visibility mask among them (causal for prefill and
 decode, ancestor-only for a tree), on top of each request's committed cache prefix.
+
+Attention implementations (`forward(..., attention=)`, the engines' `attention` knob):
+- `xla`: masked softmax attention over the whole cache buffer with a dense [B, T, S] mask (the reference);
+- `pallas_tree`: `pallas_kernels.tree_attention` — the prefix read up to each request's length plus the new
+  tokens' own K/V under the [B, T, T] mask packed as ancestor bits; its Mosaic GPU kernel on an H100/H200
+  (16-bit weights, head_dim a multiple of 64; other shapes fall back to its jnp reference with a warning),
+  the jnp reference elsewhere.
 """
 
 from __future__ import annotations
@@ -77,7 +84,10 @@ class StepOutput(NamedTuple):
     hidden: jax.Array | None  # [B, T, len(ids) * H]: outputs of the requested layers, concatenated
 
 
-def _layer(cfg: ModelConfig, lw: Layer, i: int, x, cos, sin, cache: KVCache, mask):
+ATTENTION = ("xla", "pallas_tree")
+
+
+def _layer(cfg: ModelConfig, lw: Layer, i: int, x, cos, sin, cache: KVCache, mask, tree_bits=None):
     b, t, _ = x.shape
     h = rms_norm(x, lw.attn_norm, cfg.rms_norm_eps)
     qkv = linear(h, lw.w_qkv)
@@ -91,7 +101,13 @@ def _layer(cfg: ModelConfig, lw: Layer, i: int, x, cos, sin, cache: KVCache, mas
     cache = dataclasses.replace(
         cache, k=write_layer(cache.k, i, k, cache.lengths), v=write_layer(cache.v, i, v, cache.lengths)
     )
-    x = x + linear(attention(q, cache.k[i], cache.v[i], mask), lw.w_o)
+    if tree_bits is None:
+        attn = attention(q, cache.k[i], cache.v[i], mask)
+    else:  # the kernel reads the prefix below `lengths` and the new tokens from k, v (not from the cache)
+        from pallas_kernels.tree_attention import tree_attention
+
+        attn = tree_attention(q, cache.k[i], cache.v[i], cache.lengths, k, v, tree_bits).reshape(b, t, -1)
+    x = x + linear(attn, lw.w_o)
     h = rms_norm(x, lw.mlp_norm, cfg.rms_norm_eps)
     gate, up = jnp.split(linear(h, lw.w_gate_up), 2, axis=-1)
     x = x + linear(jax.nn.silu(gate) * up, lw.w_down)
@@ -106,6 +122,7 @@ def forward(
     cache: KVCache,
     block_mask: jax.Array | None = None,
     hidden_layer_ids: tuple[int, ...] = (),
+    attention: str = "xla",
 ) -> StepOutput:
     """Run T new tokens per request through the target.
 
@@ -114,16 +131,25 @@ def forward(
     is always visible. hidden_layer_ids: layers whose outputs to return, as HF's `hidden_states[i + 1]`:
     the residual stream after layer i, except that the last layer's entry is the final-RMSNormed state
     (HF replaces it with `last_hidden_state`; DFlash drafters were trained on exactly that).
+    attention: "xla" | "pallas_tree" (module docstring).
     """
     b, t = tokens.shape
+    if attention not in ATTENTION:
+        raise ValueError(f"attention: unknown implementation {attention!r} (choose from {', '.join(ATTENTION)})")
     if block_mask is None:
         block_mask = causal_block_mask(b, t)
-    mask = cache_mask(cache.lengths, block_mask, cache.capacity)
+    mask = tree_bits = None
+    if attention == "pallas_tree":
+        from pallas_kernels.tree_attention import dense_to_ancestor_bits
+
+        tree_bits = dense_to_ancestor_bits(block_mask)
+    else:
+        mask = cache_mask(cache.lengths, block_mask, cache.capacity)
     cos, sin = rope_tables(cfg, positions)
     x = weights.embed[tokens].astype(cache.k.dtype)
     hidden = {}
     for i, lw in enumerate(weights.layers):
-        x, cache = _layer(cfg, lw, i, x, cos, sin, cache, mask)
+        x, cache = _layer(cfg, lw, i, x, cos, sin, cache, mask, tree_bits)
         if i in hidden_layer_ids:
             hidden[i] = x
     x = rms_norm(x, weights.final_norm, cfg.rms_norm_eps)

@@ -1,0 +1,91 @@
+"""The model's `attention` choice: `pallas_tree` (tree-attention kernel, or its jnp reference off Hopper)
+computes the same step as the dense-mask XLA attention, inside the forward pass and inside an engine."""
+
+from __future__ import annotations
+
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_kernels.tree_attention as ta
+from specpilot.decoding import make_engine
+from specpilot.models import target
+from specpilot.models.kv_cache import KVCache
+from specpilot.models.weights import init_random_target
+from tests import models as tm
+
+
+def random_tree_mask(b: int, n: int, rng) -> jnp.ndarray:
+    """[B, n, n] ancestor-or-self masks of random trees (node 0 the root, parents before children)."""
+    mask = np.zeros((b, n, n), bool)
+    for r in range(b):
+        parent = [-1] + [int(rng.integers(0, i)) for i in range(1, n)]
+        for i in range(n):
+            j = i
+            while j >= 0:
+                mask[r, i, j] = True
+                j = parent[j]
+    return jnp.asarray(mask)
+
+
+def step(cfg, weights, dtype, attention, lengths, n, seed=0):
+    """One tree-verify forward over a filled cache; returns logits and the hidden of layer 0."""
+    rng = np.random.default_rng(seed)
+    b, cap = len(lengths), 128
+    kv = rng.normal(size=(2, cfg.num_layers, b, cap, cfg.num_kv_heads, cfg.head_dim))
+    cache = KVCache(k=jnp.asarray(kv[0], dtype), v=jnp.asarray(kv[1], dtype), lengths=jnp.asarray(lengths, jnp.int32))
+    tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, size=(b, n)), jnp.int32)
+    mask = random_tree_mask(b, n, rng)
+    depth = jnp.sum(mask, -1) - 1
+    out = target.forward(weights, cfg, tokens, cache.lengths[:, None] + depth, cache, mask, (0,), attention=attention)
+    return out.logits, out.hidden
+
+
+def test_pallas_tree_reference_path_equals_xla_attention():
+    cfg = tm.target_config(vocab=32, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16)
+    w = init_random_target(cfg, 0, jnp.float32)
+    want = step(cfg, w, jnp.float32, "xla", [5, 40, 0], 9)
+    got = step(cfg, w, jnp.float32, "pallas_tree", [5, 40, 0], 9)
+    for a, b in zip(want, got):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-5, atol=2e-5)
+
+
+def test_pallas_tree_kernel_in_interpret_mode_inside_the_model(monkeypatch):
+    """The Mosaic GPU kernel itself (CPU interpret mode) in a bf16 model with Qwen3-like attention shapes."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    from pallas_kernels.tree_attention import mosaic_gpu
+
+    calls = []
+
+    def kernel(*args, **kw):
+        calls.append(args[0].shape)
+        return mosaic_gpu.tree_attention(*args, interpret=plgpu.InterpretGPUParams())
+
+    monkeypatch.setattr(ta, "tree_attention", kernel)
+    cfg = tm.target_config(vocab=32, hidden=128, layers=1, heads=4, kv_heads=1, head_dim=64)
+    w = init_random_target(cfg, 1, jnp.bfloat16)
+    want, _ = step(cfg, w, jnp.bfloat16, "xla", [70, 3], 12, seed=1)
+    got, _ = step(cfg, w, jnp.bfloat16, "pallas_tree", [70, 3], 12, seed=1)
+    assert calls == [(2, 12, 4, 64)]
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=0.1, rtol=0.05)  # bf16 rounding differs
+    assert np.mean(np.argmax(np.asarray(got), -1) == np.argmax(np.asarray(want), -1)) > 0.9
+
+
+def test_unknown_attention_is_a_clear_error():
+    cfg = tm.target_config()
+    w = init_random_target(cfg, 0, jnp.float32)
+    with pytest.raises(ValueError, match="attention: unknown implementation 'cudnn'"):
+        step(cfg, w, jnp.float32, "cudnn", [3], 2)
+
+
+@pytest.mark.parametrize("name", ["ar", "ddtree"])
+def test_engine_with_pallas_tree_attention_equals_ar(name):
+    pair = tm.repeat_pair(tm.target_config(vocab=16), block_size=8, embed_scale=0.6, seed=0)
+    tcfg, tw, dcfg, dw = pair
+    prompts = tm.prompts(2, 16, lengths=(3, 6), seed=1, exclude=(15,))
+    ar = make_engine({"name": "ar"}, tcfg, tw, dcfg, dw, context=64).generate(prompts, 24)
+    eng = make_engine({"name": name, "tree_budget": 12, "attention": "pallas_tree"}, tcfg, tw, dcfg, dw, context=64)
+    assert eng.attention == "pallas_tree"
+    assert eng.generate(prompts, 24).tokens == ar.tokens

@@ -1,26 +1,19 @@
 #!/usr/bin/env bash
-# Issue #6 on one H200 (device tool), in one command of < 10 minutes: the bench of qwen3_8b shapes at batch
-# 1/8/32 (calibration grid + configurations, cost-model check), then the three reproduction scripts (the
-# oracle pair measured, qwen3_8b projected). Everything is written under /tmp/r and packed into $OUT/r.tgz
-# every 15 s, so a run cut short still returns what it finished. Usage (repo root, shared/oracle_pair copied
-# into the checkout): SPECPILOT_COMMIT=<hash> bash scripts/h200/costmodel.sh
+# Issue #6 on one H200 (device tool), one command of < 10 minutes per call: the bench of qwen3_8b shapes
+# (calibration grid + configurations, cost-model check) at the batches given (default "1 8"; a batch-32 sweep
+# needs a call of its own). Results go under /tmp/r and are packed into $OUT/r.tgz every 60 s (niced) and at
+# the end, so a run cut short still returns what it finished; `python scripts/bench.py --replot DIR` fits and
+# checks a partial bench.json here. Usage (repo root): SPECPILOT_COMMIT=<hash> bash scripts/h200/costmodel.sh "1 8"
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+BATCHES=${1:-1 8}
 R=/tmp/r; mkdir -p $R
 pack() { tar czf /tmp/r.tgz -C $R . && cp /tmp/r.tgz "$OUT/r.tgz.part" && mv "$OUT/r.tgz.part" "$OUT/r.tgz"; }
-(while true; do sleep 15; pack; done) &
-step() {  # step NAME SECONDS CMD...
-  local name=$1 secs=$2; shift 2
-  echo "== $name ($(date +%T))" | tee -a $R/log.txt
-  timeout "$secs" "$@" >> $R/$name.log 2>&1; echo "   rc $?" | tee -a $R/log.txt
-}
-step bench 300 python3 scripts/bench.py --out $R/bench --batches 1 8 32 --budgets 128 \
-  --specpilot-candidates 64 256 --calibration-ddtree-budgets 64 256 --calibration-tlv-budgets 64 256 \
-  --budget-s 270 --compile-workers 3
-step table1 70 python3 scripts/reproduce_table1.py --out $R/table1 --budget-s 35 --compile-workers 3 \
-  --specpilot-candidates 64 256
-step table2 90 python3 scripts/reproduce_table2.py --out $R/table2 --batches 8 32 --budget-s 50 \
-  --compile-workers 3 --specpilot-candidates 64 256
-step ddtree_comparison 70 python3 scripts/reproduce_ddtree_comparison.py --out $R/ddtree_comparison \
-  --ddtree-budgets 16 64 128 256 --budget-s 35 --compile-workers 3 --specpilot-candidates 64 256
-pack; tail -3 $R/*.log
+(while true; do sleep 60; nice -n 19 bash -c "$(declare -f pack); R=$R OUT=$OUT pack"; done) &
+echo "== bench B=$BATCHES ($(date +%T))" | tee -a $R/log.txt
+# shellcheck disable=SC2086
+timeout 540 python3 scripts/bench.py --out $R/bench --batches $BATCHES --budgets 128 --specpilot-candidates 64 256 \
+  --calibration-ddtree-budgets 64 256 --calibration-tlv-budgets 64 256 --budget-s 480 --compile-workers 3 \
+  >> $R/bench.log 2>&1
+echo "   rc $?" | tee -a $R/log.txt
+pack; grep -v "^external\|cuda_timer" $R/bench.log | tail -n 25

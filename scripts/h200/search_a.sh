@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Issue #7, H200 call 1 of 2 (device tool, `carry: [".whl"]` — hydra, omegaconf, antlr4, pydantic wheels, see
+# docs/search.md): train proxy_h200 (fixed steps, ~150 s), then search deployment A (h200, batch 1, offline
+# proposer, 3 rounds) writing memory records. Commit the records it returns (A_records.tgz → memory_store/)
+# before call 2 (search_b.sh). Usage (repo root): bash scripts/h200/search_a.sh
+T=$SECONDS
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=/tmp/site:$PWD || exit 1
+export SPECPILOT_CACHE=/tmp/spc WANDB_MODE=disabled PYTHONUNBUFFERED=1
+C="deployment=h200 deployment.proposer=offline deployment.num_prompts=4 deployment.prompt_len=64 deployment.max_new_tokens=64 deployment.max_tree_budget=256 search.rounds=3 search.candidates_per_round=3 search.measure_repeats=2 search.profile_all=false search.workers=0 search.wandb.mode=disabled"
+python3 -m specpilot.training.proxy --size proxy_h200 --out /tmp/px > /tmp/px.log 2>&1
+echo "proxy rc=$? at $((SECONDS-T)) s"; tail -n 1 /tmp/px.log; cp /tmp/px/results.json $OUT/A_proxy.json
+R=$((548-(SECONDS-T)))
+# shellcheck disable=SC2086
+JAX_DEFAULT_MATMUL_PRECISION=highest python3 scripts/memory_transfer.py --work /tmp/xf --phase a --run-timeout-s $R \
+  --a deployment.batch=1 --a search.min_rounds=3 --a search.max_seconds=$((R-120)) -- $C > /tmp/xf.out 2> /tmp/xf.err
+echo "search rc=$? at $((SECONDS-T)) s"
+cp /tmp/xf/a/summary.json $OUT/A_summary.json; cp /tmp/xf/a/trials.jsonl $OUT/A_trials.jsonl
+cp /tmp/xf/a.log $OUT/A_search.log; cp /tmp/xf/transfer.md $OUT/A_transfer.md
+tar -czf $OUT/A_records.tgz -C /tmp/xf/memory_a records
+grep -E "INFO\] -   (r[0-9]|base)|memory: " /tmp/xf/a.log | sed 's/^.*\]\[INFO\] - //' | cut -c 1-170
+cat /tmp/xf/transfer.md; tail -n 1 /tmp/xf.out

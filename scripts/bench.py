@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -39,7 +40,7 @@ ENGINES = ("ar", "stock", "ddtree", "tlv", "specpilot")
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", help="output folder (created)")
+    ap.add_argument("--out", help="output folder (created; default outputs/bench/<date>_<time>_<pid>)")
     ap.add_argument("--replot", metavar="DIR", help="only draw the plots (and rewrite bench.md) from DIR/bench.json")
     ap.add_argument("--model", default="qwen3_8b", help="synthetic target shapes: conf/model/<name>.yaml")
     ap.add_argument("--target", help="HF target checkpoint folder (real weights; needs --drafter)")
@@ -149,9 +150,8 @@ def main(argv=None) -> int:
             res["validation"] = leave_one_out(res["rows"], res["deployment"]["drafter"]["block_size"])
         log("wrote " + ", ".join(finish(res, out)))
         return 0
-    if not args.out:
-        print("bench.py: --out DIR is required", file=sys.stderr)
-        return 2
+    if not args.out:  # a W&B sweep agent passes only the swept arguments
+        args.out = str(Path("outputs") / "bench" / time.strftime(f"%Y-%m-%d_%H-%M-%S_{os.getpid()}"))
     if bool(args.target) != bool(args.drafter):
         print("bench.py: --target and --drafter go together", file=sys.stderr)
         return 2
@@ -234,6 +234,14 @@ def log_wandb(res: dict, args) -> None:
     data = [[r["label"], r["batch"], s, ms, r["ceilings_ms"].get(s)]
             for r in res["rows"] for s, ms in r["stage_ms"].items()]
     run.log({"stages": wandb.Table(columns=cols, data=data)})
+    for r in res["rows"]:
+        if r.get("role") != "calibration":
+            run.summary[f"round_ms/{r['label']}/B{r['batch']}"] = r["round_ms"]
+    errors = [abs(v["error"]) for v in res.get("validation") or [] if v.get("error") is not None]
+    if errors:  # the metric conf/sweeps/*.yaml minimise: the cost model's worst prediction error
+        run.summary["costmodel_max_abs_error"] = max(errors)
+    if res["rows"]:
+        run.summary["round_ms_min"] = min(r["round_ms"] for r in res["rows"])
     run.finish()
 
 

@@ -90,3 +90,29 @@ def test_reproduce_ddtree_comparison_on_the_oracle_pair(tmp_path, cache_env, mon
     md = (out / "ddtree_comparison.md").read_text()
     assert "| oracle_pair | MEASURED | 1 |" in md and "Commit:" in md and "Command:" in md
     assert md in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("sweep", sorted((REPO / "conf" / "sweeps").glob("*.yaml")), ids=lambda p: p.name)
+def test_wandb_sweep_files_drive_bench(sweep):
+    """Every grid point of a W&B sweep file is a valid bench.py command line (W&B passes `--key=value`), its
+    program exists, and the metric it optimises is one bench.py logs."""
+    import itertools
+
+    import yaml
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    import bench
+
+    spec = yaml.safe_load(sweep.read_text())
+    assert (REPO / spec["program"]).is_file() and spec["program"] == "scripts/bench.py"
+    assert f'"{spec["metric"]["name"]}"' in (REPO / "scripts" / "bench.py").read_text()
+    params = spec["parameters"]
+    grids = [[(k, v) for v in (p["values"] if "values" in p else [p["value"]])] for k, p in params.items()]
+    points = list(itertools.product(*grids))
+    assert len(points) >= 4
+    for point in points:
+        argv = [f"--{k}={v}" for k, v in point] + [a for a in spec["command"] if a.startswith("--")]
+        args = bench.parse_args(argv)
+        for k, v in point:
+            got = getattr(args, k.replace("-", "_"))
+            assert str(got[0] if isinstance(got, list) else got) == str(v)

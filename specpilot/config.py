@@ -203,8 +203,9 @@ ProxyGroup = Annotated[Any, BeforeValidator(_proxy_spec)]
 
 class _EngineBase(_Strict):
     weight_format: Literal["bf16", "w12"] = "bf16"
-    # verify attention: xla (dense mask) | pallas_tree (pallas_kernels/tree_attention; specpilot/models/target.py)
-    attention: Literal["xla", "pallas_tree"] = "xla"
+    # verify attention: xla (dense mask) | cudnn (NVIDIA GPUs) | pallas_tree (pallas_kernels/tree_attention);
+    # specpilot/models/target.py
+    attention: Literal["xla", "cudnn", "pallas_tree"] = "xla"
 
 
 class AREngineConfig(_EngineBase):

@@ -12,7 +12,7 @@ from specpilot.config import _ENGINE_CLASSES
 
 @pytest.fixture(scope="module")
 def space():
-    return ConfigSpace(drafter_block_size=16, max_tree_budget=128, target_dtype="float32")
+    return ConfigSpace(drafter_block_size=16, max_tree_budget=128, target_dtype="float32", platform="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def test_engine_switch_starts_from_defaults_and_clamps(space, stock):
     ({"engine": "ddtree", "tree_budget": "32"}, "tree_budget: expected an integer, got '32'"),
     ({"block_size": 32}, "block_size: 32 outside [2, 16]"),
     ({"weight_format": "w12"}, "weight_format=w12: needs bfloat16 target weights"),
-    ({"attention": "cudnn"}, "attention='cudnn': not available yet"),
+    ({"attention": "cudnn"}, "attention=cudnn: needs an NVIDIA GPU, this deployment runs on cpu"),
     ({"tlv_paths": 2}, "tlv_paths: not available yet"),
     ({"engine": "beam"}, "engine: expected one of 'ar'"),
     ({"tree_size": 8}, "tree_size: unknown knob"),
@@ -77,5 +77,5 @@ def test_description_is_json_and_lists_unavailable_knobs(space):
     names = {k["name"]: k for k in d["knobs"]}
     assert names["tree_budget"]["range"] == [1, 128]
     assert names["tlv_paths"]["available"] is False and names["tlv_paths"]["why_unavailable"]
-    assert "cudnn" in names["attention"]["not_yet_available_values"] and "pallas_tree" in names["attention"]["choices"]
+    assert {"cudnn", "pallas_tree"} <= set(names["attention"]["choices"])
     assert any("w12" in c for c in d["constraints"])

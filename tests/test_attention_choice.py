@@ -4,6 +4,7 @@ computes the same step as the dense-mask XLA attention, inside the forward pass 
 from __future__ import annotations
 
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -73,11 +74,35 @@ def test_pallas_tree_kernel_in_interpret_mode_inside_the_model(monkeypatch):
     assert np.mean(np.argmax(np.asarray(got), -1) == np.argmax(np.asarray(want), -1)) > 0.9
 
 
-def test_unknown_attention_is_a_clear_error():
+def test_fused_attention_call_equals_the_model_attention():
+    """`cudnn` goes through jax.nn.dot_product_attention with the model's mask; its XLA form checks the plumbing
+    (mask layout, GQA, scale) on any backend."""
+    rng = np.random.default_rng(3)
+    q, k, v = (jnp.asarray(rng.normal(size=s), jnp.float32) for s in ((2, 5, 8, 16), (2, 40, 2, 16), (2, 40, 2, 16)))
+    mask = jnp.asarray(rng.random((2, 5, 40)) < 0.6).at[:, :, 0].set(True)
+    np.testing.assert_allclose(np.asarray(target.fused_attention(q, k, v, mask, "xla")),
+                               np.asarray(target.attention(q, k, v, mask)), rtol=1e-5, atol=1e-5)
+
+
+def test_bad_attention_choices_are_clear_errors():
     cfg = tm.target_config()
     w = init_random_target(cfg, 0, jnp.float32)
-    with pytest.raises(ValueError, match="attention: unknown implementation 'cudnn'"):
-        step(cfg, w, jnp.float32, "cudnn", [3], 2)
+    with pytest.raises(ValueError, match="attention: unknown implementation 'flash'"):
+        step(cfg, w, jnp.float32, "flash", [3], 2)
+    if jax.devices()[0].platform != "gpu":
+        with pytest.raises(ValueError, match="attention=cudnn needs an NVIDIA GPU; this backend is 'cpu'"):
+            step(cfg, w, jnp.float32, "cudnn", [3], 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(jax.devices()[0].platform != "gpu", reason="cuDNN attention needs an NVIDIA GPU")
+@pytest.mark.parametrize("attention", ["cudnn", "pallas_tree"])
+def test_gpu_attention_choices_equal_xla(attention):
+    cfg = tm.target_config(vocab=64, hidden=256, layers=2, heads=8, kv_heads=2, head_dim=128)
+    w = init_random_target(cfg, 0, jnp.bfloat16)
+    want, _ = step(cfg, w, jnp.bfloat16, "xla", [70, 3], 16)
+    got, _ = step(cfg, w, jnp.bfloat16, attention, [70, 3], 16)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=0.1, rtol=0.05)
 
 
 @pytest.mark.parametrize("name", ["ar", "ddtree"])

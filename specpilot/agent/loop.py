@@ -396,7 +396,7 @@ class Search:
         logged_proposals = self._logged_proposals
         descriptor = self.runner.describe()
         space = ConfigSpace(descriptor["drafter"]["block_size"], descriptor["max_tree_budget"],
-                            descriptor["target"]["dtype"])
+                            descriptor["target"]["dtype"], platform=descriptor.get("platform", "gpu"))
         self.deployment = dict(descriptor)
 
         log.info("baseline: AR and stock on %d prompts x %d new tokens", descriptor["num_prompts"],

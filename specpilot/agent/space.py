@@ -140,10 +140,11 @@ class ConfigSpace:
     """The knobs of one deployment: ranges follow its drafter, target dtype and tree-budget limit."""
 
     def __init__(self, drafter_block_size: int, max_tree_budget: int, target_dtype: str,
-                 engine_defaults: dict[str, dict] | None = None):
+                 engine_defaults: dict[str, dict] | None = None, platform: str = "gpu"):
         self.drafter_block_size = int(drafter_block_size)
         self.max_tree_budget = int(max_tree_budget)
         self.target_dtype = target_dtype
+        self.platform = platform  # jax's: cudnn attention exists on "gpu" only
         self.engine_defaults = engine_defaults or load_engine_defaults()
         self.knobs: dict[str, Knob] = {k.name: k for k in self._knobs()}
 
@@ -168,8 +169,7 @@ class ConfigSpace:
             Knob("weight_format", "categorical", ENGINE_NAMES, choices=("bf16", "w12"),
                  description="target/drafter weight storage: bf16, or w12 (lossless 12-bit: fewer bytes per "
                              "verify; needs bfloat16 weights)"),
-            Knob("attention", "categorical", ENGINE_NAMES, choices=("xla", "pallas_tree"),
-                 planned=(("cudnn", "not built yet"),),
+            Knob("attention", "categorical", ENGINE_NAMES, choices=("xla", "cudnn", "pallas_tree"),
                  description="attention implementation of verify"),
             Knob("tlv_paths", "int", ("tlv",), low=1, high=8, available=False,
                  unavailable_reason="tlv verifies exactly one level-1 path today",
@@ -191,6 +191,7 @@ class ConfigSpace:
             "constraints": [
                 "a knob applies only to the engines listed in its applies_to",
                 f"weight_format=w12 needs bfloat16 target weights (this deployment: {self.target_dtype})",
+                f"attention=cudnn needs an NVIDIA GPU (this deployment's platform: {self.platform})",
                 "every budget_candidates entry <= tree_budget",
                 f"block_size <= the drafter's block size {self.drafter_block_size}",
                 f"tree_budget <= {self.max_tree_budget} (this deployment's limit)",
@@ -267,6 +268,8 @@ class ConfigSpace:
         if cfg.get("weight_format") == "w12" and self.target_dtype != "bfloat16":
             raise SpaceError(
                 f"weight_format=w12: needs bfloat16 target weights, this deployment's are {self.target_dtype}")
+        if cfg.get("attention") == "cudnn" and self.platform != "gpu":
+            raise SpaceError(f"attention=cudnn: needs an NVIDIA GPU, this deployment runs on {self.platform}")
         if name == "specpilot" and max(cfg["budget_candidates"]) > cfg["tree_budget"]:
             raise SpaceError(
                 f"budget_candidates: {max(cfg['budget_candidates'])} exceeds tree_budget {cfg['tree_budget']}")

@@ -6,6 +6,8 @@ decode, ancestor-only for a tree), on top of each request's committed cache pref
 
 Attention implementations (`forward(..., attention=)`, the engines' `attention` knob):
 - `xla`: masked softmax attention over the whole cache buffer with a dense [B, T, S] mask (the reference);
+- `cudnn`: cuDNN's fused attention (`jax.nn.dot_product_attention(implementation="cudnn")`) under the same dense
+  mask; NVIDIA GPUs with 16-bit activations only;
 - `pallas_tree`: `pallas_kernels.tree_attention` — the prefix read up to each request's length plus the new
   tokens' own K/V under the [B, T, T] mask packed as ancestor bits; its Mosaic GPU kernel on an H100/H200
   (16-bit weights, head_dim a multiple of 64; other shapes fall back to its jnp reference with a warning),
@@ -84,10 +86,19 @@ class StepOutput(NamedTuple):
     hidden: jax.Array | None  # [B, T, len(ids) * H]: outputs of the requested layers, concatenated
 
 
-ATTENTION = ("xla", "pallas_tree")
+ATTENTION = ("xla", "cudnn", "pallas_tree")
 
 
-def _layer(cfg: ModelConfig, lw: Layer, i: int, x, cos, sin, cache: KVCache, mask, tree_bits=None):
+def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, implementation: str) -> jax.Array:
+    """`attention` through `jax.nn.dot_product_attention` (GQA native there): "cudnn" on an NVIDIA GPU; its
+    "xla" form is the same call on any backend (the tests check it equals `attention`)."""
+    b, t, hq, d = q.shape
+    out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation=implementation)
+    return out.reshape(b, t, hq * d)
+
+
+def _layer(cfg: ModelConfig, lw: Layer, i: int, x, cos, sin, cache: KVCache, mask, tree_bits=None,
+           fused: str | None = None):
     b, t, _ = x.shape
     h = rms_norm(x, lw.attn_norm, cfg.rms_norm_eps)
     qkv = linear(h, lw.w_qkv)
@@ -101,7 +112,9 @@ def _layer(cfg: ModelConfig, lw: Layer, i: int, x, cos, sin, cache: KVCache, mas
     cache = dataclasses.replace(
         cache, k=write_layer(cache.k, i, k, cache.lengths), v=write_layer(cache.v, i, v, cache.lengths)
     )
-    if tree_bits is None:
+    if fused is not None:
+        attn = fused_attention(q, cache.k[i], cache.v[i], mask, fused)
+    elif tree_bits is None:
         attn = attention(q, cache.k[i], cache.v[i], mask)
     else:  # the kernel reads the prefix below `lengths` and the new tokens from k, v (not from the cache)
         from pallas_kernels.tree_attention import tree_attention
@@ -131,11 +144,13 @@ def forward(
     is always visible. hidden_layer_ids: layers whose outputs to return, as HF's `hidden_states[i + 1]`:
     the residual stream after layer i, except that the last layer's entry is the final-RMSNormed state
     (HF replaces it with `last_hidden_state`; DFlash drafters were trained on exactly that).
-    attention: "xla" | "pallas_tree" (module docstring).
+    attention: "xla" | "cudnn" | "pallas_tree" (module docstring).
     """
     b, t = tokens.shape
     if attention not in ATTENTION:
         raise ValueError(f"attention: unknown implementation {attention!r} (choose from {', '.join(ATTENTION)})")
+    if attention == "cudnn" and jax.devices()[0].platform != "gpu":
+        raise ValueError(f"attention=cudnn needs an NVIDIA GPU; this backend is {jax.devices()[0].platform!r}")
     if block_mask is None:
         block_mask = causal_block_mask(b, t)
     mask = tree_bits = None
@@ -149,7 +164,7 @@ def forward(
     x = weights.embed[tokens].astype(cache.k.dtype)
     hidden = {}
     for i, lw in enumerate(weights.layers):
-        x, cache = _layer(cfg, lw, i, x, cos, sin, cache, mask, tree_bits)
+        x, cache = _layer(cfg, lw, i, x, cos, sin, cache, mask, tree_bits, "cudnn" if attention == "cudnn" else None)
         if i in hidden_layer_ids:
             hidden[i] = x
     x = rms_norm(x, weights.final_norm, cfg.rms_norm_eps)

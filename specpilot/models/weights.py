@@ -167,23 +167,29 @@ def init_random_drafter(cfg: DrafterConfig, seed: int = 0, dtype=jnp.bfloat16) -
 
 
 def pack_w12(weights):
-    """Every linear leaf of a target or drafter tree as a lossless `W12Array` (needs bf16 weights)."""
+    """Every linear leaf of a target or drafter tree as a lossless `W12Array` (needs bf16 weights).
+
+    Leaves that are already `W12Array`s are kept, so packing a packed tree (e.g. one restored from the
+    W12 weight cache, `specpilot/models/hf.py`) costs nothing."""
     from pallas_kernels import w12
+
+    def pack(w):
+        return w if _is_w12(w) else w12.pack(w)
 
     def pack_layer(layer: Layer) -> Layer:
         return dataclasses.replace(
             layer,
-            w_qkv=w12.pack(layer.w_qkv),
-            w_o=w12.pack(layer.w_o),
-            w_gate_up=w12.pack(layer.w_gate_up),
-            w_down=w12.pack(layer.w_down),
+            w_qkv=pack(layer.w_qkv),
+            w_o=pack(layer.w_o),
+            w_gate_up=pack(layer.w_gate_up),
+            w_down=pack(layer.w_down),
         )
 
     packed = dataclasses.replace(weights, layers=[pack_layer(lw) for lw in weights.layers])
     if isinstance(weights, TargetWeights):
-        packed = dataclasses.replace(packed, lm_head=w12.pack(weights.lm_head))
+        packed = dataclasses.replace(packed, lm_head=pack(weights.lm_head))
     else:
-        packed = dataclasses.replace(packed, fc=w12.pack(weights.fc))
+        packed = dataclasses.replace(packed, fc=pack(weights.fc))
     return packed
 
 

@@ -116,11 +116,16 @@ def device_time_per_call(fn, arg_sets, repeats=5):
     return statistics.median(times_ms) * 1e3 / len(arg_sets)
 
 
-def bench_shape(b, n, prefix, trials, sweep):
+def bench_shape(b, n, prefix, trials, sweep, *, interpret=False, calls=32, max_copies=32):
+    """Rows for one (B, n): the XLA methods and one kernel row per config of ``sweep``.
+
+    ``interpret=True`` runs the kernel rows in Pallas GPU-interpret mode (CPU smoke runs:
+    their timings mean nothing) and skips the CUPTI device time; ``calls`` and
+    ``max_copies`` shrink the timing loop for such runs."""
     rng = np.random.default_rng(b * 1000 + n)
     bits = random_tree_bits(b, n, rng)
     kv_bytes = 2 * b * (prefix + n) * HKV * HEAD_DIM * 2  # K and V, bf16: the floor of any implementation
-    copies = max(2, min(32, math.ceil(2 * L2_BYTES / kv_bytes)))
+    copies = max(2, min(max_copies, math.ceil(2 * L2_BYTES / kv_bytes)))
     sets = [make_copy(b, n, prefix, bits, rng) for _ in range(copies)]
     kernel_sets = [s[0] for s in sets]
     dense_sets = [s[1] for s in sets]
@@ -134,7 +139,8 @@ def bench_shape(b, n, prefix, trials, sweep):
         ),
     }
     for i, config in enumerate(sweep):
-        run = jax.jit(lambda *a, config=config: ops.tree_attention(*a, implementation="pallas", config=config))
+        run = jax.jit(lambda *a, config=config: ops.tree_attention(*a, implementation="pallas", config=config,
+                                                                     interpret=interpret))
         methods[f"kernel[{i}]"] = (run, kernel_sets)
 
     rows = []
@@ -150,9 +156,9 @@ def bench_shape(b, n, prefix, trials, sweep):
         try:
             out = np.asarray(fn(*arg_sets[0]), np.float32)
             row["max_abs_err"] = float(np.abs(out - expected).max())
-            row["median_us"], row["min_us"] = time_per_call(fn, arg_sets, trials)
+            row["median_us"], row["min_us"] = time_per_call(fn, arg_sets, trials, calls)
             try:
-                row["device_us"] = device_time_per_call(fn, arg_sets)
+                row["device_us"] = None if interpret else device_time_per_call(fn, arg_sets)
             except Exception as e:  # CUPTI has one subscriber; a profiler elsewhere makes this fail
                 row["device_us"], row["device_error"] = None, f"{type(e).__name__}: {e}"[:300]
             row["kv_TBps"] = kv_bytes / row["median_us"] / 1e6

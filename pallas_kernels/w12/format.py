@@ -67,6 +67,10 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+FORMAT_VERSION = 1
+"""Version of the layout above; bump it on any change, so stored packed weights (e.g. the
+W12 weight cache of ``specpilot/models/hf.py``) are rebuilt rather than misread."""
+
 PAIR_SPAN = 64
 """K chunk whose two 32-wide halves share the bytes of the nibble plane."""
 

@@ -15,10 +15,11 @@ def make_engine(engine_cfg: dict, target_cfg, target_weights, drafter_cfg=None, 
 
     name = engine_cfg["name"]
     if engine_cfg.get("weight_format", "bf16") == "w12":
-        from specpilot.models.weights import pack_w12
+        # the checkpoint's converted tree when scripts/convert_w12.py cached one, else packed here
+        from specpilot.models.hf import packed_w12
 
-        target_weights = pack_w12(target_weights)
-        drafter_weights = None if drafter_weights is None else pack_w12(drafter_weights)
+        target_weights = packed_w12(target_weights)
+        drafter_weights = None if drafter_weights is None else packed_w12(drafter_weights)
     attention = engine_cfg.get("attention", "xla")
     if name == "ar":
         return AREngine(target_cfg, target_weights, sampling, context, attention)

@@ -3,7 +3,9 @@
 No torch at run time: safetensors files are parsed directly (8-byte header length, JSON header, raw
 little-endian data) and memory-mapped, so every failure mode — a missing or truncated file, a missing
 tensor, a wrong shape — is caught here and reported with the file or tensor name. Converted trees are
-cached with orbax so a second load of the same checkpoint skips conversion.
+cached with orbax so a second load of the same checkpoint skips conversion. The W12 (lossless 12-bit)
+tree of a checkpoint is cached the same way, once, by `scripts/convert_w12.py` (`load_w12`); engines with
+`weight_format=w12` then restore it instead of packing at start-up (`packed_w12`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import hashlib
 import json
 import logging
 import struct
+import weakref
 from pathlib import Path
 
 import jax
@@ -188,26 +191,48 @@ def _fingerprint(path: Path, dtype) -> str:
     return h.hexdigest()[:16]
 
 
+def _cache_entry(path: Path, dtype, cache_dir: str | Path, variant: str = "") -> Path:
+    """Where the cache keeps one conversion of `path`: `<cache_dir>/<fingerprint><variant>`."""
+    return (Path(cache_dir) / (_fingerprint(path, dtype) + variant)).resolve()
+
+
+def _restore_cache(where: Path, abstract_of, decode=lambda tree: tree):
+    """The tree cached at `where` (`decode`d), or None when there is none or it cannot be read.
+
+    `abstract_of(checkpointer, where)` gives orbax's restore target."""
+    if not where.exists():
+        return None
+    import orbax.checkpoint as ocp
+
+    ckptr = ocp.StandardCheckpointer()
+    try:
+        return decode(ckptr.restore(where, abstract_of(ckptr, where)))
+    except Exception as e:  # a stale or partial cache entry must never break loading
+        log.warning("ignoring unreadable weight cache %s: %s", where, e)
+        return None
+
+
+def _save_cache(where: Path, tree) -> None:
+    """Writes `tree` at `where`, replacing an entry that `_restore_cache` could not read. Orbax writes to a
+    temporary folder and renames it, so `where` exists only once it is complete."""
+    import orbax.checkpoint as ocp
+
+    ckptr = ocp.StandardCheckpointer()
+    ckptr.save(where, tree, force=True)
+    ckptr.wait_until_finished()
+
+
 def _cached(convert, abstract_init, path: Path, dtype, cache_dir: str | Path | None):
     """`convert()`, or its orbax copy from an earlier load. The restore target's shapes come from
     `abstract_init` (random init under eval_shape: the one weight description), so a cache hit reads
     no safetensors at all."""
     if cache_dir is None:
         return convert()
-    import orbax.checkpoint as ocp
-
-    where = (Path(cache_dir) / _fingerprint(path, dtype)).resolve()
-    ckptr = ocp.StandardCheckpointer()
-    if where.exists():
-        try:
-            abstract = jax.eval_shape(abstract_init)
-            return ckptr.restore(where, abstract)
-        except Exception as e:  # a stale or partial cache entry must never break loading
-            log.warning("ignoring unreadable weight cache %s: %s", where, e)
-    tree = convert()
-    if not where.exists():
-        ckptr.save(where, tree)
-        ckptr.wait_until_finished()
+    where = _cache_entry(path, dtype, cache_dir)
+    tree = _restore_cache(where, lambda ckptr, where: jax.eval_shape(abstract_init))
+    if tree is None:
+        tree = convert()
+        _save_cache(where, tree)
     return tree
 
 
@@ -217,9 +242,11 @@ def load_target(path: str | Path, dtype=jnp.bfloat16, cache_dir: str | Path | No
     if not path.is_dir():
         raise CheckpointError(f"target checkpoint folder not found: {path}")
     cfg = target_config_from_hf(path)
-    return cfg, _cached(
+    tree = _cached(
         lambda: _convert_target(path, cfg, dtype), lambda: init_random_target(cfg, 0, dtype), path, dtype, cache_dir
     )
+    _remember_source(tree, path, "target", cfg, dtype, cache_dir)
+    return cfg, tree
 
 
 def load_drafter(path: str | Path, dtype=jnp.bfloat16, cache_dir: str | Path | None = None):
@@ -228,6 +255,186 @@ def load_drafter(path: str | Path, dtype=jnp.bfloat16, cache_dir: str | Path | N
     if not path.is_dir():
         raise CheckpointError(f"drafter checkpoint folder not found: {path}")
     cfg = drafter_config_from_hf(path)
-    return cfg, _cached(
+    tree = _cached(
         lambda: _convert_drafter(path, cfg, dtype), lambda: init_random_drafter(cfg, 0, dtype), path, dtype, cache_dir
     )
+    _remember_source(tree, path, "drafter", cfg, dtype, cache_dir)
+    return cfg, tree
+
+
+# ---- W12: the packed tree, converted once per checkpoint (scripts/convert_w12.py) -----------------------
+#
+# The entry sits beside the bf16 one, keyed by the same fingerprint (taken at bf16) plus the W12 layout's
+# FORMAT_VERSION, so a changed checkpoint or layout is a miss, never a misread. Orbax refuses zero-size
+# arrays and a W12 leaf's escape table may be empty, so the cache stores a flat {path: array} dict in which
+# every escape table carries one trailing sentinel (index -1) and `group_k` is a 1-element array; the tree
+# is rebuilt on the one weight description (random init under eval_shape), as for the bf16 cache.
+
+_W12_KINDS = {
+    "target": (target_config_from_hf, _convert_target, init_random_target),
+    "drafter": (drafter_config_from_hf, _convert_drafter, init_random_drafter),
+}
+_ESCAPE_SENTINEL = -1
+
+
+def w12_cache_entry(path: str | Path, cache_dir: str | Path) -> Path:
+    """Where the W12 tree of checkpoint `path` is cached under `cache_dir`."""
+    from pallas_kernels.w12.format import FORMAT_VERSION
+
+    return _cache_entry(Path(path), jnp.bfloat16, cache_dir, f"-w12v{FORMAT_VERSION}")
+
+
+def stored_dtypes(path: str | Path) -> dict[str, str]:
+    """dtype name → the first 2-D tensor (a linear or embedding matrix) the checkpoint stores in it."""
+    found: dict[str, str] = {}
+    for name, a in sorted(read_checkpoint_tensors(Path(path)).items()):
+        if a.ndim == 2:
+            found.setdefault(np.dtype(a.dtype).name, name)
+    return found
+
+
+def _path_name(path) -> str:
+    return "/".join(str(getattr(k, "name", getattr(k, "idx", getattr(k, "key", k)))) for k in path)
+
+
+def _w12_to_storage(tree) -> dict[str, jax.Array]:
+    from specpilot.models.weights import _is_w12
+
+    flat = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_w12)[0]:
+        name = _path_name(path)
+        if not _is_w12(leaf):
+            flat[name] = leaf
+            continue
+        flat |= {
+            f"{name}/sign_mantissa": leaf.sign_mantissa,
+            f"{name}/exponent_codes": leaf.exponent_codes,
+            f"{name}/base_exponent": leaf.base_exponent,
+            f"{name}/escape_index": jnp.append(leaf.escape_index, jnp.int32(_ESCAPE_SENTINEL)),
+            f"{name}/escape_bits": jnp.append(leaf.escape_bits, jnp.uint16(0)),
+            f"{name}/group_k": jnp.array([leaf.group_k], jnp.int32),
+        }
+    return flat
+
+
+def _w12_from_storage(flat: dict, template):
+    """The packed tree from its stored dict; `template` is the bf16 tree's abstract shapes. Raises on any
+    mismatch (a missing or extra array, a wrong plane shape, a missing sentinel)."""
+    from pallas_kernels.w12.format import W12Array, padded_k
+
+    used = set()
+    leaves = []
+    paths, treedef = jax.tree_util.tree_flatten_with_path(template)
+    for path, spec in paths:
+        name = _path_name(path)
+        if f"{name}/sign_mantissa" not in flat:
+            if flat[name].shape != spec.shape:
+                raise ValueError(f"{name}: cached shape {flat[name].shape}, expected {spec.shape}")
+            leaves.append(jnp.asarray(flat[name]))
+            used.add(name)
+            continue
+        part = {p: flat[f"{name}/{p}"] for p in ("sign_mantissa", "exponent_codes", "base_exponent",
+                                                  "escape_index", "escape_bits", "group_k")}
+        used |= {f"{name}/{p}" for p in part}
+        k, n = spec.shape
+        if part["sign_mantissa"].shape != (n, padded_k(k)):
+            raise ValueError(f"{name}: cached W12 planes {part['sign_mantissa'].shape} do not fit a {k}x{n} weight")
+        index, bits = part["escape_index"], part["escape_bits"]
+        if index.shape[0] < 1 or int(index[-1]) != _ESCAPE_SENTINEL or bits.shape != index.shape:
+            raise ValueError(f"{name}: cached escape table has no sentinel")
+        leaves.append(W12Array(
+            sign_mantissa=jnp.asarray(part["sign_mantissa"]),
+            exponent_codes=jnp.asarray(part["exponent_codes"]),
+            base_exponent=jnp.asarray(part["base_exponent"]),
+            escape_index=jnp.asarray(index[:-1]),
+            escape_bits=jnp.asarray(bits[:-1]),
+            shape=(k, n),
+            group_k=int(part["group_k"][0]),
+        ))
+    extra = sorted(set(flat) - used)
+    if extra:
+        raise ValueError(f"unexpected cached array {extra[0]!r}")
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def _abstract_from_metadata(ckptr, where: Path) -> dict:
+    """Restore target read from the entry's own metadata (escape counts are known only there)."""
+    meta = ckptr.metadata(where)
+    items = getattr(meta, "item_metadata", meta)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return {name: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device) for name, m in items.items()}
+
+
+def _restore_w12(where: Path, kind: str, cfg):
+    init = _W12_KINDS[kind][2]
+    template = jax.eval_shape(lambda: init(cfg, 0, jnp.bfloat16))
+    return _restore_cache(where, _abstract_from_metadata, lambda flat: _w12_from_storage(flat, template))
+
+
+def load_w12(path: str | Path, cache_dir: str | Path, *, kind: str = "target", create: bool = True):
+    """(config, W12 tree, cache hit) for the checkpoint folder `path` (`kind`: "target" or "drafter").
+
+    A hit restores the packed tree and reads no safetensors. A miss converts the checkpoint to bf16,
+    packs every linear leaf (`weights.pack_w12`) and writes the entry, or returns None when `create` is
+    False. A checkpoint stored in another float dtype is rounded to bf16 first, as `load_target(path,
+    bfloat16)` does; `scripts/convert_w12.py` asks before doing that."""
+    from specpilot.models.weights import pack_w12
+
+    read_config, convert, _ = _W12_KINDS[kind]
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{kind} checkpoint folder not found: {path}")
+    cfg = read_config(path)
+    where = w12_cache_entry(path, cache_dir)
+    tree = _restore_w12(where, kind, cfg)
+    if tree is not None:
+        log.info("W12 cache hit: %s", where)
+        return cfg, tree, True
+    if not create:
+        return None
+    tree = pack_w12(convert(path, cfg, jnp.bfloat16))
+    _save_cache(where, _w12_to_storage(tree))
+    log.info("W12 cache written: %s", where)
+    return cfg, tree, False
+
+
+def load_target_w12(path: str | Path, cache_dir: str | Path, *, create: bool = True):
+    """`load_w12(kind="target")`."""
+    return load_w12(path, cache_dir, kind="target", create=create)
+
+
+# Which checkpoint a loaded bf16 tree came from, so that `packed_w12` (called where an engine needs W12
+# weights) can restore the converted tree instead of packing. Keyed by id, checked with a weak reference
+# (an id may be reused once its tree is gone); any copy or transformation of the tree is simply unknown
+# here and gets packed, which is always correct.
+_SOURCES: dict[int, dict] = {}
+
+
+def _remember_source(tree, path: Path, kind: str, cfg, dtype, cache_dir) -> None:
+    for key in [k for k, v in _SOURCES.items() if v["tree"]() is None]:
+        del _SOURCES[key]
+    if cache_dir is None or jnp.dtype(dtype) != jnp.bfloat16:
+        return
+    _SOURCES[id(tree)] = dict(tree=weakref.ref(tree), path=path, kind=kind, cfg=cfg,
+                              where=w12_cache_entry(path, cache_dir), packed=None)
+
+
+def packed_w12(weights):
+    """`weights` with every linear leaf in W12: the converted tree from the W12 cache when `weights` is what
+    `load_target` / `load_drafter` returned (bf16, with a cache_dir) for a checkpoint that
+    `scripts/convert_w12.py` converted, else packed now (`weights.pack_w12`)."""
+    from specpilot.models.weights import pack_w12
+
+    source = _SOURCES.get(id(weights))
+    if source is None or source["tree"]() is not weights:
+        return pack_w12(weights)
+    packed = source["packed"]() if source["packed"] is not None else None
+    if packed is None:
+        packed = _restore_w12(source["where"], source["kind"], source["cfg"])
+        if packed is None:
+            log.info("no W12 cache for %s: packing at start-up (python scripts/convert_w12.py %s%s caches it)",
+                     source["path"], "--drafter " if source["kind"] == "drafter" else "", source["path"])
+            return pack_w12(weights)
+        log.info("W12 weights restored from %s (no packing)", source["where"])
+        source["packed"] = weakref.ref(packed)
+    return packed

@@ -1,0 +1,53 @@
+"""scripts/bench_kernels.py --quick runs end to end on CPU (both kernels in Pallas GPU-interpret mode), with
+only jax and numpy: every case in its own process, JSON and markdown written, outputs checked."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ABSENT_ON_THE_GPU_MACHINE = ("hydra", "omegaconf", "pydantic", "wandb", "torch", "transformers")
+
+
+def test_quick_run_on_cpu(tmp_path):
+    blocked = tmp_path / "blocked"  # on PYTHONPATH, which the per-case processes inherit
+    blocked.mkdir()
+    for name in ABSENT_ON_THE_GPU_MACHINE:
+        (blocked / f"{name}.py").write_text(f"raise ImportError('{name} is not on the GPU machine')\n")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_DISABLE_MOST_OPTIMIZATIONS": "1", "PYTHONPATH": str(blocked)}
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_kernels.py"), "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=170, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+    res = json.loads((out / "kernels_bench.json").read_text())
+    assert [(c["name"], c["status"]) for c in res["cases"]] == [
+        ("ceiling", "ok"), ("w12_prepare_512x256", "ok"), ("w12_512x256_m1", "ok"), ("tree_attention_b1_n16", "ok")]
+    assert res["platform"] == "cpu" and res["ceiling"]["ceiling_Bps"] > 0
+    assert {r["method"] for r in res["ceiling"]["rows"]} == {"read", "read_write", "d2d_copy"}
+    shape = res["w12"]["shapes"]["512x256"]
+    assert 12.0 <= shape["bits_per_weight"] < 12.5 and shape["escapes"] > 0
+
+    w12_rows = {r["method"]: r for r in res["w12"]["rows"]}
+    assert set(w12_rows) == {"kernel[0]", "reference", "xla_bf16"}
+    assert w12_rows["kernel[0]"]["mode"] == "interpret"
+    for r in w12_rows.values():
+        assert "error" not in r and r["ok"] and r["median_us"] > 0 and r["TBps"] > 0
+        assert r["copies"] == 2
+    assert w12_rows["xla_bf16"]["weight_bytes"] == 2 * 512 * 256
+    assert w12_rows["kernel[0]"]["weight_bytes"] < 0.8 * 2 * 512 * 256  # charged the compressed bytes
+
+    tree_rows = {r["method"]: r for r in res["tree_attention"]["rows"]}
+    assert set(tree_rows) == {"xla_einsum", "xla_dpa", "kernel[0]"}
+    for r in tree_rows.values():
+        assert "error" not in r and r["max_abs_err"] < 0.05 and r["median_us"] > 0
+    assert tree_rows["kernel[0]"]["mode"] == "interpret"
+
+    md = (out / "kernels_bench.md").read_text()
+    assert "## W12 matmul" in md and "## Tree attention" in md and "(interpret)" in md
+    assert "4 of 4 ok" in md and md.strip().splitlines()[-1] in proc.stdout
+    assert sorted(p.name for p in (out / "logs").iterdir()) == sorted(f"{c['name']}.log" for c in res["cases"])

@@ -1,0 +1,1197 @@
+"""Decode at the HBM roofline (issue #8): the AR decode step of every implementation we have, side by side with
+its HBM roofline, at Qwen3-8B shapes, batch 1, ~1k context, random bf16 weights.
+
+GPU command (one H200, repo root, one call of the device tool; ≤ 9 min: no job runs past the 500 s budget, and
+`timeout` stops the harness at 540 s, which still writes the report of what finished):
+
+    SPECPILOT_COMMIT=<hash> PYTHONPATH=$PWD timeout 540 python3 scripts/bench_roofline.py --out $OUT/roofline
+
+Expected timeline there (estimates: a 36-layer program compiles in 30-60 s): the W12 job moves its weights to
+the host (~25 s), then packs in the background; the xla job (calibration, 6 programs compiled in parallel,
+timings) ~2 min; the W12 GPU phase ~1 min once packed (~3 min in); torch eager ~25 s; torch CUDA graphs
+~1.5 min; three XLA-flag jobs ~50 s each; torch max-autotune gets what is left and is the first to be cut
+(`--variants torch_peer_compile` alone in a second call, if so).
+
+CPU smoke run (tiny shapes, float32, a few steps; what tests/test_bench_roofline.py runs):
+
+    .venv/bin/python scripts/bench_roofline.py --quick --out outputs/roofline_quick --torch-python .venv-ref/bin/python
+
+Writes into --out: `roofline.json` (everything, rewritten after every job), `roofline.md` (the table, also printed
+last), `logs/<job>.log` (each job's output) and `jobs/` (specs and raw results).
+
+Variants (rows), each timed as the median of many device-synchronised steps; the weights (16.4 GB) are far
+beyond the 60 MB L2, so no step reads them from cache:
+- `xla_forward`: `specpilot.models.target.forward`, one token, jitted, KV cache donated, layers unrolled, one
+  host round trip per step (block_until_ready) — the project's plain-XLA path;
+- `xla_decode_loop`: `--loop-steps` decode steps inside one jitted `lax.fori_loop` (no host sync per step);
+  ms = loop time ÷ steps;
+- `xla_flags_*`: `xla_decode_loop` in a process with extra XLA_FLAGS (command buffers off / on for while loops,
+  autotuning off; `--xla-flags NAME=FLAGS` adds more); every flag used exists in jax 0.11.2's XLA (an unknown
+  flag aborts the process, and the CPU smoke run parses them all);
+- `xla_forward_w12` / `xla_forward_w12_kernel`: `xla_forward` on W12 weights (`pack_w12`'s layout), through
+  `w12.matmul`'s default path (the jnp reference: unpack + dot) and through its Mosaic GPU kernel
+  (`DEFAULT_TO_KERNEL` on, Hopper only); greedy tokens and time against a bf16 forward in the same process
+  (issue target: W12 ≤ 0.80× bf16, identical tokens). Packing 7.6 B weights on the host takes minutes, so this
+  job starts first and packs in a process pool while the other jobs use the GPU; it gets the GPU when packed;
+- `torch_peer_eager` / `torch_peer_compile` (`torch.compile(mode="max-autotune-no-cudagraphs")`) /
+  `torch_peer_cudagraphs` (`mode="reduce-overhead"`, static cache written with `index_copy_`):
+  `scripts/peer_torch_decode.py`, a gpt-fast-style PyTorch Qwen3, same shapes, CUDA-event timing;
+- `verify_nodes@T`: the XLA forward over T ∈ --nodes tokens under a random tree mask (issue targets: 64 nodes
+  ≤ 1.05× AR, 256 ≤ 1.25×);
+- `drafter_b16`: one DFlash-b16 drafter pass (`specpilot.models.dflash.draft_logits`, 5 layers, 16 block rows
+  over 1k context, LM head, top-8) against its roofline.
+
+Roofline of a row = bytes of weights + KV read (`specpilot.costmodel.counts`: target_pass / draft_pass) ÷ the
+read bandwidth measured by `specpilot.costmodel.hardware` (a jitted reduction over 2 GiB), and ÷ 4.3 TB/s, the
+H200's device copy rate.
+
+Every job runs in its own subprocess with its own timeout, one at a time on the GPU; an error or a timeout is
+reported in its rows and the next job runs. JAX would preallocate 75 % of GPU memory, and the W12 job's
+process lives beside the others, so it gets XLA_PYTHON_CLIENT_MEM_FRACTION=0.30 and the other JAX jobs 0.60
+(torch jobs have the rest; an explicit fraction in the environment wins). JAX jobs that share weights (xla_forward,
+xla_decode_loop, verify_nodes, drafter) share one process and compile their programs in parallel threads;
+`--isolate` gives each its own. Plain argparse, no Hydra: the GPU machine has jax, torch and numpy only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+NOMINAL_BYTES_PER_S = 4.3e12  # the H200's device-to-device copy rate (shared/GPU.md)
+XLA_JOB = ("xla_forward", "xla_decode_loop", "verify_nodes", "drafter")
+W12_JOB = ("xla_forward_w12", "xla_forward_w12_kernel")
+XLA_FLAG_VARIANTS = {  # names checked against jax 0.11.2's XLA (`strings` on jaxlib); all parse on the CPU too
+    "xla_flags_no_cmdbuf": "--xla_gpu_enable_command_buffer=",
+    "xla_flags_cmdbuf_while": "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL --xla_gpu_graph_min_graph_size=1",
+    "xla_flags_autotune0": "--xla_gpu_autotune_level=0",
+}
+TORCH_MODES = {
+    "torch_peer_eager": "eager",
+    "torch_peer_cudagraphs": "reduce-overhead",
+    "torch_peer_compile": "max-autotune-no-cudagraphs",
+}
+WHAT = {
+    "xla_forward": "XLA forward, 1 token, host sync per step",
+    "xla_decode_loop": "XLA, N steps in one fori_loop",
+    "xla_forward_w12": "XLA forward, W12 weights (reference unpack + dot)",
+    "xla_forward_w12_kernel": "XLA forward, W12 weights (Mosaic GPU kernel)",
+    "torch_peer_eager": "PyTorch gpt-fast style, eager",
+    "torch_peer_cudagraphs": "PyTorch, compile reduce-overhead (CUDA graphs)",
+    "torch_peer_compile": "PyTorch, compile max-autotune-no-cudagraphs",
+}
+# Per-job timeouts (s; --quick halves them, --timeout-scale multiplies them). Jobs run in the order xla,
+# torch_peer_eager, torch_peer_cudagraphs, xla_flags_*, torch_peer_compile (the budget cuts from the end); w12
+# gets the GPU between two jobs as soon as it is packed. "xla_flags" is per flag job; "w12" its GPU phase.
+DEFAULT_TIMEOUTS = {"xla": 240, "torch_peer_eager": 90, "torch_peer_cudagraphs": 180, "torch_peer_compile": 240,
+                    "xla_flags": 120, "w12": 180}
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def write_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=1, default=str))
+    tmp.replace(path)
+
+
+# =============================================================================================================
+# The JAX worker: `bench_roofline.py --worker SPEC.json` (a subprocess of the harness)
+# =============================================================================================================
+
+def _pack_leaf(w):
+    """One linear leaf → W12 with numpy leaves (runs in a pool process whose jax is pinned to the CPU)."""
+    import jax
+    import numpy as np
+
+    from pallas_kernels import w12
+
+    return jax.tree.map(np.asarray, w12.pack(w))
+
+
+def _pool_init():
+    os.environ["JAX_PLATFORMS"] = "cpu"  # pack() ends in jnp.asarray: never touch the GPU from a pool process
+
+
+class Worker:
+    """Builds the deployment of a spec and measures the spec's variants, saving after each one."""
+
+    def __init__(self, spec: dict):
+        import jax
+
+        self.spec = spec
+        self.res = {"job": spec["job"], "rows": {}, "device": str(jax.devices()[0].device_kind),
+                    "platform": jax.devices()[0].platform, "jax": jax.__version__,
+                    "xla_flags": os.environ.get("XLA_FLAGS", "")}
+        self.cpu = jax.devices()[0].platform == "cpu"
+        self.save()
+
+    def save(self) -> None:
+        write_json(Path(self.spec["result"]), self.res)
+
+    def row(self, name: str, **fields) -> None:
+        self.res["rows"].setdefault(name, {}).update(fields)
+        self.save()
+
+    def fail(self, name: str, e: BaseException) -> None:
+        log(f"{name}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+        self.row(name, error=f"{type(e).__name__}: {str(e)[:500]}")
+
+    # ---- shared pieces ----------------------------------------------------------------------------------
+
+    def random_cache(self, layers: int, capacity: int, length: int, seed: int, dtype):
+        """A KV cache of random values (never time on zeros), the same in every process for the same seed."""
+        import jax
+        import jax.numpy as jnp
+        import numpy as np
+
+        from specpilot.models.kv_cache import KVCache
+
+        cfg = self.cfg
+        shape = (layers, 1, capacity, cfg.num_kv_heads, cfg.head_dim)
+        if self.cpu:  # threefry is slow on a CPU
+            rng = np.random.default_rng(seed)
+            k, v = (jnp.asarray(rng.standard_normal(shape, dtype=np.float32), dtype) for _ in range(2))
+        else:
+            k = jax.random.normal(jax.random.key(seed), shape, dtype)
+            v = jax.random.normal(jax.random.key(seed + 1), shape, dtype)
+        return KVCache(k=k, v=v, lengths=jnp.full((1,), length, jnp.int32))
+
+    def ar_cache(self, dtype):
+        s = self.spec
+        return self.random_cache(self.cfg.num_layers, s["capacity_ar"], s["context"], s["seed"] + 100, dtype)
+
+    def ar_step_fn(self):
+        import dataclasses as dc
+
+        import jax.numpy as jnp
+
+        from specpilot.models.target import forward
+
+        cfg = self.cfg
+
+        def ar_step(w, tok, cache, adv):
+            out = forward(w, cfg, tok, cache.lengths[:, None], cache)
+            nxt = jnp.argmax(out.logits[:, -1], axis=-1).astype(jnp.int32)[:, None]
+            return nxt, dc.replace(out.cache, lengths=out.cache.lengths + adv)
+
+        return ar_step
+
+    def decode_loop_fn(self):
+        import jax
+        import jax.numpy as jnp
+
+        ar_step = self.ar_step_fn()
+        slots = max(self.spec["check_steps"], self.spec["loop_steps"])
+
+        def decode_loop(w, tok, cache, n, adv):
+            def body(i, carry):
+                tok, cache, buf = carry
+                tok, cache = ar_step(w, tok, cache, adv)
+                return tok, cache, jax.lax.dynamic_update_slice(buf, tok, (0, i))
+
+            buf = jnp.zeros((tok.shape[0], slots), jnp.int32)
+            return jax.lax.fori_loop(0, n, body, (tok, cache, buf))  # n traced: one while loop, no unrolling
+
+        return decode_loop
+
+    @staticmethod
+    def compile_all(lowered: dict, log_prefix: str = "") -> tuple[dict, dict]:
+        """Compile lowered programs in parallel threads (XLA compiles with the GIL released)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(item):
+            name, low = item
+            t0 = time.perf_counter()
+            try:
+                return name, low.compile(), time.perf_counter() - t0, None
+            except Exception as e:  # reported on that variant's row
+                return name, None, time.perf_counter() - t0, e
+
+        compiled, errors = {}, {}
+        with ThreadPoolExecutor(max_workers=max(1, len(lowered))) as pool:
+            for name, exe, secs, err in pool.map(one, lowered.items()):
+                log(f"{log_prefix}compiled {name} in {secs:.1f}s" + (f" FAILED: {err}" if err else ""))
+                if err is None:
+                    compiled[name] = (exe, secs)
+                else:
+                    errors[name] = err
+        return compiled, errors
+
+    def timed_calls(self, call, state, warmup: int, iters: int):
+        """Median-able list of ms per call, each call synchronised (block_until_ready) before the next."""
+        import jax
+
+        for _ in range(warmup):
+            state = call(state)
+        jax.block_until_ready(state)
+        ms = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            state = call(state)
+            jax.block_until_ready(state)
+            ms.append(1e3 * (time.perf_counter() - t0))
+        return ms, state
+
+    @staticmethod
+    def stats(ms: list[float]) -> dict:
+        import numpy as np
+
+        return {"ms": statistics.median(ms), "ms_p10": float(np.percentile(ms, 10)),
+                "ms_p90": float(np.percentile(ms, 90)), "n": len(ms)}
+
+    def greedy(self, step, w, cache, steps: int):
+        """Greedy tokens of `steps` AR steps from the spec's start token (the cache advances)."""
+        import jax.numpy as jnp
+
+        tok = jnp.full((1, 1), self.spec["start_token"], jnp.int32)
+        one = jnp.ones((), jnp.int32)
+        tokens = []
+        for _ in range(steps):
+            tok, cache = step(w, tok, cache, one)
+            tokens.append(int(tok[0, 0]))
+        return tokens, tok, cache
+
+    def measure_ar(self, name: str, step, w, dtype, extra: dict | None = None) -> dict:
+        """Greedy check, then the per-step time at a fixed cache length (the step writes the same slot)."""
+        import jax.numpy as jnp
+
+        s = self.spec
+        tokens, tok, cache = self.greedy(step, w, self.ar_cache(dtype), s["check_steps"])
+        zero = jnp.zeros((), jnp.int32)
+        ms, _ = self.timed_calls(lambda st: step(w, st[0], st[1], zero), (tok, cache), s["warmup"], s["iters"])
+        row = {**self.stats(ms), "tokens": tokens, **(extra or {})}
+        self.row(name, **row)
+        log(f"{name}: {row['ms']:.3f} ms/step (p10 {row['ms_p10']:.3f}, p90 {row['ms_p90']:.3f}), tokens {tokens}")
+        return row
+
+    # ---- the xla job: xla_forward, xla_decode_loop, verify_nodes, drafter (and the flag jobs' loop) -----------
+
+    def setup_target(self, dtype_name: str):
+        import jax.numpy as jnp
+
+        from specpilot.costmodel.measure import model_config
+        from specpilot.models.weights import init_random_target
+
+        self.cfg = model_config(self.spec["model"])
+        dtype = jnp.dtype(dtype_name)
+        t0 = time.perf_counter()
+        w = init_random_target(self.cfg, self.spec["seed"], dtype)
+        import jax
+
+        jax.block_until_ready(w)
+        self.res["init_s"] = time.perf_counter() - t0
+        return w, dtype
+
+    def export_for_torch(self, w, dtype, folder: Path) -> None:
+        """The weight pytree and the AR cache as .npy files (bf16 as uint16 bits) for the torch peer."""
+        import numpy as np
+
+        folder.mkdir(parents=True, exist_ok=True)
+        arrays = {"embed": w.embed, "final_norm": w.final_norm, "lm_head": w.lm_head}
+        for i, lw in enumerate(w.layers):
+            for f in ("attn_norm", "w_qkv", "q_norm", "k_norm", "w_o", "mlp_norm", "w_gate_up", "w_down"):
+                if getattr(lw, f) is not None:
+                    arrays[f"layers.{i}.{f}"] = getattr(lw, f)
+        cache = self.ar_cache(dtype)
+        arrays["cache_k"], arrays["cache_v"] = cache.k, cache.v
+        meta = {}
+        for name, a in arrays.items():
+            a = np.asarray(a)
+            kind = "bfloat16" if a.dtype.name == "bfloat16" else "float32"
+            np.save(folder / f"{name}.npy", a.view(np.uint16) if kind == "bfloat16" else a.astype(np.float32))
+            meta[name] = {"file": f"{name}.npy", "dtype": kind, "shape": list(a.shape)}
+        np.save(folder / "cache_lengths.npy", np.asarray(cache.lengths))
+        np.save(folder / "start_token.npy", np.asarray(self.spec["start_token"]))
+        (folder / "meta.json").write_text(json.dumps({"arrays": meta}, indent=1))
+
+    def xla_job(self) -> None:
+        import jax
+        import jax.numpy as jnp
+        import numpy as np
+
+        s = self.spec
+        variants = s["variants"]
+        w, dtype = self.setup_target(s["dtype"])
+        cfg = self.cfg
+        log(f"weights ready in {self.res['init_s']:.1f}s")
+        if s.get("export"):
+            t0 = time.perf_counter()
+            try:
+                self.export_for_torch(w, dtype, Path(s["export"]))
+                self.res["export"] = s["export"]
+                log(f"exported weights for the torch peer in {time.perf_counter() - t0:.1f}s")
+            except Exception as e:
+                self.res["export_error"] = f"{type(e).__name__}: {e}"
+        one = jnp.ones((), jnp.int32)
+        tok0 = jnp.full((1, 1), s["start_token"], jnp.int32)
+        lowered = {}
+
+        def lower(name, fn, donate, *args):
+            try:
+                lowered[name] = jax.jit(fn, donate_argnums=donate).lower(*args)
+            except Exception as e:
+                self.fail(name, e)
+
+        t0 = time.perf_counter()
+        if "xla_forward" in variants:
+            lower("xla_forward", self.ar_step_fn(), (2,), w, tok0, self.ar_cache(dtype), one)
+        if "xla_decode_loop" in variants:
+            lower("xla_decode_loop", self.decode_loop_fn(), (2,), w, tok0, self.ar_cache(dtype), one, one)
+        trees = {}
+        if "verify_nodes" in variants:
+            from specpilot.models.target import forward
+
+            rng = np.random.default_rng(s["seed"])
+            for t in s["nodes"]:
+                mask, depth = random_tree(t, rng)
+                toks = jnp.asarray(rng.integers(0, cfg.vocab_size, (1, t)), jnp.int32)
+                pos = jnp.asarray(s["context"] + depth[None, :], jnp.int32)
+                trees[t] = (toks, pos, jnp.asarray(mask[None]))
+                att = s["verify_attention"]
+
+                def verify(w, toks, pos, cache, mask, att=att):
+                    out = forward(w, cfg, toks, pos, cache, mask, attention=att)
+                    return jnp.argmax(out.logits, axis=-1).astype(jnp.int32), out.cache
+
+                cap = round_up(s["context"] + t, 128)
+                lower(f"verify_nodes@{t}", verify, (3,), w, *trees[t][:2],
+                      self.random_cache(cfg.num_layers, cap, s["context"], s["seed"] + 200, dtype), trees[t][2])
+        if "drafter" in variants:
+            from specpilot.models.config import synthetic_drafter_config
+            from specpilot.models.dflash import draft_logits
+            from specpilot.models.weights import init_random_drafter
+
+            dcfg = synthetic_drafter_config(cfg, s["drafter_layers"], s["block_size"])
+            dw = init_random_drafter(dcfg, s["seed"] + 1, dtype)
+            ctx = self.random_cache(dcfg.layers.num_layers, round_up(s["context"], 128), s["context"], s["seed"] + 300,
+                                    dtype)
+            block = jnp.asarray([[s["start_token"]] + [dcfg.mask_token_id] * (dcfg.block_size - 1)], jnp.int32)
+
+            def draft(dw, embed, lm_head, ctx, block):
+                logits = draft_logits(dw, dcfg, embed, lm_head, ctx, block)
+                return jax.lax.top_k(logits[:, 1:], 8)[1]
+
+            lower("drafter_b16", draft, (), dw, w.embed, w.lm_head, ctx, block)
+        log(f"traced {len(lowered)} programs in {time.perf_counter() - t0:.1f}s")
+        compiled, errors = self.compile_all(lowered)
+        for name, e in errors.items():
+            self.row(name, error=f"compile: {type(e).__name__}: {str(e)[:500]}")
+
+        if "xla_forward" in compiled:
+            exe, secs = compiled["xla_forward"]
+            try:
+                self.measure_ar("xla_forward", exe, w, dtype, {"compile_s": secs})
+            except Exception as e:
+                self.fail("xla_forward", e)
+        if "xla_decode_loop" in compiled:
+            exe, secs = compiled["xla_decode_loop"]
+            try:
+                self.measure_loop(s.get("loop_label") or "xla_decode_loop", exe, w, dtype, secs)
+            except Exception as e:
+                self.fail(s.get("loop_label") or "xla_decode_loop", e)
+        for t in s["nodes"] if "verify_nodes" in variants else []:
+            name = f"verify_nodes@{t}"
+            if name not in compiled:
+                continue
+            exe, secs = compiled[name]
+            try:
+                toks, pos, mask = trees[t]
+                cache = self.random_cache(cfg.num_layers, round_up(s["context"] + t, 128), s["context"],
+                                          s["seed"] + 200, dtype)
+                def call(st, exe=exe, toks=toks, pos=pos, mask=mask):
+                    return exe(w, toks, pos, st[1], mask)
+
+                ms, _ = self.timed_calls(call, (None, cache), s["warmup"], s["verify_iters"])
+                self.row(name, **self.stats(ms), compile_s=secs, nodes=t, attention=s["verify_attention"])
+                log(f"{name}: {statistics.median(ms):.3f} ms")
+            except Exception as e:
+                self.fail(name, e)
+        if "drafter_b16" in compiled:
+            exe, secs = compiled["drafter_b16"]
+            try:
+                ms, _ = self.timed_calls(lambda st: exe(dw, w.embed, w.lm_head, ctx, block), None, s["warmup"],
+                                         s["verify_iters"])
+                self.row("drafter_b16", **self.stats(ms), compile_s=secs, drafter_layers=dcfg.layers.num_layers,
+                         block_size=dcfg.block_size)
+                log(f"drafter_b16: {statistics.median(ms):.3f} ms")
+            except Exception as e:
+                self.fail("drafter_b16", e)
+
+    def measure_loop(self, name: str, exe, w, dtype, compile_s: float) -> None:
+        import jax
+        import jax.numpy as jnp
+
+        s = self.spec
+        zero, one = jnp.zeros((), jnp.int32), jnp.ones((), jnp.int32)
+        tok = jnp.full((1, 1), s["start_token"], jnp.int32)
+        n_check = jnp.asarray(s["check_steps"], jnp.int32)
+        tok, cache, buf = exe(w, tok, self.ar_cache(dtype), n_check, one)
+        tokens = [int(x) for x in jax.device_get(buf)[0, : s["check_steps"]]]
+        n = s["loop_steps"]
+        n_arr = jnp.asarray(n, jnp.int32)
+
+        def call(st):
+            tok, cache, _ = exe(w, st[0], st[1], n_arr, zero)
+            return tok, cache
+
+        ms, _ = self.timed_calls(call, (tok, cache), 1, s["loop_reps"])
+        per_step = [m / n for m in ms]
+        self.row(name, **self.stats(per_step), tokens=tokens, compile_s=compile_s, loop_steps=n,
+                 xla_flags=os.environ.get("XLA_FLAGS", ""))
+        log(f"{name}: {statistics.median(per_step):.3f} ms/step over {n}-step loops, tokens {tokens}")
+
+    # ---- the w12 job ---------------------------------------------------------------------------------------
+
+    def w12_job(self) -> None:
+        import dataclasses as dc
+
+        import jax
+        import jax.numpy as jnp
+        import numpy as np
+
+        s = self.spec
+        status = Path(s["status_dir"])
+        w, dtype = self.setup_target("bfloat16")  # W12 is lossless bf16
+        t0 = time.perf_counter()
+        leaves = [("lm_head", w.lm_head)] + [(f"layers.{i}.{f}", getattr(lw, f)) for i, lw in enumerate(w.layers)
+                                             for f in ("w_gate_up", "w_down", "w_qkv", "w_o")]
+        host = sorted(((name, np.asarray(a)) for name, a in leaves), key=lambda na: -na[1].size)  # largest first:
+        # they bound the pool's time
+        self.res["to_host_s"] = time.perf_counter() - t0
+        (status / "w12.packing").touch()  # the GPU is free for the other jobs from here
+        t0 = time.perf_counter()
+        workers = s["pack_workers"]
+        if workers > 1 and sum(a.size for _, a in host) > 50_000_000:
+            import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor
+
+            with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
+                                     initializer=_pool_init) as pool:
+                packed = dict(zip([n for n, _ in host], pool.map(_pack_leaf, [a for _, a in host])))
+        else:
+            packed = {name: _pack_leaf(a) for name, a in host}
+        del host
+        self.res["pack_s"] = time.perf_counter() - t0
+        self.res["pack_workers"] = workers
+        log(f"packed {len(packed)} leaves in {self.res['pack_s']:.1f}s ({workers} workers)")
+        self.save()
+        (status / "w12.ready").touch()
+        deadline = time.time() + s["go_timeout_s"]
+        while not (status / "w12.go").exists():  # wait for the harness to hand over the GPU
+            if time.time() > deadline:
+                raise TimeoutError("the harness never handed over the GPU")
+            time.sleep(0.2)
+        t0 = time.perf_counter()
+        packed = jax.device_put(packed)
+        layers = [dc.replace(lw, **{f: packed[f"layers.{i}.{f}"] for f in ("w_gate_up", "w_down", "w_qkv", "w_o")})
+                  for i, lw in enumerate(w.layers)]
+        w12w = dc.replace(w, layers=layers, lm_head=packed["lm_head"])
+        jax.block_until_ready(w12w)
+        self.res["to_device_s"] = time.perf_counter() - t0
+
+        import logging
+
+        from pallas_kernels.w12 import ops as w12_ops
+
+        class Grab(logging.Handler):
+            def __init__(self):
+                super().__init__()
+                self.messages = []
+
+            def emit(self, record):
+                self.messages.append(record.getMessage())
+
+        grab = Grab()
+        logging.getLogger(w12_ops.__name__).addHandler(grab)
+        step = self.ar_step_fn()
+        tok0 = jnp.full((1, 1), s["start_token"], jnp.int32)
+        one = jnp.ones((), jnp.int32)
+        lowered, kernel_note = {}, None
+        for name, tree, kernel in (("bf16", w, False), ("xla_forward_w12", w12w, False),
+                                   ("xla_forward_w12_kernel", w12w, True)):
+            if name != "bf16" and name not in s["variants"]:
+                continue
+            w12_ops.DEFAULT_TO_KERNEL = kernel  # read at trace time by w12.matmul
+            try:
+                lowered[name] = jax.jit(step, donate_argnums=(2,)).lower(tree, tok0, self.ar_cache(dtype), one)
+            except Exception as e:
+                self.fail(name, e)
+            finally:
+                w12_ops.DEFAULT_TO_KERNEL = False
+            if kernel:
+                kernel_note = ("Mosaic GPU kernel" if w12_ops._on_hopper() else
+                               "not a Hopper GPU: the reference path, same program as xla_forward_w12")
+                if grab.messages:
+                    kernel_note += f"; {len(grab.messages)} fallback(s) to the reference: {grab.messages[0][:200]}"
+        compiled, errors = self.compile_all(lowered)
+        for name, e in errors.items():
+            self.row(name, error=f"compile: {type(e).__name__}: {str(e)[:500]}")
+        base = None
+        if "bf16" in compiled:
+            try:
+                base = self.measure_ar("bf16 (w12 job)", compiled["bf16"][0], w, dtype)
+                self.res["rows"].pop("bf16 (w12 job)")
+                self.res["bf16"] = base
+            except Exception as e:
+                self.res["bf16_error"] = f"{type(e).__name__}: {e}"
+        for name in ("xla_forward_w12", "xla_forward_w12_kernel"):
+            if name not in compiled:
+                continue
+            exe, secs = compiled[name]
+            extra = {"compile_s": secs, "implementation": "reference (unpack + dot)" if name == "xla_forward_w12"
+                     else kernel_note}
+            if base is not None:
+                extra.update(bf16_ms=base["ms"], bf16_tokens=base["tokens"])
+            try:
+                row = self.measure_ar(name, exe, w12w, dtype, extra)
+                if base is not None:
+                    self.row(name, ratio_vs_bf16=row["ms"] / base["ms"],
+                             tokens_equal_bf16=row["tokens"] == base["tokens"])
+            except Exception as e:
+                self.fail(name, e)
+
+
+def random_tree(n: int, rng):
+    """Ancestor-or-self mask [n, n] and depths of a random tree (node 0 the root, parents before children)."""
+    import numpy as np
+
+    parent = [-1] + [int(rng.integers(0, i)) for i in range(1, n)]
+    anc = np.eye(n, dtype=bool)
+    for i in range(1, n):
+        anc[i] |= anc[parent[i]]
+    return anc, anc.sum(1) - 1
+
+
+def round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def worker_main(spec_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    try:
+        worker = Worker(spec)
+    except Exception as e:
+        write_json(Path(spec["result"]), {"job": spec["job"], "rows": {}, "error": f"{type(e).__name__}: {e}"})
+        raise
+    try:
+        if spec.get("calibrate"):
+            from specpilot.costmodel.hardware import load_or_calibrate
+
+            t0 = time.perf_counter()
+            hw = load_or_calibrate()
+            worker.res["hw"] = hw.to_json()
+            log(f"calibration: read {hw.hbm_bytes_per_s / 1e12:.3f} TB/s ({time.perf_counter() - t0:.1f}s)")
+            worker.save()
+        if spec["job"] == "w12":
+            worker.w12_job()
+        else:
+            worker.xla_job()
+    except Exception as e:
+        worker.res["error"] = f"{type(e).__name__}: {str(e)[:500]}"
+        worker.save()
+        raise
+    return 0
+
+
+# =============================================================================================================
+# The harness
+# =============================================================================================================
+
+@dataclasses.dataclass
+class Job:
+    name: str
+    kind: str  # "jax" | "torch"
+    rows: list[str]  # the rows it produces
+    timeout: float
+    spec: dict
+    env: dict = dataclasses.field(default_factory=dict)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--out", help="output folder (default outputs/roofline/<date>_<time>)")
+    ap.add_argument("--quick", action="store_true", help="tiny shapes, float32, few steps: a CPU smoke run")
+    ap.add_argument("--model", default=None, help="conf/model/<name>.yaml (default qwen3_8b; --quick: tiny)")
+    ap.add_argument("--dtype", default=None, help="bfloat16 | float32 (default bfloat16; --quick: float32)")
+    ap.add_argument("--context", type=int, default=None, help="committed tokens (default 1024; --quick: 32)")
+    ap.add_argument("--variants", nargs="+", default=None,
+                    help="subset of: " + ", ".join([*XLA_JOB, *W12_JOB, "xla_flags", *XLA_FLAG_VARIANTS, "torch_peer",
+                                                    *TORCH_MODES]))
+    ap.add_argument("--xla-flags", action="append", default=[], metavar="NAME=FLAGS",
+                    help="an extra xla_flags variant: the decode loop under XLA_FLAGS=FLAGS (repeatable)")
+    ap.add_argument("--nodes", nargs="+", type=int, default=None, help="verify_nodes tree sizes (default 16 64 256)")
+    ap.add_argument("--verify-attention", default="xla", choices=("xla", "cudnn", "pallas_tree"))
+    ap.add_argument("--iters", type=int, default=None, help="timed steps per variant (default 100)")
+    ap.add_argument("--loop-steps", type=int, default=None, help="steps per decode loop (default 64)")
+    ap.add_argument("--torch-python", default=sys.executable, help="interpreter with torch for the peer")
+    ap.add_argument("--torch-weights", choices=("auto", "export", "random"), default="auto",
+                    help="the peer's weights: the JAX pytree exported via numpy (same greedy tokens expected), or "
+                         "its own random ones (auto: export with --quick, random otherwise: 16 GB not worth writing)")
+    ap.add_argument("--torch-sdpa-gqa", choices=("repeat", "native"), default="repeat",
+                    help="the peer's GQA attention: repeat_interleave + SDPA (gpt-fast) or SDPA's enable_gqa")
+    ap.add_argument("--torch-coordinate-descent", action="store_true",
+                    help="inductor's coordinate_descent_tuning for the compiled peer modes (gpt-fast's setting; "
+                         "longer compiles)")
+    ap.add_argument("--torch-compile-backend", default=None,
+                    help="torch.compile backend instead of the mode (e.g. aot_eager for a fast CPU check)")
+    ap.add_argument("--pack-workers", type=int, default=None, help="W12 packing processes (default: half the cores)")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="no job runs past this many seconds (default 500; quick 300)")
+    ap.add_argument("--timeout-scale", type=float, default=1.0, help="multiply every job's timeout")
+    ap.add_argument("--isolate", action="store_true", help="one process per JAX variant (slower: more compiles)")
+    ap.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def settings(args) -> dict:
+    q = args.quick
+    s = {
+        "model": args.model or ("tiny" if q else "qwen3_8b"),
+        "dtype": args.dtype or ("float32" if q else "bfloat16"),
+        "context": args.context or (32 if q else 1024),
+        "batch": 1,
+        "check_steps": 6 if q else 8,
+        "warmup": 2 if q else 10,
+        "iters": args.iters or (5 if q else 100),
+        "verify_iters": 3 if q else 30,
+        "loop_steps": args.loop_steps or (8 if q else 64),
+        "loop_reps": 3 if q else 7,
+        "nodes": args.nodes or ([4, 8] if q else [16, 64, 256]),
+        "verify_attention": args.verify_attention,
+        "drafter_layers": 1 if q else 5,
+        "block_size": 4 if q else 16,
+        "seed": 0,
+        "start_token": 1,
+    }
+    s["capacity_ar"] = round_up(s["context"] + s["check_steps"] + 1, 128)
+    return s
+
+
+def selected_variants(args) -> list[str]:
+    known = [*XLA_JOB, *W12_JOB, *XLA_FLAG_VARIANTS, *TORCH_MODES]
+    extra = [kv.split("=", 1)[0] for kv in args.xla_flags]
+    if args.variants is None:
+        return known + extra
+    out = []
+    for v in args.variants:
+        group = {"xla_flags": list(XLA_FLAG_VARIANTS) + extra, "torch_peer": list(TORCH_MODES)}.get(v, [v])
+        for g in group:
+            if g not in known + extra:
+                raise SystemExit(f"bench_roofline.py: unknown variant {g!r} (known: {', '.join(known + extra)})")
+            if g not in out:
+                out.append(g)
+    return out
+
+
+def peer_model(name: str) -> dict:
+    """The target's shapes as the torch peer reads them."""
+    from specpilot.costmodel.measure import model_config
+
+    c = model_config(name)
+    return {"vocab_size": c.vocab_size, "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+            "num_layers": c.num_layers, "num_heads": c.num_heads, "num_kv_heads": c.num_kv_heads,
+            "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope.theta,
+            "rope_kind": c.rope.kind, "qk_norm": c.qk_norm}
+
+
+def plan_jobs(args, s: dict, run: Path, chosen: list[str]) -> tuple[list[Job], Job | None]:
+    """(the foreground jobs in order, the background W12 job or None)."""
+    scale = args.timeout_scale * (0.5 if args.quick else 1.0)
+    t = {k: v * scale for k, v in DEFAULT_TIMEOUTS.items()}
+    flags = {**XLA_FLAG_VARIANTS, **dict(kv.split("=", 1) for kv in args.xla_flags)}
+    torch_export = (args.torch_weights == "export" or (args.torch_weights == "auto" and args.quick)) and \
+        any(v in chosen for v in TORCH_MODES) and any(v in chosen for v in XLA_JOB)
+    # outside --out: at Qwen3-8B shapes it is 16 GB, and --out comes back from the GPU machine
+    export_dir = Path(tempfile.mkdtemp(prefix="roofline-weights-")) if torch_export else None
+    base = dict(s)
+
+    def jax_job(name, variants, timeout, rows, env=None, **extra):
+        spec = {**base, **extra, "job": "xla", "variants": variants, "result": str(run / "jobs" / f"{name}.json")}
+        return Job(name, "jax", rows, timeout, spec, env or {})
+
+    def rows_of(v):
+        return [f"verify_nodes@{n}" for n in s["nodes"]] if v == "verify_nodes" else (
+            ["drafter_b16"] if v == "drafter" else [v])
+
+    jobs = []
+    xla = [v for v in XLA_JOB if v in chosen]
+    if xla:
+        if args.isolate:
+            jobs += [jax_job(v, [v], t["xla"], rows_of(v)) for v in xla]
+        else:
+            jobs.append(jax_job("xla", xla, t["xla"], [r for v in xla for r in rows_of(v)],
+                                export=str(export_dir) if export_dir else None))
+        if export_dir and args.isolate:
+            jobs[0].spec["export"] = str(export_dir)
+
+    def torch_job(name):
+        if name not in chosen:
+            return
+        mode = TORCH_MODES[name]
+        spec = {"model": {**peer_model(s["model"]), "sdpa_gqa": args.torch_sdpa_gqa}, "dtype": s["dtype"],
+                "context": s["context"], "capacity": s["capacity_ar"], "mode": mode, "check_steps": s["check_steps"],
+                "warmup": s["warmup"], "iters": s["iters"], "seed": s["seed"], "start_token": s["start_token"],
+                "weights": str(export_dir) if export_dir else None, "result": str(run / "jobs" / f"{name}.json")}
+        if args.torch_compile_backend and mode != "eager":
+            spec["compile_backend"] = args.torch_compile_backend
+        if args.torch_coordinate_descent and mode != "eager":
+            spec["coordinate_descent"] = True
+        jobs.append(Job(name, "torch", [name], t[name], spec))
+
+    # the order they run in: the budget cuts from the end (max-autotune compiles longest, tells least)
+    torch_job("torch_peer_eager")
+    torch_job("torch_peer_cudagraphs")
+    for name, f in flags.items():
+        if name in chosen:
+            jobs.append(jax_job(name, ["xla_decode_loop"], t["xla_flags"], [name],
+                                env={"XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " " + f).strip()},
+                                loop_label=name, flags=f))
+    torch_job("torch_peer_compile")
+    first_jax = next((j for j in jobs if j.kind == "jax"), None)
+    if first_jax:  # measures the read bandwidth (a few seconds, cached per device kind) before its weights exist
+        first_jax.spec["calibrate"] = True
+    w12 = None
+    w12_rows = [v for v in W12_JOB if v in chosen]
+    if w12_rows:
+        spec = {**base, "job": "w12", "variants": w12_rows, "status_dir": str(run),
+                "result": str(run / "jobs" / "w12.json"),
+                "pack_workers": args.pack_workers or max(1, (os.cpu_count() or 2) // 2),
+                "go_timeout_s": (args.budget_s or 600) + 60}
+        w12 = Job("w12", "jax", w12_rows, t["w12"], spec)
+        if not any(j.kind == "jax" for j in jobs):
+            spec["calibrate"] = True
+    return jobs, w12
+
+
+class Runner:
+    """Runs the jobs one at a time on the GPU (the W12 job packs in the background meanwhile)."""
+
+    def __init__(self, args, out: Path, budget_s: float):
+        self.args, self.out, self.budget = args, out, budget_s
+        self.t0 = time.perf_counter()
+        self.records: list[dict] = []
+        self.active: list[subprocess.Popen] = []  # ended (by process group) if the harness is stopped
+        (out / "logs").mkdir(parents=True, exist_ok=True)
+        (out / "jobs").mkdir(parents=True, exist_ok=True)
+
+    def remaining(self) -> float:
+        return self.budget - (time.perf_counter() - self.t0)
+
+    def command(self, job: Job) -> list[str]:
+        spec_path = self.out / "jobs" / f"{job.name}.spec.json"
+        write_json(spec_path, job.spec)
+        if job.kind == "torch":
+            return [self.args.torch_python, str(REPO / "scripts" / "peer_torch_decode.py"), "--spec", str(spec_path),
+                    "--out", job.spec["result"]]
+        return [sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path)]
+
+    def env(self, job: Job, mem_fraction: str | None) -> dict:
+        env = {**os.environ, **job.env, "PYTHONUNBUFFERED": "1"}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        if job.kind == "jax" and mem_fraction and "XLA_PYTHON_CLIENT_MEM_FRACTION" not in os.environ:
+            env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = mem_fraction
+        return env
+
+    def run(self, job: Job, mem_fraction: str | None) -> dict:
+        """One foreground job with its timeout (clipped to the budget); the record of how it ended."""
+        timeout = min(job.timeout, max(self.remaining(), 1.0))
+        logf = self.out / "logs" / f"{job.name}.log"
+        log(f"[{time.perf_counter() - self.t0:6.1f}s] {job.name} (timeout {timeout:.0f}s) ...")
+        t0 = time.perf_counter()
+        rec = {"job": job.name, "status": "running", "timeout_s": timeout, "log": str(logf.relative_to(self.out))}
+        self.records.append(rec)
+        with open(logf, "w") as f:
+            try:
+                proc = subprocess.Popen(self.command(job), stdout=f, stderr=subprocess.STDOUT,
+                                        env=self.env(job, mem_fraction), cwd=REPO, start_new_session=True)
+            except OSError as e:  # e.g. a --torch-python that does not exist
+                proc, status = None, f"could not start: {e}"
+            if proc is not None:
+                self.active.append(proc)
+                try:
+                    rc = proc.wait(timeout=timeout)
+                    status = "ok" if rc == 0 else f"exit {rc}"
+                except subprocess.TimeoutExpired:
+                    kill(proc)
+                    status = f"timeout after {timeout:.0f}s"
+                finally:
+                    self.active.remove(proc)
+        rec.update(status=status, wall_s=time.perf_counter() - t0)
+        log(f"[{time.perf_counter() - self.t0:6.1f}s] {job.name}: {status} in {rec['wall_s']:.1f}s")
+        return rec
+
+
+def kill(proc: subprocess.Popen) -> None:
+    """End a job and the processes it started (its own session), by its process group id."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    proc.wait()
+
+
+class W12Background:
+    """The W12 job: started first, it builds the weights on the GPU, copies the linears to the host and signals
+    `w12.packing`; it packs them on the CPU while the harness runs the other jobs, signals `w12.ready`, and
+    waits for `w12.go` to take the GPU for compiling and timing."""
+
+    def __init__(self, runner: Runner, job: Job):
+        self.r, self.job = runner, job
+        self.dir = Path(job.spec["status_dir"])
+        self.proc = None
+        self.done = False
+        self.rec = {"job": "w12", "status": "not started", "log": "logs/w12.log"}
+        runner.records.append(self.rec)
+
+    def start(self, mem_fraction: str | None, wait_s: float) -> None:
+        log(f"[{time.perf_counter() - self.r.t0:6.1f}s] w12: starting (weights to the host, then packing them)")
+        self.t_start = time.perf_counter()
+        self.logf = open(self.r.out / "logs" / "w12.log", "w")  # noqa: SIM115 (closed by finish_record)
+        self.proc = subprocess.Popen(self.r.command(self.job), stdout=self.logf, stderr=subprocess.STDOUT,
+                                     env=self.r.env(self.job, mem_fraction), cwd=REPO, start_new_session=True)
+        self.r.active.append(self.proc)
+        self.rec["status"] = "packing"
+        deadline = time.perf_counter() + wait_s
+        while time.perf_counter() < deadline and self.proc.poll() is None:
+            if (self.dir / "w12.packing").exists():
+                break
+            time.sleep(0.2)
+        if self.proc.poll() is not None:
+            self.finish_record(f"exit {self.proc.returncode} before packing")
+        elif not (self.dir / "w12.packing").exists():
+            kill(self.proc)
+            self.finish_record(f"timeout: weights not on the host after {wait_s:.0f}s")
+        else:
+            log(f"[{time.perf_counter() - self.r.t0:6.1f}s] w12: packing in the background")
+
+    def finish_record(self, status: str) -> None:
+        self.done = True
+        if self.proc in self.r.active:
+            self.r.active.remove(self.proc)
+        self.rec.update(status=status, wall_s=time.perf_counter() - self.t_start)
+        self.logf.close()
+        log(f"[{time.perf_counter() - self.r.t0:6.1f}s] w12: {status}")
+
+    def maybe_run(self, wait: bool = False) -> None:
+        """Give the W12 job the GPU if it is packed (or, with `wait`, once it is, within the budget)."""
+        if self.done or self.proc is None:
+            return
+        while wait and not (self.dir / "w12.ready").exists() and self.proc.poll() is None and self.r.remaining() > 20:
+            time.sleep(0.5)
+        if self.proc.poll() is not None:
+            return self.finish_record(f"exit {self.proc.returncode} while packing")
+        if not (self.dir / "w12.ready").exists():
+            if wait:
+                kill(self.proc)
+                self.finish_record("budget spent before the weights were packed")
+            return
+        timeout = min(self.job.timeout, max(self.r.remaining(), 1.0))
+        log(f"[{time.perf_counter() - self.r.t0:6.1f}s] w12: packed; GPU phase (timeout {timeout:.0f}s) ...")
+        (self.dir / "w12.go").touch()
+        try:
+            rc = self.proc.wait(timeout=timeout)
+            self.finish_record("ok" if rc == 0 else f"exit {rc}")
+        except subprocess.TimeoutExpired:
+            kill(self.proc)
+            self.finish_record(f"timeout after {timeout:.0f}s of GPU phase")
+
+
+# ---- the report -------------------------------------------------------------------------------------------
+
+def roofline_costs(s: dict) -> dict:
+    """{row: Cost} from the shapes alone."""
+    from specpilot.costmodel import counts
+    from specpilot.costmodel.measure import model_config
+    from specpilot.models.config import synthetic_drafter_config
+
+    cfg = model_config(s["model"])
+    act = 4 if s["dtype"] == "float32" else 2
+    ar = counts.target_pass(cfg, 1, 1, s["context"], "bf16", act)
+    costs = {v: ar for v in ("xla_forward", "xla_decode_loop", *TORCH_MODES)}
+    costs.update({v: counts.target_pass(cfg, 1, 1, s["context"], "w12", 2) for v in W12_JOB})
+    costs.update({f"verify_nodes@{t}": counts.target_pass(cfg, 1, t, s["context"], "bf16", act) for t in s["nodes"]})
+    dcfg = synthetic_drafter_config(cfg, s["drafter_layers"], s["block_size"])
+    costs["drafter_b16"] = counts.draft_pass(dcfg, cfg, 1, s["block_size"], s["context"], "bf16", act)
+    return costs
+
+
+def build_report(s: dict, results: dict, records: list, order: list[str], args, t_total: float) -> dict:
+    from specpilot.costmodel.report import git_commit
+
+    hw = next((r["hw"] for r in results.values() if r.get("hw")), None)
+    bw = hw["hbm_bytes_per_s"] if hw else None
+    costs = roofline_costs(s)
+    job_of = {}
+    for rec in records:
+        for name in rec.get("rows", []):
+            job_of[name] = rec
+    rows = []
+    ref_tokens = (results.get("xla_forward") or {}).get("tokens")
+    for name in order:
+        r = dict(results.get(name) or {})
+        c = costs.get(name) or costs.get("xla_decode_loop")
+        need = c.weights + c.lm_head + c.kv_read
+        row = {"variant": name, "what": WHAT.get(name) or what_of(name, s), **r,
+               "roofline": {"bytes": need, "bytes_all": c.bytes, "weights_bytes": c.weights + c.lm_head,
+                            "kv_read_bytes": c.kv_read,
+                            "ms_measured_bw": 1e3 * need / bw if bw else None,
+                            "ms_nominal": 1e3 * need / NOMINAL_BYTES_PER_S}}
+        if r.get("ms"):
+            row["x_roofline_measured"] = r["ms"] / row["roofline"]["ms_measured_bw"] if bw else None
+            row["x_roofline_nominal"] = r["ms"] / row["roofline"]["ms_nominal"]
+            row["achieved_bytes_per_s"] = need / (r["ms"] * 1e-3)
+        if not r.get("ms") and not r.get("error"):
+            rec = job_of.get(name)
+            row["error"] = (f"job {rec['job']}: {rec['status']} (see {rec.get('log')})" if rec
+                            else "not run")
+        # which greedy tokens this row must reproduce
+        if name in W12_JOB:
+            ref, ref_name = r.get("bf16_tokens"), "bf16 forward, same process"
+        elif name.startswith("torch_peer") and "exported" not in str(r.get("weights", "")):
+            ref, ref_name = None, "n/a: random torch weights"
+        else:
+            ref, ref_name = ref_tokens, "xla_forward"
+        if r.get("tokens") is not None and name != "xla_forward":
+            row["tokens_ref"] = ref_name
+            row["tokens_match"] = (r["tokens"] == ref) if ref is not None else None
+        rows.append(row)
+    by = {r["variant"]: r for r in rows}
+    ar_ms = (by.get("xla_forward") or {}).get("ms")
+    targets = []
+    for name in W12_JOB:
+        r = by.get(name) or {}
+        if r.get("ratio_vs_bf16") is not None:
+            targets.append({"what": f"{name} / bf16 (same process)", "value": r["ratio_vs_bf16"], "target": "≤ 0.80",
+                            "ok": r["ratio_vs_bf16"] <= 0.80 and bool(r.get("tokens_match"))})
+    for t in s["nodes"]:
+        r = by.get(f"verify_nodes@{t}") or {}
+        if r.get("ms") and ar_ms:
+            r["ratio_vs_ar"] = r["ms"] / ar_ms
+    for t, lim in ((64, 1.05), (256, 1.25)):
+        r = by.get(f"verify_nodes@{t}") or {}
+        if r.get("ratio_vs_ar") is not None:
+            targets.append({"what": f"verify {t} nodes / AR step", "value": r["ratio_vs_ar"], "target": f"≤ {lim}",
+                            "ok": r["ratio_vs_ar"] <= lim})
+    for name in ("xla_forward", "xla_decode_loop"):
+        r = by.get(name) or {}
+        if r.get("x_roofline_nominal"):
+            targets.append({"what": f"{name} / roofline at 4.3 TB/s", "value": r["x_roofline_nominal"],
+                            "target": "→ 1", "ok": None})
+    device = next((r.get("device") for r in results.values() if r.get("device")), None)
+    torch_v = next((r.get("torch") for r in results.values() if r.get("torch")), None)
+    jax_v = next((r.get("jax") for r in results.values() if r.get("jax")), None)
+    return {
+        "provenance": {"date": time.strftime("%Y-%m-%d %H:%M"), "device": device, "jax": jax_v, "torch": torch_v,
+                       "commit": git_commit(),
+                       "command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]),
+                       "hardware": hw, "wall_s": t_total},
+        "settings": s,
+        "nominal_bytes_per_s": NOMINAL_BYTES_PER_S,
+        "rows": rows,
+        "targets": targets,
+        "jobs": records,
+    }
+
+
+def what_of(name: str, s: dict) -> str:
+    if name == "drafter_b16":
+        return f"DFlash drafter pass ({s['drafter_layers']} layers, {s['block_size']} rows, top-8)"
+    if name.startswith("verify_nodes@"):
+        return f"XLA forward, {name.split('@')[1]} tree tokens (verify)"
+    if name.startswith("xla_flags"):
+        return "decode loop, XLA_FLAGS " + ({**XLA_FLAG_VARIANTS}.get(name) or "(custom)")
+    return name
+
+
+def fmt(x, digits=3):
+    if x is None:
+        return "–"
+    if isinstance(x, bool):
+        return "yes" if x else "NO"
+    if isinstance(x, float):
+        return f"{x:.{digits}f}" if abs(x) >= 10 ** -digits or x == 0 else f"{x:.2g}"
+    return str(x)
+
+
+def markdown(rep: dict) -> str:
+    p, s = rep["provenance"], rep["settings"]
+    hw = p.get("hardware")
+    bw = f"{hw['hbm_bytes_per_s'] / 1e12:.2f} TB/s" if hw else "not measured"
+    lines = [
+        f"# Decode step vs HBM roofline: {s['model']}, {s['dtype']}, batch 1, context {s['context']}",
+        "",
+        f"- Date: {p['date']}. Device: {p['device']}. jax {p['jax']}, torch {p['torch']}. Commit `{p['commit']}`.",
+        f"- Command: `{p['command']}` ({p['wall_s']:.0f} s).",
+        (f"- Roofline = bytes of weights + KV read ÷ measured read bandwidth ({bw}) and ÷ 4.3 TB/s (nominal copy "
+         f"rate). ms = median of synchronised steps (decode loop: loop time ÷ steps)."),
+        "",
+        ("| variant | what | ms / step | roofline ms (measured BW) | roofline ms (4.3 TB/s) | × roofline (4.3) "
+         "| tokens match | note |"),
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rep["rows"]:
+        note = r.get("error") or ""
+        if not note:
+            bits = []
+            if r.get("ratio_vs_bf16") is not None:
+                bits.append(f"{r['ratio_vs_bf16']:.2f}× bf16 ({r['bf16_ms']:.3f} ms)")
+            if r.get("ratio_vs_ar") is not None:
+                bits.append(f"{r['ratio_vs_ar']:.2f}× AR")
+            if r.get("compile_backend"):
+                bits.append(f"backend {r['compile_backend']}")
+            if r.get("cudagraph_skips"):
+                bits.append(f"cudagraphs skipped ×{r['cudagraph_skips']}")
+            if r.get("implementation") and r["variant"].endswith("kernel"):
+                bits.append(r["implementation"])
+            if r.get("compile_s") is not None:
+                bits.append(f"compile {r['compile_s']:.0f}s")
+            if r.get("first_steps_s") is not None and r["variant"] != "torch_peer_eager":
+                bits.append(f"first steps {r['first_steps_s']:.0f}s")
+            note = "; ".join(bits)
+        tm = r.get("tokens_match")
+        tm_cell = fmt(tm) if r.get("tokens_ref") else ("ref" if r["variant"] == "xla_forward" else "–")
+        if str(r.get("tokens_ref") or "").startswith("n/a"):
+            tm_cell = "n/a"
+        lines.append(f"| {r['variant']} | {r['what']} | {fmt(r.get('ms'))} | {fmt(r['roofline']['ms_measured_bw'])} "
+                     f"| {fmt(r['roofline']['ms_nominal'])} | {fmt(r.get('x_roofline_nominal'), 2)} | {tm_cell} "
+                     f"| {note.replace('|', '/')} |")
+    if rep["targets"]:
+        lines += ["", "| issue #8 check | value | target | met |", "|---|---|---|---|"]
+        lines += [f"| {t['what']} | {t['value']:.3f} | {t['target']} | {fmt(t['ok'])} |" for t in rep["targets"]]
+    lines += ["", "| job | status | wall s | timeout s |", "|---|---|---|---|"]
+    lines += [f"| {j['job']} | {j['status']} | {fmt(j.get('wall_s'), 1)} | {fmt(j.get('timeout_s'), 0)} |"
+              for j in rep["jobs"]]
+    return "\n".join(lines) + "\n"
+
+
+def collect(run: Path, jobs: list[Job]) -> dict:
+    """{row: fields} from every job's result file (a job cut short leaves the rows it finished)."""
+    out = {}
+    for job in jobs:
+        p = Path(job.spec["result"])
+        if not p.is_file():
+            continue
+        try:
+            r = json.loads(p.read_text())
+        except json.JSONDecodeError:
+            continue
+        if job.kind == "torch":
+            out[job.name] = {k: v for k, v in r.items() if k != "traceback"}
+            continue
+        for name, fields in r.get("rows", {}).items():
+            out[name] = {**fields, "device": r.get("device"), "jax": r.get("jax")}
+        meta = {k: r[k] for k in ("hw", "device", "jax") if k in r}
+        out.setdefault(f"_job:{job.name}", {}).update(meta)
+        if r.get("error"):
+            for name in job.rows:
+                out.setdefault(name, {}).setdefault("error", f"job {job.name}: {r['error']}")
+        for k in ("pack_s", "to_host_s", "to_device_s", "pack_workers"):
+            if k in r:
+                for name in job.rows:
+                    out.setdefault(name, {})[k] = r[k]
+    return out
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        return worker_main(args.worker)
+    s = settings(args)
+    chosen = selected_variants(args)
+    out = Path(args.out or REPO / "outputs" / "roofline" / time.strftime("%Y-%m-%d_%H-%M-%S"))
+    out.mkdir(parents=True, exist_ok=True)
+    for f in [out / "w12.packing", out / "w12.ready", out / "w12.go", *(out / "jobs").glob("*.json")]:
+        f.unlink(missing_ok=True)  # a rerun into the same folder never reads the last run's results
+    budget = args.budget_s or (300.0 if args.quick else 500.0)
+    runner = Runner(args, out, budget)
+    jobs, w12 = plan_jobs(args, s, out, chosen)
+    order = [r for j in jobs for r in j.rows] + (w12.rows if w12 else [])
+    order = sorted(order, key=row_rank)
+    log(f"bench_roofline: {s['model']} {s['dtype']}, context {s['context']}; jobs: "
+        f"{', '.join(j.name for j in jobs)}{' + w12 (background)' if w12 else ''}; budget {budget:.0f}s")
+    # Memory: the background W12 process keeps ~30 GB; a foreground JAX process must leave room for it.
+    fg_fraction = "0.60" if w12 else None
+
+    def report():
+        results = collect(out, jobs + ([w12] if w12 else []))
+        for rec in runner.records:
+            rec["rows"] = next((j.rows for j in jobs + ([w12] if w12 else []) if j.name == rec["job"]), [])
+        rep = build_report(s, results, runner.records, order, args, time.perf_counter() - runner.t0)
+        write_json(out / "roofline.json", rep)
+        md = markdown(rep)
+        (out / "roofline.md").write_text(md)
+        return rep, md
+
+    def stop(signum, frame):  # `timeout` or the device tool ends the harness: end the jobs, keep the report
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
+    bg = None
+    try:
+        if w12:
+            bg = W12Background(runner, w12)
+            bg.start("0.30", wait_s=min(150.0, runner.remaining()))
+        min_start = 5.0 if args.quick else 20.0
+        for job in jobs:
+            if bg:
+                bg.maybe_run()
+            if runner.remaining() < min_start:
+                runner.records.append({"job": job.name, "status": "skipped: budget spent", "rows": job.rows})
+                log(f"skip {job.name}: budget spent")
+                continue
+            weights = job.spec.get("weights")
+            if job.kind == "torch" and weights and not (Path(weights) / "meta.json").is_file():
+                log(f"{job.name}: no exported weights (the xla job did not write them): random torch weights")
+                job.spec["weights"] = None
+            runner.run(job, fg_fraction)
+            report()
+        if bg:
+            bg.maybe_run(wait=True)
+    except KeyboardInterrupt as e:
+        log(f"stopped ({e}): ending the running jobs")
+        for proc in list(runner.active):
+            kill(proc)
+        for rec in runner.records:
+            if rec["status"] in ("running", "packing"):
+                rec["status"] = f"stopped ({e})"
+        runner.records.append({"job": "harness", "status": f"stopped: {e}"})
+    _, md = report()
+    for job in jobs:  # the exported weights (a temporary folder) are not results
+        if job.spec.get("export"):
+            shutil.rmtree(job.spec["export"], ignore_errors=True)
+    log("")
+    log(md)
+    log(f"wrote {out / 'roofline.json'}, {out / 'roofline.md'}")
+    return 0
+
+
+def row_rank(name: str) -> int:
+    key = "xla_flags" if name.startswith("xla_flags") else name.split("@")[0]
+    return ROW_ORDER.index(key) if key in ROW_ORDER else len(ROW_ORDER)
+
+
+ROW_ORDER = ["xla_forward", "xla_decode_loop", "xla_flags", *W12_JOB, "torch_peer_eager",
+             "torch_peer_compile", "torch_peer_cudagraphs", "verify_nodes", "drafter_b16"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""scripts/bench_roofline.py --quick runs end to end on the CPU: every variant in its own job, the report, and
+the torch peer (scripts/peer_torch_decode.py, under the torch reference venv) as the same model as the JAX
+forward: the same greedy tokens from the same exported float32 weights and KV cache.
+
+The harness runs once per module (~30 s on 2 cores). Its parent process runs with hydra, omegaconf, pydantic
+and wandb made unimportable, as on the GPU machine. The torch peer's compiled modes use the `aot_eager` backend
+here: inductor's C++ compile of the step takes ~40 s on this CPU, and CUDA graphs do not exist on it anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+REF_PYTHON = Path(os.environ.get("SPECPILOT_REF_PYTHON", REPO / ".venv-ref" / "bin" / "python"))
+HAS_TORCH_PYTHON = REF_PYTHON.exists()
+NO_TORCH = (f"torch reference python {REF_PYTHON} not found (`make ref-venv` creates .venv-ref, or set "
+            "SPECPILOT_REF_PYTHON): the torch peer part is skipped")
+BARE = ("import sys, runpy\n"
+        "for m in ('hydra', 'omegaconf', 'pydantic', 'wandb', 'google.genai'): sys.modules[m] = None\n"
+        "sys.argv = sys.argv[1:]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("roofline")
+    hw = tmp / "cache" / "hw"
+    hw.mkdir(parents=True)  # a preset CPU calibration (the calibration itself is tested elsewhere)
+    (hw / "cpu.json").write_text(json.dumps({"name": "cpu", "hbm_bytes_per_s": 2e10, "matmul_flops_per_s": 1e11,
+                                             "platform": "cpu", "matmul_dtype": "float32"}))
+    env = {**os.environ, "SPECPILOT_CACHE": str(tmp / "cache"), "JAX_DISABLE_MOST_OPTIMIZATIONS": "1",
+           "JAX_PLATFORMS": "cpu"}
+    out = tmp / "out"
+    cmd = [sys.executable, "-c", BARE, str(REPO / "scripts" / "bench_roofline.py"), "--quick", "--out", str(out)]
+    if HAS_TORCH_PYTHON:
+        cmd += ["--torch-python", str(REF_PYTHON), "--torch-compile-backend", "aot_eager"]
+    else:
+        cmd += ["--variants", "xla_forward", "xla_decode_loop", "xla_flags", "xla_forward_w12",
+                "xla_forward_w12_kernel", "verify_nodes", "drafter"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp, check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return json.loads((out / "roofline.json").read_text()), (out / "roofline.md").read_text(), proc.stdout, out
+
+
+def test_every_variant_has_a_time_or_an_error_and_a_roofline(quick):
+    rep, md, stdout, _ = quick
+    names = [r["variant"] for r in rep["rows"]]
+    expected = {"xla_forward", "xla_decode_loop", "xla_flags_no_cmdbuf", "xla_flags_cmdbuf_while",
+                "xla_flags_autotune0", "xla_forward_w12", "xla_forward_w12_kernel", "verify_nodes@4",
+                "verify_nodes@8", "drafter_b16"}
+    if HAS_TORCH_PYTHON:
+        expected |= {"torch_peer_eager", "torch_peer_compile", "torch_peer_cudagraphs"}
+    assert set(names) == expected
+    for r in rep["rows"]:
+        assert (r.get("ms") or 0) > 0 or r.get("error"), r
+        roof = r["roofline"]
+        assert roof["bytes"] > 0 and roof["ms_nominal"] > 0 and roof["ms_measured_bw"] > 0, r
+        assert roof["bytes"] <= roof["bytes_all"]
+        if r.get("ms"):
+            assert r["x_roofline_nominal"] == pytest.approx(r["ms"] / roof["ms_nominal"])
+        assert f"| {r['variant']} |" in md
+    # W12 reads 12/16 of the linear bytes
+    by = {r["variant"]: r for r in rep["rows"]}
+    assert by["xla_forward_w12"]["roofline"]["weights_bytes"] < by["xla_forward"]["roofline"]["weights_bytes"]
+    assert rep["provenance"]["command"].startswith("python ") and rep["provenance"]["device"] == "cpu"
+    assert rep["provenance"]["hardware"]["hbm_bytes_per_s"] == 2e10
+    assert all(j["status"] == "ok" for j in rep["jobs"]), rep["jobs"]
+    assert stdout.rstrip().splitlines()[-1].startswith("wrote ") and "| issue #8 check |" in stdout
+
+
+def test_jax_variants_ran_and_agree(quick):
+    """No errors on the JAX side (so every XLA flag used exists in this jaxlib: an unknown one aborts its
+    process); the decode loop, the flag variants and W12 reproduce the forward's greedy tokens."""
+    rep = quick[0]
+    by = {r["variant"]: r for r in rep["rows"]}
+    for name, r in by.items():
+        if not name.startswith("torch"):
+            assert r.get("ms", 0) > 0 and not r.get("error"), r
+    ref = by["xla_forward"]["tokens"]
+    assert len(ref) == rep["settings"]["check_steps"]
+    for name in ("xla_decode_loop", "xla_flags_no_cmdbuf", "xla_flags_cmdbuf_while", "xla_flags_autotune0"):
+        assert by[name]["tokens"] == ref and by[name]["tokens_match"] is True, name
+    assert by["xla_flags_autotune0"]["xla_flags"].endswith("--xla_gpu_autotune_level=0")
+    for name in ("xla_forward_w12", "xla_forward_w12_kernel"):
+        w = by[name]
+        assert w["tokens"] == w["bf16_tokens"] and w["tokens_match"] is True and w["tokens_equal_bf16"] is True
+        assert w["ratio_vs_bf16"] == pytest.approx(w["ms"] / w["bf16_ms"])
+    assert "not a Hopper GPU" in by["xla_forward_w12_kernel"]["implementation"]
+    assert by["verify_nodes@8"]["ratio_vs_ar"] == pytest.approx(by["verify_nodes@8"]["ms"] / by["xla_forward"]["ms"])
+    assert {t["what"] for t in rep["targets"]} >= {"xla_forward_w12 / bf16 (same process)"}
+
+
+@pytest.mark.skipif(not HAS_TORCH_PYTHON, reason=NO_TORCH)
+def test_torch_peer_is_the_same_model(quick):
+    """Exported float32 weights and cache: the peer's greedy tokens equal the JAX forward's, in every mode."""
+    rep = quick[0]
+    by = {r["variant"]: r for r in rep["rows"]}
+    ref = by["xla_forward"]["tokens"]
+    for name in ("torch_peer_eager", "torch_peer_compile", "torch_peer_cudagraphs"):
+        r = by[name]
+        assert not r.get("error"), r
+        assert r["weights"] == "exported from the JAX pytree"
+        assert r["tokens"] == ref and r["tokens_match"] is True, (name, r["tokens"], ref)
+    assert by["torch_peer_compile"]["mode"] == "max-autotune-no-cudagraphs"
+    assert by["torch_peer_cudagraphs"]["mode"] == "reduce-overhead"
+    assert rep["provenance"]["torch"]

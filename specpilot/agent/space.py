@@ -22,11 +22,14 @@ from specpilot.config import ENGINE_NAMES
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 TREE_ENGINES = ("ddtree", "specpilot", "tlv")
 DRAFTING_ENGINES = ("stock", *TREE_ENGINES)
-# Knobs the engines read but the search does not set: they come from measurement (the cost model's fit).
+# Knobs the engines read but the search does not set. Today they come from conf/engine/specpilot.yaml; the
+# cost model writes a fitted table for a measured deployment (`StepTimeModel.specpilot_config`, as bench.py
+# and the reproduce scripts do), which the search does not yet apply to its candidates.
 DERIVED = {
-    "verify_cost_ms": "derived: the specpilot budget policy's verify-cost curve comes from the cost model, "
-                      "not the search",
-    "draft_cost_ms": "derived: the specpilot budget policy's draft cost comes from the cost model, not the search",
+    "verify_cost_ms": "not searched: the specpilot budget policy's verify-cost curve (conf/engine/specpilot.yaml, or "
+                      "the cost model's fit, StepTimeModel.specpilot_config)",
+    "draft_cost_ms": "not searched: the specpilot budget policy's fixed per-round cost (conf/engine/specpilot.yaml, "
+                     "or the cost model's fit)",
 }
 # Knobs carried over when the engine kind changes (when the new engine has them).
 _CARRIED = ("weight_format", "attention", "block_size", "tree_budget", "level1_format")
@@ -197,7 +200,7 @@ class ConfigSpace:
                 f"tree_budget <= {self.max_tree_budget} (this deployment's limit)",
                 "changing engine starts from that engine's defaults and keeps weight_format, attention, "
                 "block_size, tree_budget, level1_format where the new engine has them",
-                "verify_cost_ms and draft_cost_ms are derived from measurement, not proposed",
+                "verify_cost_ms and draft_cost_ms are not proposed (the engine's table, or the cost model's fit)",
             ],
             "engine_defaults": {n: self._clamped(dict(d)) for n, d in self.engine_defaults.items()},
         }

@@ -48,7 +48,7 @@ def test_engine_switch_starts_from_defaults_and_clamps(space, stock):
     ({"tlv_paths": 2}, "tlv_paths: not available yet"),
     ({"engine": "beam"}, "engine: expected one of 'ar'"),
     ({"tree_size": 8}, "tree_size: unknown knob"),
-    ({"verify_cost_ms": {1: 2.0}}, "verify_cost_ms: derived"),
+    ({"verify_cost_ms": {1: 2.0}}, "verify_cost_ms: not searched"),
     ({"engine": "specpilot", "budget_candidates": [4, 256]}, "budget_candidates: 256 outside"),
     ({"engine": "specpilot", "tree_budget": 16, "budget_candidates": [4, 64]},
      "budget_candidates: 64 exceeds tree_budget 16"),

@@ -215,3 +215,23 @@ def test_resume_with_a_different_deployment_is_refused(tmp_path):
                SearchSettings(rounds=1, measure_repeats=5))
     with pytest.raises(ResumeError, match="measure_repeats"):
         s.run()
+
+
+def test_specpilot_candidates_get_a_cost_table_fitted_from_the_trials(tmp_path):
+    """Once DDTree trials are profiled, a specpilot candidate's verify-cost table is the cost model's fit of
+    them (at x = budget + 1 a DDTree trial of that budget is exact), not the YAML default, and the table
+    does not make it a different candidate (config_key leaves derived keys out)."""
+    from specpilot.agent.space import load_engine_defaults
+
+    proposer = ScriptedProposer([[{"engine": "ddtree", "tree_budget": 16}, {"engine": "ddtree", "tree_budget": 64}],
+                                 [{"engine": "specpilot", "tree_budget": 64, "budget_candidates": [16, 64]}]])
+    s = search(tmp_path / "run", proposer=proposer, rounds=2, min_gain=0.0)
+    sp = next(t for t in s["trials"] if t["config"]["name"] == "specpilot" and t["id"].startswith("r2/c"))
+    ddtree = {t["config"]["tree_budget"]: t for t in s["trials"]
+              if t["config"]["name"] == "ddtree" and t["id"].startswith("r1/c") and t["status"] == "ok"}
+    table = {int(k): v for k, v in sp["config"]["verify_cost_ms"].items()}
+    assert table == {n: pytest.approx(ddtree[n]["stage_ms"]["verify"], abs=1e-4) for n in (16, 64)}
+    yaml_table = {int(k): v for k, v in load_engine_defaults()["specpilot"]["verify_cost_ms"].items()}
+    assert table != {k: v for k, v in yaml_table.items() if k in table}
+    assert sp["config"]["draft_cost_ms"] > 0
+    assert config_key(sp["config"]) == config_key({**sp["config"], "verify_cost_ms": yaml_table})

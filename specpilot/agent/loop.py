@@ -304,6 +304,25 @@ class Search:
         self.notes += notes
         return candidates
 
+    def _with_fitted_costs(self, cfg: dict) -> dict:
+        """A specpilot config with its verify-cost table and per-round cost fitted (the cost model's
+        `StepTimeModel.specpilot_config`) from the stage times this search has measured; unchanged until
+        the trials cover the curves it needs (a tree engine profiled), and for other engines. A function of
+        the logged trials, so a resumed search fits the same table."""
+        if cfg["name"] != "specpilot":
+            return cfg
+        from specpilot.costmodel.predict import StepTimeModel, measured_row
+
+        block = self.deployment["drafter"]["block_size"]
+        rows = [measured_row({"batch": self.deployment["batch"], "stage_ms": t["stage_ms"],
+                              "round_ms": sum(t["stage_ms"].values()), "tokens_per_round": t.get("tokens_per_round", 0)},
+                             t["config"], block)
+                for t in self.trials if t["status"] == "ok" and t.get("stage_ms")]
+        try:
+            return StepTimeModel.fit(rows).specpilot_config(cfg, self.deployment["batch"], block)
+        except (KeyError, ValueError):  # no tree engine profiled yet: keep the engine's own table
+            return cfg
+
     def _screen(self, proposals: list[Proposal], space: ConfigSpace, inc: dict, tried: set[str],
                 round_no: int) -> tuple[list[dict], list[dict]]:
         ok, rejected, seen = [], [], set()
@@ -325,8 +344,8 @@ class Search:
                 log.info("  proposal %s (%s) rejected: %s", _fmt_delta(p.delta), p.source, e)
                 continue
             seen.add(key)
-            ok.append({"delta": space.diff(inc["config"], cfg), "config": cfg, "hypothesis": p.hypothesis,
-                       "source": p.source})
+            ok.append({"delta": space.diff(inc["config"], cfg), "config": self._with_fitted_costs(cfg),
+                       "hypothesis": p.hypothesis, "source": p.source})
         return ok, rejected
 
     # ---- integration ------------------------------------------------------------------------------
@@ -348,7 +367,7 @@ class Search:
             if config_key(nxt) != config_key(combined):
                 combined, used = nxt, used + [t]
                 changed = space.diff(inc["config"], combined)
-        return combined, used
+        return self._with_fitted_costs(combined), used
 
     def _write_memory(self, space: ConfigSpace, inc: dict, t: dict, stock: dict) -> None:
         if self.memory is None or not self.settings.write_memory:

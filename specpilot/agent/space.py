@@ -22,14 +22,14 @@ from specpilot.config import ENGINE_NAMES
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 TREE_ENGINES = ("ddtree", "specpilot", "tlv")
 DRAFTING_ENGINES = ("stock", *TREE_ENGINES)
-# Knobs the engines read but the search does not set. Today they come from conf/engine/specpilot.yaml; the
-# cost model writes a fitted table for a measured deployment (`StepTimeModel.specpilot_config`, as bench.py
-# and the reproduce scripts do), which the search does not yet apply to its candidates.
+# Knobs the engines read but the search does not set: the search fits them from its own trials' stage times
+# (`Search._with_fitted_costs`, the cost model's `StepTimeModel.specpilot_config`); before any tree engine
+# was profiled they are conf/engine/specpilot.yaml's.
 DERIVED = {
-    "verify_cost_ms": "not searched: the specpilot budget policy's verify-cost curve (conf/engine/specpilot.yaml, or "
-                      "the cost model's fit, StepTimeModel.specpilot_config)",
-    "draft_cost_ms": "not searched: the specpilot budget policy's fixed per-round cost (conf/engine/specpilot.yaml, "
-                     "or the cost model's fit)",
+    "verify_cost_ms": "not searched: the specpilot budget policy's verify-cost curve is fitted from this search's "
+                      "measured trials (the cost model)",
+    "draft_cost_ms": "not searched: the specpilot budget policy's fixed per-round cost is fitted from this search's "
+                     "measured trials (the cost model)",
 }
 # Knobs carried over when the engine kind changes (when the new engine has them).
 _CARRIED = ("weight_format", "attention", "block_size", "tree_budget", "level1_format")
@@ -124,8 +124,10 @@ def normalize(cfg: dict) -> dict:
 
 
 def config_key(cfg: dict) -> str:
-    """Canonical text of an engine config: equal configs, equal keys (also across JSON round trips)."""
-    return json.dumps(normalize(cfg), sort_keys=True, default=str)
+    """Canonical text of an engine config: equal knobs, equal keys (also across JSON round trips). The
+    DERIVED keys are left out: a specpilot config is the same candidate whatever cost table measurement has
+    given it so far."""
+    return json.dumps({k: v for k, v in normalize(cfg).items() if k not in DERIVED}, sort_keys=True, default=str)
 
 
 def describe_config(cfg: dict) -> str:
@@ -200,7 +202,7 @@ class ConfigSpace:
                 f"tree_budget <= {self.max_tree_budget} (this deployment's limit)",
                 "changing engine starts from that engine's defaults and keeps weight_format, attention, "
                 "block_size, tree_budget, level1_format where the new engine has them",
-                "verify_cost_ms and draft_cost_ms are not proposed (the engine's table, or the cost model's fit)",
+                "verify_cost_ms and draft_cost_ms are not proposed: fitted from this search's measured trials",
             ],
             "engine_defaults": {n: self._clamped(dict(d)) for n, d in self.engine_defaults.items()},
         }

@@ -116,3 +116,29 @@ def test_wandb_sweep_files_drive_bench(sweep):
         for k, v in point:
             got = getattr(args, k.replace("-", "_"))
             assert str(got[0] if isinstance(got, list) else got) == str(v)
+
+
+def test_warm_up_compiles_exactly_the_programs_the_timed_pass_runs(tmp_path):
+    """`measure.warm_up` (parallel compile into the persistent cache) must build the timed pass's shapes:
+    after it, measuring the same configurations adds no new program to the cache."""
+    import jax
+
+    from specpilot.costmodel import measure as M
+
+    old = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
+    cache = tmp_path / "jit"
+    M.enable_compile_cache(cache, min_compile_s=0.0)
+    try:
+        dep = M.synthetic_deployment("tiny", "float32", 0, drafter_layers=1, block_size=4)
+        configs = [{"name": "ar"}, {"name": "ddtree", "tree_budget": 4}]
+        context, rounds = 12, 2
+        capacity = M.kv_capacity(context, rounds, dep.block, configs)
+        M.warm_up(dep, configs, 1, context, capacity, rounds, workers=2, eager_prefill=False)
+        compiled = set(p.name for p in cache.iterdir())
+        assert compiled
+        for cfg in configs:
+            M.measure_row(dep, cfg, 1, context, capacity, rounds, None, eager_prefill=False)
+        assert set(p.name for p in cache.iterdir()) == compiled
+    finally:
+        jax.config.update("jax_compilation_cache_dir", old[0])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])

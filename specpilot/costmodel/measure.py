@@ -192,11 +192,12 @@ def build_engine(dep: Deployment, engine_cfg: dict, capacity: int, sampling=None
 
 
 def measure_row(dep: Deployment, engine_cfg: dict, batch: int, context: int, capacity: int, rounds: int, hw,
-                seed: int = 0, eager_prefill: bool | None = None) -> dict:
+                seed: int = 0, eager_prefill: bool | None = None, max_new: int | None = None) -> dict:
     """Profile one (engine, batch) on `batch` random prompts of `context` tokens; attach the ceilings
-    and the gap report."""
+    and the gap report. `max_new` (default: room for `rounds` + 2 full rounds) sizes the output buffers,
+    so it is part of every stage's compiled shapes."""
     block = dep.block
-    max_new = (rounds + 2) * block
+    max_new = max_new or (rounds + 2) * block
     prompts = random_prompts(batch, context, dep.target_cfg.vocab_size, seed, exclude=(dep.drafter_cfg.mask_token_id,))
     engine = build_engine(dep, engine_cfg, capacity)
     prof = profile_engine(engine, prompts, max_new, rounds, seed, eager_prefill)
@@ -225,17 +226,20 @@ def kv_capacity(context: int, rounds: int, block: int, configs: Sequence[dict], 
     return -(-need // multiple) * multiple
 
 
-def warm_up(dep: Deployment, configs: Sequence[dict], batch: int, context: int, capacity: int, seed: int = 0,
-            eager_prefill: bool | None = None, workers: int = 1, log: Callable[[str], None] = print) -> None:
+def warm_up(dep: Deployment, configs: Sequence[dict], batch: int, context: int, capacity: int, rounds: int,
+            seed: int = 0, eager_prefill: bool | None = None, workers: int = 1,
+            log: Callable[[str], None] = print) -> None:
     """Compile every config's stages at `batch` in `workers` threads (XLA compiles with the GIL released),
-    one untimed round each. The programs land in jax's persistent compilation cache, so the sequential,
-    timed pass that follows loads them instead of compiling: a sweep's wall time is mostly compilation.
-    Needs the cache enabled (`enable_compile_cache`); a failure here only costs the time it took."""
+    one round each, with the shapes of the timed pass (`rounds` sizes the output buffers). The programs land
+    in jax's persistent compilation cache, so the sequential, timed pass that follows loads them instead of
+    compiling: a sweep's wall time is mostly compilation. Needs the cache enabled (`enable_compile_cache`); a
+    failure here only costs the time it took."""
     from concurrent.futures import ThreadPoolExecutor
 
     def one(cfg):
         try:
-            measure_row(dep, cfg, batch, context, capacity, 1, None, seed, eager_prefill)
+            measure_row(dep, cfg, batch, context, capacity, 1, None, seed, eager_prefill,
+                        max_new=(rounds + 2) * dep.block)
         except Exception as e:  # the timed pass reports it properly
             log(f"  warm-up of {config_label(cfg)} B={batch} failed: {type(e).__name__}: {e}")
 
@@ -268,7 +272,7 @@ def sweep(dep: Deployment, configs: list[dict], batches: Sequence[int], context:
         if compile_workers > 1 and (budget_s is None or time.perf_counter() - t_start + slowest < budget_s):
             t0 = time.perf_counter()
             # specpilot's cost table is fitted from this batch's rows: its program is compiled in the timed pass
-            warm_up(dep, [c for c, _ in plan if c["name"] != "specpilot"], batch, context, capacity, seed,
+            warm_up(dep, [c for c, _ in plan if c["name"] != "specpilot"], batch, context, capacity, rounds, seed,
                     eager_prefill, compile_workers, log)
             log(f"[{time.perf_counter() - t_start:6.1f}s] compiled B={batch} in {compile_workers} threads "
                 f"({time.perf_counter() - t0:.1f}s)")

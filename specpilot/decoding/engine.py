@@ -117,9 +117,13 @@ class Engine:
 
         Each stage runs `repeats` times per round on the same inputs (stages are pure) and its median
         counts: one synchronised call of a 36-layer step carries host-dispatch jitter of ±15 % on a GPU
-        (docs/results/2026-11-30-costmodel-h200-b1). `verified_nodes` lists, per timed round, the most tree
-        nodes a request verified (the budget a cost-aware `specpilot` round chose). `eager_prefill` runs
-        the (untimed) prefill op by op instead of compiling it."""
+        (docs/results/2026-11-30-costmodel-h200-b1). Every such call also pays the host's handling of the
+        whole parameter pytree (hundreds of leaves; twice as many with a level-1 copy), which the fused loop
+        of `generate` pays once per loop, not per stage: `dispatch_ms`, the median call of a program that
+        takes the same arguments and does nothing, is measured and subtracted from every stage (floored at
+        0). `verified_nodes` lists, per timed round, the most tree nodes a request verified (the budget a
+        cost-aware `specpilot` round chose). `eager_prefill` runs the (untimed) prefill op by op instead of
+        compiling it."""
         import time
 
         check_prompts(prompts, self.cfg, max_new_tokens, self.max_prompt_plus_new())
@@ -127,6 +131,7 @@ class Engine:
         prefill = self.prefill if eager_prefill else jax.jit(self.prefill, static_argnums=(3,))
         stage_fns = [(name, jax.jit(fn)) for name, fn in self.stages()]
         state = prefill(self.params, tokens, lens, max_new_tokens, jax.random.key(seed))
+        dispatch = self._dispatch_seconds(state)
         totals = {name: 0.0 for name, _ in stage_fns}
         timed_rounds, committed, nodes = 0, 0, []
         for r in range(rounds + 1):
@@ -141,7 +146,7 @@ class Engine:
                     times.append(time.perf_counter() - t0)
                 carry = out
                 if r > 0:
-                    totals[name] += float(np.median(times))
+                    totals[name] += max(float(np.median(times)) - dispatch, 0.0)
                     if "nodes" in carry:
                         nodes.append(int(np.max(np.asarray(carry["nodes"]))))
             state = carry["state"]
@@ -157,7 +162,22 @@ class Engine:
             "round_ms": 1e3 * sum(totals.values()) / n,
             "tokens_per_round": committed / n,
             "verified_nodes": nodes,
+            "dispatch_ms": 1e3 * dispatch,
         }
+
+    def _dispatch_seconds(self, state, calls: int = 21) -> float:
+        """Median wall time of one synchronised call of a program that takes (params, state) and computes
+        nothing: the host-side cost every profiled stage call carries (`profile`)."""
+        import time
+
+        noop = jax.jit(lambda params, st: st.n_out[0], keep_unused=True)
+        jax.block_until_ready(noop(self.params, state))
+        times = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            jax.block_until_ready(noop(self.params, state))
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times))
 
     def max_prompt_plus_new(self) -> int:
         """Longest prompt + max_new_tokens that fits: rounds write up to `slack` scratch slots past it."""

@@ -4,7 +4,8 @@ Linear weights are stored `[in_features, out_features]` and used as `x @ w`. Q/K
 fused at load time (one weight read per step instead of three / two). A linear leaf is one of:
 
 - a plain `jax.Array` (bf16 or f32),
-- a `QuantArray` (int8 or fp8 weight-only, per-output-column scale; TLV's cheap level-1 target),
+- a `QuantArray` (int8 or fp8 weight-only, per-output-column scale; TLV's cheap level-1 target;
+  multiplied by `pallas_kernels.quant_matmul`: its jnp reference, or an opt-in Hopper int8 kernel),
 - a `pallas_kernels.w12.W12Array` (lossless 12-bit bf16).
 
 `linear(x, w)` is the only place that knows about formats, so model code never changes when the
@@ -26,18 +27,24 @@ from specpilot.models.config import DrafterConfig, ModelConfig
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class QuantArray:
-    """Weight-only quantized matrix: `w ≈ q * scale`, scale per output column."""
+    """Weight-only quantized matrix: `w ≈ q * scale`, scale per output column.
 
-    q: jax.Array  # [K, N] int8 or float8_e4m3fn
+    Logically `[K, N]` like every linear leaf (`shape`), but `q` is stored transposed, output-major,
+    as `q_t` `[N, K]`: the Hopper int8 kernel (`pallas_kernels/quant_matmul`) takes the weight as the
+    row-major LHS of `y.T = q_t @ x.T`, and transposing per call would re-read and re-write it.
+    """
+
+    q_t: jax.Array  # [N, K] int8 or float8_e4m3fn
     scale: jax.Array  # [N] float32
 
     @property
     def shape(self):
-        return self.q.shape
+        n, k = self.q_t.shape
+        return (k, n)
 
 
 def quantize(w: jax.Array, fmt: str) -> QuantArray:
-    """Symmetric per-output-column weight-only quantization ("int8" or "fp8")."""
+    """Symmetric per-output-column weight-only quantization ("int8" or "fp8") of a `[K, N]` weight."""
     w32 = jnp.asarray(w, jnp.float32)
     amax = jnp.max(jnp.abs(w32), axis=0)
     if fmt == "int8":
@@ -48,7 +55,7 @@ def quantize(w: jax.Array, fmt: str) -> QuantArray:
         q = (w32 / scale).astype(jnp.float8_e4m3fn)
     else:
         raise ValueError(f"unknown quantization format {fmt!r} (expected 'int8' or 'fp8')")
-    return QuantArray(q=q, scale=scale.astype(jnp.float32))
+    return QuantArray(q_t=q.T, scale=scale.astype(jnp.float32))
 
 
 def _is_w12(w) -> bool:
@@ -58,8 +65,9 @@ def _is_w12(w) -> bool:
 def linear(x: jax.Array, w: Any) -> jax.Array:
     """`x @ w` with float32 accumulation, dispatching on the weight leaf's format."""
     if isinstance(w, QuantArray):
-        y = jnp.einsum("...k,kn->...n", x, w.q.astype(x.dtype), preferred_element_type=jnp.float32)
-        return (y * w.scale).astype(x.dtype)
+        from pallas_kernels import quant_matmul
+
+        return quant_matmul.matmul(x, w)
     if _is_w12(w):
         from pallas_kernels import w12
 

@@ -1,0 +1,83 @@
+"""The public weight-only quantized matmul: one entry point, the implementation picked per backend.
+
+Why a kernel: TLV's level-1 pass runs on int8 ``QuantArray`` weights to read half the
+bytes of the bf16 verify, but plain XLA on the H200 materialises ``q.astype(bf16)`` as a
+bf16 copy before the dot, so level 1 took 25.7 ms against 13.9 ms for the bf16 verify
+(Qwen3-8B shapes, batch 1; docs/results/2026-11-30-bench-qwen3_8b-h200/README.md).
+
+What runs when (``implementation=None`` and ``DEFAULT_TO_KERNEL``):
+- int8 weights, bf16/f16 activations, on a Hopper GPU (compute capability 9.0), with
+  ``N`` a multiple of ``2 * tile_out`` and ``K`` of ``tile_k`` (every Qwen3-8B linear):
+  ``mosaic_gpu.quant_matmul``, jax's mixed-type Hopper kernel, token rows padded up to
+  ``tile_tokens``.
+- fp8 weights: the reference (jax's kernel rejects fp8 as unbenchmarked).
+- anything else (CPU, f32 activations, odd shapes): the reference; on Hopper such a
+  fallback logs a warning at trace time, so it is never silent.
+The kernel has not run on a GPU yet (it cannot run in CPU interpret mode: its int8 operand
+goes to wgmma from registers), so ``DEFAULT_TO_KERNEL`` is False: everything takes the
+reference until the GPU-only tests of ``tests/test_quant_matmul.py`` pass on an H200 and a
+measurement shows the kernel faster (then flip it, with the numbers in ``docs/results/``).
+A compile failure would surface when the surrounding jit compiles, outside this fallback.
+Naming an implementation disables the fallback, which is what tests and benchmarks want.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.quant_matmul.config import TuningConfig
+from pallas_kernels.quant_matmul.reference import quant_matmul_reference
+
+_log = logging.getLogger(__name__)
+
+Implementation = Literal["reference", "mosaic_gpu"]
+_IMPLEMENTATIONS = ("reference", "mosaic_gpu")
+DEFAULT_TO_KERNEL = False  # see the module docstring
+
+
+def _on_hopper() -> bool:
+    device = jax.devices()[0]
+    return device.platform == "gpu" and getattr(device, "compute_capability", "") == "9.0"
+
+
+def _mosaic_gpu(x, qa, config):
+    from pallas_kernels.quant_matmul import mosaic_gpu  # lazy: needs a Mosaic GPU capable jaxlib
+
+    return mosaic_gpu.quant_matmul(x, qa.q_t, qa.scale, config=config)
+
+
+def matmul(
+    x: jax.Array,
+    qa: Any,
+    *,
+    implementation: Implementation | None = None,
+    config: TuningConfig | None = None,
+) -> jax.Array:
+    """``x @ (q * scale)`` for ``x`` ``[..., K]`` and a ``QuantArray`` ``qa`` (logical ``[K, N]``).
+
+    ``qa`` is anything with ``q_t`` (``[N, K]`` int8 or fp8) and ``scale`` (``[N]`` f32),
+    i.e. ``specpilot.models.weights.QuantArray``. f32 accumulation, result in ``x.dtype``.
+    """
+    if implementation not in (None, *_IMPLEMENTATIONS):
+        raise ValueError(f"unknown quant matmul implementation {implementation!r}; expected one of {_IMPLEMENTATIONS}")
+    if implementation == "reference":
+        return quant_matmul_reference(x, qa.q_t, qa.scale)
+    if implementation == "mosaic_gpu":
+        return _mosaic_gpu(x, qa, config)
+    if not (DEFAULT_TO_KERNEL and qa.q_t.dtype == jnp.int8 and _on_hopper()):
+        return quant_matmul_reference(x, qa.q_t, qa.scale)
+    try:
+        return _mosaic_gpu(x, qa, config)
+    except (NotImplementedError, ImportError) as e:
+        _log.warning(
+            "quant matmul falls back to the reference for x%s, W%s (%s): %s",
+            x.shape,
+            tuple(qa.q_t.shape[::-1]),
+            qa.q_t.dtype,
+            e,
+        )
+        return quant_matmul_reference(x, qa.q_t, qa.scale)

@@ -145,9 +145,9 @@ class Result:
 
 
 def _on_hopper() -> bool:
-    from pallas_kernels.w12.ops import _on_hopper
+    from pallas_kernels.device import on_hopper
 
-    return _on_hopper()
+    return on_hopper()
 
 
 def _interpret(mode: str) -> bool:

@@ -7,6 +7,7 @@ from typing import Literal
 
 import jax
 
+from pallas_kernels.device import on_hopper as _on_hopper  # a module name tests can patch
 from pallas_kernels.tree_attention.config import TuningConfig
 from pallas_kernels.tree_attention.reference import tree_attention_reference
 
@@ -14,11 +15,6 @@ _log = logging.getLogger(__name__)
 
 Implementation = Literal["pallas", "reference"]
 _IMPLEMENTATIONS = ("pallas", "reference")
-
-
-def _on_hopper() -> bool:
-    device = jax.devices()[0]
-    return device.platform == "gpu" and getattr(device, "compute_capability", "") == "9.0"
 
 
 def _pallas(q, k_cache, v_cache, lengths, k_tree, v_tree, ancestor_bits, config, interpret):

@@ -7,6 +7,7 @@ from typing import Literal
 
 import jax
 
+from pallas_kernels.device import on_hopper as _on_hopper  # a module name tests can patch
 from pallas_kernels.w12.config import TuningConfig
 from pallas_kernels.w12.format import W12Array
 from pallas_kernels.w12.reference import w12_matmul_reference
@@ -18,9 +19,6 @@ _IMPLEMENTATIONS = ("reference", "mosaic_gpu")
 DEFAULT_TO_KERNEL = False  # see `matmul`
 
 
-def _on_hopper() -> bool:
-  device = jax.devices()[0]
-  return device.platform == "gpu" and getattr(device, "compute_capability", "") == "9.0"
 
 
 def _mosaic_gpu(x, packed, config):

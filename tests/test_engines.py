@@ -185,9 +185,9 @@ def test_no_round_after_eos(eos_runs, eos_setup):
 
 
 def test_profile_times_stages_and_reports_the_budgets_specpilot_chose(pair, prompts):
-    """`Engine.profile`: every stage timed (median of repeats, less the host's dispatch cost), the round is
-    their sum, and a cost-aware
-    engine's verified node counts per round are among its candidates' sizes."""
+    """`Engine.profile`: every stage timed (the smaller of a synchronised and a pipelined estimate, less the
+    host's dispatch cost) in every round, the round is their sum, and a cost-aware engine's verified node
+    counts per round are among its candidates' sizes."""
     tcfg = pair[0]
     eng = engine("specpilot", SPEC_ENGINES["specpilot"], tcfg, pair)
     prof = eng.profile(prompts[:2], 24, rounds=3, repeats=2)
@@ -195,6 +195,9 @@ def test_profile_times_stages_and_reports_the_budgets_specpilot_chose(pair, prom
     assert all(v > 0 for v in prof["stage_ms"].values())
     assert prof["round_ms"] == pytest.approx(sum(prof["stage_ms"].values()))
     assert prof["dispatch_ms"] > 0  # measured, and subtracted from every stage
+    for name, per_round in prof["stage_ms_rounds"].items():
+        assert len(per_round) == prof["rounds"] and all(v >= 0 for v in per_round)
+        assert prof["stage_ms"][name] == pytest.approx(sum(per_round) / len(per_round), rel=1e-3, abs=1e-3)
     assert len(prof["verified_nodes"]) == prof["rounds"] > 0
     assert all(1 <= v <= 24 for v in prof["verified_nodes"])
     ar = engine("ar", dict(name="ar"), tcfg, pair).profile(prompts[:2], 8, rounds=2, repeats=1)

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Issue #6 on one H200 (device tool), one command of < 10 minutes per call: the bench of qwen3_8b shapes
 # (calibration grid + configurations, cost-model check) at the batches given (default "1 8"; a batch-32 sweep
-# needs a call of its own). Results go under /tmp/r and are packed into $OUT/r.tgz every 60 s (niced) and at
+# needs a call of its own). Results go under /tmp/r.<pid> and are packed into $OUT/r.tgz every 60 s (niced) and at
 # the end, so a run cut short still returns what it finished; `python scripts/bench.py --replot DIR` fits and
 # checks a partial bench.json here. Usage (repo root): SPECPILOT_COMMIT=<hash> bash scripts/h200/costmodel.sh "1 8"
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 BATCHES=${1:-1 8}
-R=/tmp/r; mkdir -p $R
+R=/tmp/r.$$; mkdir -p $R  # one per job: pair.sh may run two on one host
 pack() { tar czf /tmp/r.tgz -C $R . && cp /tmp/r.tgz "$OUT/r.tgz.part" && mv "$OUT/r.tgz.part" "$OUT/r.tgz"; }
 (while true; do sleep 60; nice -n 19 bash -c "$(declare -f pack); R=$R OUT=$OUT pack"; done) &
 echo "== bench B=$BATCHES ($(date +%T))" | tee -a $R/log.txt

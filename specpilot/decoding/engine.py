@@ -112,18 +112,22 @@ class Engine:
 
     def profile(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, rounds: int = 8, seed: int = 0,
                 eager_prefill: bool = False, repeats: int = 5) -> dict:
-        """Wall time per round of each stage (ms), each stage jitted alone and synchronised, over up to
-        `rounds` rounds after one warm-up round. Feeds the cost model's measured components.
+        """Device time per round of each stage (ms), each stage jitted alone, over up to `rounds` rounds
+        after one warm-up round. Feeds the cost model's measured components.
 
-        Each stage runs `repeats` times per round on the same inputs (stages are pure) and its median
-        counts: one synchronised call of a 36-layer step carries host-dispatch jitter of ±15 % on a GPU
-        (docs/results/2026-11-30-costmodel-h200-b1). Every such call also pays the host's handling of the
-        whole parameter pytree (hundreds of leaves; twice as many with a level-1 copy), which the fused loop
-        of `generate` pays once per loop, not per stage: `dispatch_ms`, the median call of a program that
-        takes the same arguments and does nothing, is measured and subtracted from every stage (floored at
-        0). `verified_nodes` lists, per timed round, the most tree nodes a request verified (the budget a
-        cost-aware `specpilot` round chose). `eager_prefill` runs the (untimed) prefill op by op instead of
-        compiling it."""
+        The fused loop of `generate` keeps the GPU busy while the host dispatches, so what a stage costs there
+        is its device time, not the host's handling of the call (hundreds of parameter leaves; twice as many
+        with a level-1 copy). Per stage and round, two estimates of it are taken and the smaller counts:
+        - synchronised: one call, minus `dispatch_ms` (the median synchronised call of a program taking the
+          same arguments and doing nothing). Close for small stages, but a 36-layer step's call carries
+          host jitter that moved whole runs by 15-20 % on the H200 (docs/results/2026-11-30-costmodel-*);
+        - pipelined: `repeats` calls issued back to back on the same inputs (stages are pure) and one sync,
+          minus one `dispatch_ms`, divided by `repeats`: host work overlaps the device, so a device-bound
+          stage measures its device time; a host-bound one measures the host's per-call time, an overcount.
+        Both overcount (jitter, host time), so the minimum is the tighter one. `stage_ms` is the mean over
+        rounds; `stage_ms_rounds` keeps each round's value (the spread). `verified_nodes` lists, per timed
+        round, the most tree nodes a request verified (the budget a cost-aware `specpilot` round chose).
+        `eager_prefill` runs the (untimed) prefill op by op instead of compiling it."""
         import time
 
         check_prompts(prompts, self.cfg, max_new_tokens, self.max_prompt_plus_new())
@@ -132,34 +136,41 @@ class Engine:
         stage_fns = [(name, jax.jit(fn)) for name, fn in self.stages()]
         state = prefill(self.params, tokens, lens, max_new_tokens, jax.random.key(seed))
         dispatch = self._dispatch_seconds(state)
-        totals = {name: 0.0 for name, _ in stage_fns}
+        per_round = {name: [] for name, _ in stage_fns}
         timed_rounds, committed, nodes = 0, 0, []
         for r in range(rounds + 1):
             if bool(np.all(np.asarray(state.done))):
                 break
             carry, before = {}, np.asarray(state.n_out).sum()
             for name, fn in stage_fns:
-                times = []
-                for _ in range(max(repeats, 1) if r > 0 else 1):
-                    t0 = time.perf_counter()
-                    out = jax.block_until_ready(fn(self.params, state, carry))
-                    times.append(time.perf_counter() - t0)
-                carry = out
+                t0 = time.perf_counter()
+                out = jax.block_until_ready(fn(self.params, state, carry))
+                synced = time.perf_counter() - t0 - dispatch
                 if r > 0:
-                    totals[name] += max(float(np.median(times)) - dispatch, 0.0)
-                    if "nodes" in carry:
-                        nodes.append(int(np.max(np.asarray(carry["nodes"]))))
+                    k = max(repeats, 1)
+                    t0 = time.perf_counter()
+                    for _ in range(k):
+                        again = fn(self.params, state, carry)
+                    jax.block_until_ready(again)
+                    del again
+                    pipelined = (time.perf_counter() - t0 - dispatch) / k
+                    per_round[name].append(max(min(synced, pipelined), 0.0))
+                    if "nodes" in out:
+                        nodes.append(int(np.max(np.asarray(out["nodes"]))))
+                carry = out
             state = carry["state"]
             if r > 0:
                 timed_rounds += 1
                 committed += int(np.asarray(state.n_out).sum() - before)
         n = max(timed_rounds, 1)
+        stage_ms = {k: 1e3 * sum(v) / n for k, v in per_round.items()}
         return {
             "engine": self.name,
             "batch": len(prompts),
             "rounds": timed_rounds,
-            "stage_ms": {k: 1e3 * v / n for k, v in totals.items()},
-            "round_ms": 1e3 * sum(totals.values()) / n,
+            "stage_ms": stage_ms,
+            "stage_ms_rounds": {k: [round(1e3 * x, 4) for x in v] for k, v in per_round.items()},
+            "round_ms": sum(stage_ms.values()),
             "tokens_per_round": committed / n,
             "verified_nodes": nodes,
             "dispatch_ms": 1e3 * dispatch,

@@ -14,6 +14,7 @@ real checkpoint pair, plus the cost model's check: every configuration predicted
     python scripts/bench.py --out OUT --target T --drafter D             # real pair: also τ and measured speedups
     python scripts/bench.py --out OUT --tau-profile tau_profile.json     # + PROJECTED speedups for these shapes
     python scripts/bench.py --replot OUT                                 # draw the plots from OUT/bench.json
+    python scripts/bench.py --replot OUT --refit                         # ... fitted and checked by today's model
 
 Plain argparse, not Hydra: the GPU machine has jax and numpy but no hydra, omegaconf or pydantic, and this
 script must run there with one command and nothing carried. It never imports `specpilot.config`. W&B
@@ -42,6 +43,9 @@ def parse_args(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", help="output folder (created; default outputs/bench/<date>_<time>_<pid>)")
     ap.add_argument("--replot", metavar="DIR", help="only draw the plots (and rewrite bench.md) from DIR/bench.json")
+    ap.add_argument("--refit", action="store_true",
+                    help="with --replot: fit and check the rows again with the current cost model (the run's own "
+                         "check is kept as validation_as_run)")
     ap.add_argument("--model", default="qwen3_8b", help="synthetic target shapes: conf/model/<name>.yaml")
     ap.add_argument("--target", help="HF target checkpoint folder (real weights; needs --drafter)")
     ap.add_argument("--drafter", help="z-lab DFlash drafter folder")
@@ -71,6 +75,9 @@ def parse_args(argv=None):
                     help="the verify curve's grid (tree budgets), when a tree engine runs")
     ap.add_argument("--calibration-tlv-budgets", nargs="*", type=int, default=[64, 256],
                     help="the level-1 curve's grid, when tlv runs")
+    ap.add_argument("--calibration-specpilot-candidates", nargs="*", type=int, default=[16, 64],
+                    help="a specpilot run of its own (other candidates than the configuration's), when specpilot "
+                         "runs: it measures what verifying through lax.switch adds (the switch overhead)")
     ap.add_argument("--compile-workers", type=int, default=None,
                     help="threads compiling a batch's configs before the timed pass (default 4 on an accelerator, "
                          "else 1)")
@@ -120,6 +127,9 @@ def calibration_configs(args) -> list[dict]:
         if "tlv" in args.engines:
             out += [{"name": "tlv", **base, "tree_budget": n, "level1_format": args.level1_format}
                     for n in args.calibration_tlv_budgets]
+        cands = sorted(set(args.calibration_specpilot_candidates))
+        if "specpilot" in args.engines and cands:
+            out.append({"name": "specpilot", **base, "tree_budget": max(cands), "budget_candidates": cands})
     return out
 
 
@@ -142,10 +152,12 @@ def main(argv=None) -> int:
     if args.replot:
         out = Path(args.replot)
         res = json.loads((out / "bench.json").read_text())
-        if res["rows"] and not res.get("validation"):  # a run cut short: fit and check what it measured
+        if res["rows"] and (args.refit or not res.get("validation")):  # else a run cut short: check it
             from specpilot.costmodel import leave_one_out
             from specpilot.costmodel.predict import StepTimeModel
 
+            if res.get("validation") and "validation_as_run" not in res:
+                res["validation_as_run"] = res["validation"]
             res["fit"] = StepTimeModel.fit(res["rows"]).to_json()
             res["validation"] = leave_one_out(res["rows"], res["deployment"]["drafter"]["block_size"])
         log("wrote " + ", ".join(finish(res, out)))

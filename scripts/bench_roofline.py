@@ -935,7 +935,7 @@ def roofline_costs(s: dict) -> dict:
 
 
 def build_report(s: dict, results: dict, records: list, order: list[str], args, t_total: float) -> dict:
-    from specpilot.costmodel.report import git_commit
+    from specpilot.provenance import git_commit
 
     hw = next((r["hw"] for r in results.values() if r.get("hw")), None)
     bw = hw["hbm_bytes_per_s"] if hw else None

@@ -45,18 +45,20 @@ def test_bench_runs_without_hydra_or_pydantic(tmp_path, cache_env):
            "--engines", "ar", "stock", "ddtree", "specpilot", "--budgets", "4", "8", "--batches", "1",
            "--context", "12", "--rounds", "2", "--drafter-layers", "1", "--block-size", "4",
            "--compile-cache", str(tmp_path / "jit"), "--compile-workers", "2", "--calibration-ddtree-budgets", "4",
-           "--tau-profile", str(tau)]
+           "--calibration-specpilot-candidates", "2", "4", "--tau-profile", str(tau)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=cache_env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     assert "compiled B=1 in 2 threads" in proc.stdout
-    assert json.loads(proc.stdout.strip().splitlines()[-1])["rows"] == 8
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["rows"] == 9
     res = json.loads((out / "bench.json").read_text())
     assert [(r["label"], r["role"]) for r in res["rows"]] == [
-        ("ar", "calibration"), ("stock", "calibration"), ("ddtree@4", "calibration"), ("ar", "config"),
+        ("ar", "calibration"), ("stock", "calibration"), ("ddtree@4", "calibration"),
+        ("specpilot[2,4]", "calibration"), ("ar", "config"),
         ("stock", "config"),
         ("ddtree@4", "config"), ("ddtree@8", "config"), ("specpilot[4,8]", "config")]
     sp = res["rows"][-1]["engine_cfg"]
     assert sorted(map(int, sp["verify_cost_ms"])) == [4, 8] and sp["draft_cost_ms"] > 0  # fitted before it ran
+    assert "switch_overhead/bf16@B1" in res["fit"]  # measured by the calibration specpilot run
     for r in res["rows"]:
         assert r["gaps"]["components"] and all(c["ceiling_ms"] >= 0 for c in r["gaps"]["components"])
         assert r["round_ms"] == pytest.approx(sum(r["stage_ms"].values()))

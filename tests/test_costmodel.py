@@ -115,10 +115,13 @@ def test_engine_stages_formats_and_ceilings():
 # ---- predictions on fake engines with known stage times ----------------------------------------------
 
 BLOCK = 16
+SWITCH_MS = lambda b: 1.5 + 0.1 * b  # noqa: E731
 
 
 def true_ms(curve: str, x: float, b: int) -> float:
     """Known, bilinear stage times: the fitted model must reproduce them exactly."""
+    if curve == "switch_verify/bf16":  # specpilot's verify: a lax.switch branch costs a fixed extra
+        return true_ms("target_pass/bf16", x, b) + SWITCH_MS(b)
     return {
         "target_pass/bf16": 2.0 + 0.05 * x + 0.5 * b + 0.01 * x * b,
         "tlv_verify/bf16": 2.5 + 0.05 * x + 0.6 * b,
@@ -148,9 +151,12 @@ MEASURED = [{"name": "ar"}, {"name": "stock"}, {"name": "ddtree", "tree_budget":
             {"name": "tlv", "tree_budget": 128, "level1_format": "int8"}]
 
 
+SPECPILOT_CALIBRATION = {"name": "specpilot", "tree_budget": 64, "budget_candidates": [16, 64]}
+
+
 @pytest.fixture(scope="module")
 def rows():
-    return [fake(c, b) for b in (1, 8) for c in MEASURED]
+    return [fake(c, b) for b in (1, 8) for c in MEASURED] + [fake(SPECPILOT_CALIBRATION, b, nodes=16) for b in (1, 8)]
 
 
 def expected_step(engine_cfg, b, nodes=None):
@@ -218,6 +224,24 @@ def test_specpilot_rounds_are_predicted_at_the_budgets_they_chose(rows):
     assert row["nodes_mix"] == {64: 0.75, 256: 0.25}
     (v,) = [v for v in leave_one_out(rows + [row], BLOCK) if v["label"] == row["label"]]
     assert v["predicted_ms"] == pytest.approx(truth, rel=1e-9)
+
+
+def test_specpilot_verify_is_the_target_pass_plus_a_fitted_switch_overhead(rows):
+    """A specpilot round verifies through `lax.switch`: it never moves the plain target-pass curve, and the
+    overhead it adds is recovered per batch (and linearly in B between them), also from a row of mixed budgets."""
+    model = StepTimeModel.fit(rows)
+    for b in (1, 4, 8, 16):
+        assert model.switch_overhead_ms("bf16", b) == pytest.approx(SWITCH_MS(b))
+        assert model.curve_ms("target_pass/bf16", 17, b) == pytest.approx(true_ms("target_pass/bf16", 17, b))
+    assert StepTimeModel.fit([r for r in rows if "specpilot" not in r["label"]]).switch_overhead_ms("bf16", 8) == 0.0
+    cfg = {"name": "specpilot", "tree_budget": 256, "budget_candidates": [64, 256]}
+    verify = 0.5 * true_ms("switch_verify/bf16", 65, 8) + 0.5 * true_ms("switch_verify/bf16", 257, 8)
+    eng = FakeEngine("specpilot", stage_ms={"draft": 0.0, "tree": 0.0, "verify": verify, "commit": 0.0})
+    row = measured_row({**eng.profile([[1, 2]] * 8, 32), "verified_nodes": [64, 256]}, cfg, BLOCK)
+    only_mixed = StepTimeModel.fit([r for r in rows if "specpilot" not in r["label"]] + [row])
+    assert only_mixed.switch_overhead_ms("bf16", 8) == pytest.approx(SWITCH_MS(8))
+    assert model.specpilot_config(cfg, 8, BLOCK)["draft_cost_ms"] == pytest.approx(
+        expected_step(cfg, 8, 64) - true_ms("switch_verify/bf16", 65, 8) + SWITCH_MS(8))
 
 
 def test_single_level1_point_borrows_the_target_pass_shape(rows):

@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from specpilot.agent.proposers import Proposal, ProposalContext
 from specpilot.agent.space import ConfigSpace, SpaceError, config_key, describe_config, normalize
 from specpilot.agent.trials import TrialLog
 from specpilot.costmodel.gaps import gap_report
+from specpilot.provenance import git_commit
 from specpilot.tracking import scrub
 
 log = logging.getLogger("specpilot.search")
@@ -79,15 +79,6 @@ class SearchSettings:
         """What a resumed search must share with the log (the stopping rules may change)."""
         return {k: v for k, v in dataclasses.asdict(self).items()
                 if k not in ("rounds", "min_gain", "min_rounds", "write_memory", "max_seconds", "profile_all")}
-
-
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() or None
-    except Exception:
-        return None
 
 
 def _now() -> str:

@@ -60,8 +60,11 @@ def stage_points(engine_cfg: dict, block: int, nodes: int | None = None) -> dict
     (nodes=None) puts its verify on a curve of its own, so it never skews the shared target-pass curve;
     predictions pass the budget its policy picks (`choose_budget`) or the mix it was seen to pick.
 
-    The target pass (verify) is one curve for AR, stock, DDTree and SpecPilot: the same forward over x
-    tokens. Draft and commit are separate programs per engine kind (chain, tree, tlv) and measured
+    The target pass (verify) is one curve for AR, stock and DDTree: the same forward over x tokens.
+    SpecPilot runs that forward as one branch of a `lax.switch` over its candidates (`switch_verify`):
+    the target pass plus a fixed cost per round, which measured 2.5-2.7 ms at batch 1 and 8 on the H200
+    (docs/results/2026-11-30-costmodel-h200), so its rounds never feed the plain target-pass curve.
+    Draft and commit are separate programs per engine kind (chain, tree, tlv) and measured
     1.5x apart on the H200 (docs/results/2026-11-30-costmodel-h200-b1), so each kind has its own curves;
     so has TLV's exact verify of its chosen chain."""
     name = engine_cfg["name"]
@@ -69,33 +72,26 @@ def stage_points(engine_cfg: dict, block: int, nodes: int | None = None) -> dict
     if name == "ar":
         return {"verify": (f"target_pass/{fmt}", 1), "commit": ("commit/ar", 0)}
     block = int(engine_cfg.get("block_size") or block)
-    depth = block - 1
     kind = {"stock": "chain", "tlv": "tlv"}.get(name, "tree")
     points = {"draft": (f"draft/{kind}/{fmt}", block)}
     if name == "stock":
-        points["tree"] = ("tree/chain", depth)
-        verify_x = block
+        points["tree"] = ("tree/chain", block - 1)
+        points["verify"] = (f"target_pass/{fmt}", block)
+    elif name == "specpilot":
+        built = max(int(c) for c in engine_cfg.get("budget_candidates") or [engine_cfg.get("tree_budget", 256)])
+        points["tree"] = ("tree/best_first", built)
+        # the budget each round chose not observed: a curve of its own, which predicts nothing else
+        points["verify"] = ((f"specpilot_verify/{fmt}", built + 1) if nodes is None
+                            else (f"switch_verify/{fmt}", int(nodes) + 1))
     else:
-        if name == "specpilot":
-            cands = engine_cfg.get("budget_candidates") or [engine_cfg.get("tree_budget", 256)]
-            built = max(int(c) for c in cands)
-            if nodes is None:  # the budget each round chose is not observed: keep it off the shared curve
-                points["tree"] = ("tree/best_first", built)
-                points["verify"] = (f"specpilot_verify/{fmt}", built + 1)
-                points["commit"] = (f"commit/{kind}/{fmt}", depth + 1)
-                return points
-            verify_x = int(nodes) + 1
-        else:
-            built = int(engine_cfg.get("tree_budget", 128 if name == "tlv" else 64))
-            verify_x = built + 1
+        built = int(engine_cfg.get("tree_budget", 128 if name == "tlv" else 64))
         points["tree"] = ("tree/best_first", built)
         if name == "tlv":
             points["level1"] = (f"level1/{engine_cfg.get('level1_format', 'int8')}", built + 1)
             points["verify"] = (f"tlv_verify/{fmt}", block)  # the exact target verifies the chosen chain only
-            points["commit"] = (f"commit/{kind}/{fmt}", depth + 1)
-            return points
-    points["verify"] = (f"target_pass/{fmt}", verify_x)
-    points["commit"] = (f"commit/{kind}/{fmt}", depth + 1)
+        else:
+            points["verify"] = (f"target_pass/{fmt}", built + 1)
+    points["commit"] = (f"commit/{kind}/{fmt}", block)
     return points
 
 
@@ -175,27 +171,65 @@ def _interp_x(points: list[tuple[float, float]], x: float) -> float:
     return max(y0 + slope * (x - x0), 0.0)
 
 
+def _interp_batch(values: dict[int, float], batch: int) -> float:
+    """A value measured at some batches, at `batch`: linear in B between the nearest measured batches,
+    extended linearly from the two nearest outside them; one measured batch is used as is."""
+    batches = sorted(values)
+    if batch in values or len(batches) == 1:
+        return values[batch if batch in values else batches[0]]
+    lo = [b for b in batches if b < batch]
+    hi = [b for b in batches if b > batch]
+    b0, b1 = (lo[-1], hi[0]) if lo and hi else ((batches[0], batches[1]) if hi else (batches[-2], batches[-1]))
+    return max(values[b0] + (values[b1] - values[b0]) * (batch - b0) / (b1 - b0), 0.0)
+
+
 @dataclasses.dataclass
 class StepTimeModel:
     # (curve, batch) -> sorted [(x, mean ms)]
     curves: dict[tuple[str, int], list[tuple[float, float]]]
+    # (variant, batch) -> [({budget: share of rounds}, verify ms)]: measured `specpilot` verify stages
+    switch: dict[tuple[str, int], list[tuple[dict[int, float], float]]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def fit(cls, rows: Iterable[dict]) -> "StepTimeModel":
-        """rows: measured rounds, each {"batch", "stage_ms": {stage: ms}, "points": {stage: (curve, x)}}."""
+        """rows: measured rounds, each {"batch", "stage_ms": {stage: ms}, "points": {stage: (curve, x)}}.
+        A `specpilot` row whose budgets are known ("nodes_mix", or "nodes") gives its verify to `switch`
+        (whatever its points say: rows measured before the switch curve existed list the target pass)."""
         acc: dict[tuple[str, int], dict[float, list[float]]] = {}
+        switch: dict[tuple[str, int], list[tuple[dict[int, float], float]]] = {}
         for row in rows:
+            mix = _budget_mix(row)
             for stage, ms in row["stage_ms"].items():
+                if mix and stage == "verify":
+                    switch.setdefault((program_variant(row["engine_cfg"]), int(row["batch"])), []).append((mix, float(ms)))
+                    continue
                 curve, x = row["points"][stage]
                 acc.setdefault((curve, int(row["batch"])), {}).setdefault(float(x), []).append(float(ms))
-        return cls({k: sorted((x, float(np.mean(v))) for x, v in d.items()) for k, d in acc.items()})
+        return cls({k: sorted((x, float(np.mean(v))) for x, v in d.items()) for k, d in acc.items()}, switch)
+
+    def switch_overhead_ms(self, variant: str, batch: int) -> float:
+        """What running the verify as a `lax.switch` branch adds per round: the measured specpilot verify
+        minus the target pass at the budgets it chose, averaged per batch and interpolated in B. 0 until
+        a specpilot round has been measured."""
+        per_batch = {}
+        for (v, b), samples in self.switch.items():
+            if v == variant:
+                per_batch[b] = float(np.mean([ms - sum(w * self._curve_at(f"target_pass/{v}", n + 1, b)
+                                                       for n, w in mix.items()) for mix, ms in samples]))
+        return _interp_batch(per_batch, batch) if per_batch else 0.0
 
     def has(self, curve: str) -> bool:
+        if curve.startswith("switch_verify/"):
+            return self.has("target_pass/" + curve.split("/", 1)[1])
         return any(c == curve for c, _ in self.curves)
 
     def curve_ms(self, curve: str, x: float, batch: int) -> float:
         """ms of `curve` at x tokens and `batch` requests. A level-1 curve measured at a single x borrows
-        its shape from the bf16 target pass: ms(x) = ms(x0) · t_pass(x) / t_pass(x0)."""
+        its shape from the bf16 target pass: ms(x) = ms(x0) · t_pass(x) / t_pass(x0). A switch verify is
+        the target pass plus `switch_overhead_ms`."""
+        if curve.startswith("switch_verify/"):
+            variant = curve.split("/", 1)[1]
+            return self.curve_ms(f"target_pass/{variant}", x, batch) + self.switch_overhead_ms(variant, batch)
         if not self.has(curve):
             if curve.startswith("level1/") and self.has("target_pass/bf16"):
                 curve = "target_pass/bf16"  # no level-1 measurement: assume it costs a bf16 pass
@@ -212,12 +246,7 @@ class StepTimeModel:
         batches = sorted(b for c, b in self.curves if c == curve)
         if batch in batches or len(batches) == 1:
             return _interp_x(self.curves[(curve, batch if batch in batches else batches[0])], x)
-        lo = [b for b in batches if b < batch]
-        hi = [b for b in batches if b > batch]
-        b0, b1 = (lo[-1], hi[0]) if lo and hi else ((batches[0], batches[1]) if hi else (batches[-2], batches[-1]))
-        y0 = _interp_x(self.curves[(curve, b0)], x)
-        y1 = _interp_x(self.curves[(curve, b1)], x)
-        return max(y0 + (y1 - y0) * (batch - b0) / (b1 - b0), 0.0)
+        return _interp_batch({b: _interp_x(self.curves[(curve, b)], x) for b in batches}, batch)
 
     def predict_stages(self, engine_cfg: dict, batch: int, block: int, nodes: int | None = None,
                        expected_tokens: Callable[[int], float] | None = None) -> dict[str, float]:
@@ -236,7 +265,7 @@ class StepTimeModel:
     def specpilot_config(self, engine_cfg: dict, batch: int, block: int) -> dict:
         """`engine_cfg` (a specpilot dict) with its verify-cost table and fixed per-round cost taken from
         this model: draft + tree (best-first at its largest budget; the chain's when none was measured)
-        + commit."""
+        + commit + the switch overhead (`switch_overhead_ms`)."""
         fmt = program_variant(engine_cfg)
         cands = engine_cfg.get("budget_candidates") or [engine_cfg.get("tree_budget", 256)]
         pts = stage_points(engine_cfg, block)
@@ -245,11 +274,24 @@ class StepTimeModel:
             fixed += self.curve_ms(*pts["tree"], batch)
         else:  # no best-first tree measured yet: the chain's argmax is the nearest stand-in
             fixed += self.curve_ms("tree/chain", pts["tree"][1], batch)
+        fixed += self.switch_overhead_ms(fmt, batch)
         return {**engine_cfg, "verify_cost_ms": self.verify_cost_table(batch, cands, fmt),
                 "draft_cost_ms": round(fixed, 4)}
 
     def to_json(self) -> dict:
-        return {f"{c}@B{b}": [[x, y] for x, y in pts] for (c, b), pts in sorted(self.curves.items())}
+        out = {f"{c}@B{b}": [[x, y] for x, y in pts] for (c, b), pts in sorted(self.curves.items())}
+        for v, b in sorted(self.switch):
+            out[f"switch_overhead/{v}@B{b}"] = round(self.switch_overhead_ms(v, b), 4)
+        return out
+
+
+def _budget_mix(row: dict) -> dict[int, float]:
+    """{budget: share} a measured `specpilot` row verified at ({} when unknown or another engine)."""
+    if row.get("engine_cfg", {}).get("name") != "specpilot":
+        return {}
+    if row.get("nodes_mix"):
+        return {int(n): float(w) for n, w in row["nodes_mix"].items()}
+    return {int(row["nodes"]): 1.0} if row.get("nodes") is not None else {}
 
 
 def observed_budgets(profile: dict, engine_cfg: dict) -> dict[int, float]:

@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from specpilot.provenance import git_commit
 from specpilot.training.proxy import REPO, _locked, _write_json, build, proxy_dir
 from specpilot.training.spec import ProxySpec, SpecError, load_spec
 
@@ -77,7 +78,7 @@ def summary_markdown(report: dict, acceptance: dict | None, command: str) -> str
         f"# Proxy pair `{report['name']}`",
         "",
         f"- Command: `{command}`",
-        f"- Date: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}; commit: `{_commit()}`; cache key `{report['key']}`",
+        f"- Date: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}; commit: `{git_commit()}`; cache key `{report['key']}`",
         f"- Corpus: {report['corpus']['train_files']} train / {report['corpus']['held_out_files']} held-out files, "
         f"{report['tokenizer']['train_tokens']:,} train tokens (vocab {report['tokenizer']['vocab_size']}, "
         f"{report['tokenizer']['bytes_per_token']:.2f} bytes/token)",
@@ -99,16 +100,6 @@ def summary_markdown(report: dict, acceptance: dict | None, command: str) -> str
         if acceptance.get("skipped"):
             lines += ["", f"Skipped (deadline): {', '.join(acceptance['skipped'])}"]
     return "\n".join(lines) + "\n"
-
-
-def _commit() -> str:
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def main(argv=None) -> int:
@@ -142,7 +133,7 @@ def main(argv=None) -> int:
     work = Path(args.work) if args.work else proxy_dir(spec)
 
     def write(report: dict | None, acceptance: dict | None) -> str:
-        result = {"command": command, "commit": _commit(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        result = {"command": command, "commit": git_commit(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                   "target_dir": str(work / "target"), "drafter_dir": str(work / "drafter"),
                   "elapsed_s": time.perf_counter() - t_start, "acceptance": acceptance,
                   "report": None if report is None else {k: v for k, v in report.items() if k != "recipe"},

@@ -79,3 +79,27 @@ def test_description_is_json_and_lists_unavailable_knobs(space):
     assert names["tlv_paths"]["available"] is False and names["tlv_paths"]["why_unavailable"]
     assert {"cudnn", "pallas_tree"} <= set(names["attention"]["choices"])
     assert any("w12" in c for c in d["constraints"])
+
+
+def test_offline_proposer_moves_from_the_runners_up_when_the_incumbent_has_no_moves_left(space):
+    """An AR incumbent's only moves are engine kinds; once all are measured, the offline proposer takes the
+    single-knob moves of the fastest token-forced runner-up (the H200 search had empty rounds without it)."""
+    from specpilot.agent.proposers import ProposalContext
+    from specpilot.agent.proposers.offline import OfflineProposer
+
+    ar = space.engine_defaults["ar"]
+    passed = {"passed": True}
+    history = [{"id": "baseline/ar", "status": "ok", "config": ar, "speedup": 1.0}]
+    for i, (engine, speedup) in enumerate([("stock", 0.84), ("ddtree", 0.76), ("specpilot", 0.53), ("tlv", 0.64)]):
+        history.append({"id": f"r1/c{i}", "status": "ok", "config": space.apply(ar, {"engine": engine}),
+                        "speedup": speedup, "forcing": passed})
+    tried = {config_key(t["config"]) for t in history[1:]}
+    ctx = ProposalContext(round=3, k=2, deployment={}, space=space, incumbent={**history[0], "tau": 1.0},
+                          gap_report={"components": [{"stage": "verify", "gap_ms_per_token": 1.0}]}, history=history,
+                          tried=tried, memory=[], feedback=[], measured={})
+    props = OfflineProposer().propose(ctx).proposals
+    assert len(props) == 2
+    for p in props:
+        assert p.source == "offline:runner-up:r1/c0" and p.delta["engine"] == "stock"  # the fastest runner-up
+        cfg = space.apply(ar, p.delta)
+        assert config_key(cfg) not in tried and "stock" in p.hypothesis

@@ -281,7 +281,8 @@ class Search:
         batch = self.proposer.propose(ctx)
         candidates, rejected = self._screen(batch.proposals, space, inc, tried, round_no)
         notes = list(batch.notes)
-        if not candidates and self.offline_fallback is not None and self.proposer is not self.offline_fallback:
+        if not candidates and self.offline_fallback is not None and \
+                getattr(self.proposer, "name", None) != self.offline_fallback.name:
             notes.append(f"round {round_no}: no proposal inside the config space; using the offline proposer")
             log.warning(notes[-1])
             extra = self.offline_fallback.propose(ctx)

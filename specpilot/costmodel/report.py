@@ -80,7 +80,7 @@ def bench_markdown(res: dict) -> str:
     weights = "random (synthetic shapes)" if dep["synthetic"] else "checkpoint"
     out += [f"- Context {res['context']} committed tokens per request (KV capacity {capacity}),"
             f" {res['rounds']} timed rounds after one warm-up; weights: {weights}.",
-            "- Stage times: `Engine.profile` semantics (each stage jitted alone and synchronised), mean ms per round.",
+            "- Stage times: `Engine.profile`: each stage jitted alone, its device time per round (the smaller of a synchronised and a pipelined estimate, host dispatch subtracted), mean over rounds.",
             ""]
     out += ["## Step time per round (ms)", ""]
     stages = [s for s in STAGES if any(s in r["stage_ms"] for r in rows)]

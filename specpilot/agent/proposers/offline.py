@@ -6,6 +6,10 @@
 2. Local search: every single-knob move from the incumbent (engine kinds, categorical flips, numeric
    knobs scaled ×0.5 … ×2), ranked by the share of the per-token gap the move targets; a move that
    raises τ targets the whole round (its share grows as τ falls).
+3. When those run out (an AR incumbent has no knobs but the engine kind): the single-knob moves of the
+   runners-up, the fastest token-forced configurations measured so far, so a round never goes empty
+   while something near the best speculative configuration is untried (the H200 search of
+   docs/results/2026-11-30-search-h200-a had empty rounds 2-3 without it).
 Configurations already measured (or rejected) are never proposed again.
 """
 
@@ -127,5 +131,20 @@ class OfflineProposer:
                 why = (f"largest gap {largest}; {change} targets {best} "
                        f"({100 * shares.get(best, 0.0):.0f}% of the per-token gap) -> {moved}")
             if take(delta, why, f"offline:{best}"):
-                break
+                return ProposalBatch(out)
+
+        # 3. the incumbent's neighbourhood is exhausted (e.g. AR, whose only moves are engine kinds): single-knob
+        #    moves from the runners-up, the fastest token-forced configurations measured so far, best first
+        runners = sorted((t for t in ctx.history if t.get("status") == "ok" and t.get("forcing", {}).get("passed")
+                          and config_key(t["config"]) != config_key(inc)), key=lambda t: -t.get("speedup", 0.0))
+        for t in runners:
+            for delta in space.moves(t["config"]):
+                if "engine" in delta:
+                    continue  # engine kinds are the incumbent's own moves
+                moved = space.apply(t["config"], delta)
+                change = ", ".join(f"{k}={v}" for k, v in delta.items())
+                why = (f"neighbourhood of the incumbent exhausted; {change} on runner-up {t['id']} "
+                       f"({describe_config(t['config'])}, {t.get('speedup', 0.0):.2f}x AR) -> {describe_config(moved)}")
+                if take(space.diff(inc, moved), why, f"offline:runner-up:{t['id']}"):
+                    return ProposalBatch(out)
         return ProposalBatch(out)

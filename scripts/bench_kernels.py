@@ -22,10 +22,16 @@ w12        ``x @ W`` for bf16 ``x`` [M, K] and a W12 weight [K, N], at the Qwen3
                         fused Mosaic GPU kernel plus its escape patch (on a machine without an H100/H200:
                         ``mosaic_gpu.w12_matmul`` in Pallas GPU-interpret mode, a correctness smoke run
                         whose times mean nothing);
+             xla_decode ``w12.matmul(implementation="xla_decode")``: the decode as elementwise ops and one
+                        XLA dot, escapes patched after (does XLA fuse the decode into the dot?);
              reference  ``w12_matmul_reference``: unpack to bf16, then an f32-accumulated dot;
-             xla_bf16   XLA's bf16 dot (f32 accumulation) on the unpacked bf16 weight.
+             xla_bf16   XLA's bf16 dot (f32 accumulation) on the unpacked bf16 weight;
+             int8       (GPU only) the TLV level-1 matmul: the same weight quantized to int8 per output
+                        column, ``quant_matmul.matmul(implementation="mosaic_gpu")`` (jax's Hopper
+                        mixed-type kernel, default TuningConfig); ``int8_ref`` is its jnp reference. Both
+                        are compared with the int8 reference, not the W12 one (quantization is lossy).
            Bytes: the W12 methods are charged the stored W12 bytes (both planes with K padding, the bases,
-           6 bytes per escape), ``xla_bf16`` the bf16 bytes (2 K N); activations and outputs are not
+           6 bytes per escape), ``xla_bf16`` the bf16 bytes (2 K N), int8 K N + 4 N; activations and outputs are not
            counted (under 2 % at M <= 64). Every output is compared with the reference on the first copy:
            ``max abs err``, ``rel err`` (over the largest |reference| output) and ``exact`` (the fraction
            of bit-equal outputs); ``ok`` means rel err <= 1e-2 (f32 accumulation order and the bf16
@@ -265,20 +271,39 @@ def case_w12(case: dict, result: Result) -> None:
     def xla_bf16():
         return jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype))
 
+    def xla_decode():
+        return jax.jit(lambda x, p: w12.matmul(x, p, implementation="xla_decode"))
+
     w12_args = list(zip(xs, packed_sets))
     methods = [(f"kernel[{i}]", lambda c=c: kernel(c), w12_args, "w12", c) for i, c in enumerate(case["configs"])]
-    methods += [("reference", lambda: reference, w12_args, "w12", None),
+    methods += [("xla_decode", xla_decode, w12_args, "w12", None),
+                ("reference", lambda: reference, w12_args, "w12", None),
                 ("xla_bf16", xla_bf16, list(zip(xs, w_sets)), "bf16", None)]
+    expected_of = {"w12": expected, "bf16": expected}
+    if gpu:  # the int8 kernel cannot run in interpret mode
+        from pallas_kernels import quant_matmul
+        from specpilot.models.weights import quantize
+
+        q_sets = [quantize(w.astype(jnp.float32), "int8") for w in w_sets]
+        q_ref = jax.jit(lambda x, qa: quant_matmul.matmul(x, qa, implementation="reference"))
+        expected_of["int8"] = np.asarray(q_ref(xs[0], q_sets[0]), np.float32)
+
+        def int8():
+            return jax.jit(lambda x, qa: quant_matmul.matmul(x, qa, implementation="mosaic_gpu"))
+
+        methods += [("int8", int8, list(zip(xs, q_sets)), "int8", None),
+                    ("int8_ref", lambda: q_ref, list(zip(xs, q_sets)), "int8", None)]
     for name, build, arg_sets, fmt, config in methods:
-        weight_bytes = w12_stored_bytes(packed) if fmt == "w12" else 2 * k * n
+        weight_bytes = {"w12": w12_stored_bytes(packed), "bf16": 2 * k * n, "int8": k * n + 4 * n}[fmt]
         row = dict(method=name, k=k, n=n, m=m, copies=copies, format=fmt, weight_bytes=weight_bytes)
         if config is not None:
             row |= dict(config=config, mode="interpret" if interpret else "mosaic_gpu")
         try:
             fn = build()
             out = np.asarray(fn(*arg_sets[0]), np.float32)
-            err = float(np.abs(out - expected).max())
-            row |= dict(max_abs_err=err, rel_err=err / scale, exact=float(np.mean(out == expected)),
+            want = expected_of[fmt]
+            err = float(np.abs(out - want).max())
+            row |= dict(max_abs_err=err, rel_err=err / scale, exact=float(np.mean(out == want)),
                         ok=bool(err <= REL_TOL * scale))
             row["median_us"], row["min_us"] = time_per_call(fn, arg_sets, case["trials"], case["calls"])
             row["TBps"] = weight_bytes / row["median_us"] / 1e6
@@ -337,6 +362,14 @@ def plan(args) -> list[dict]:
     max_copies = quick.get("max_copies", MAX_COPIES)
     common = dict(trials=trials, calls=calls, interpret=args.interpret, seed=args.seed)
     cases = [dict(kind="ceiling", name="ceiling", mib=args.ceiling_mib or quick.get("ceiling_mib", 2048), **common)]
+    # tree attention first: its cases are short, and a total time limit then cuts the long W12 sweep
+    if args.only in (None, "tree_attention"):
+        prefix = quick.get("tree_prefix", TREE_PREFIX)
+        for b in quick.get("tree_batches", TREE_BATCHES):
+            for nodes in quick.get("tree_nodes", TREE_NODES):
+                cases.append(dict(kind="tree_attention", name=f"tree_attention_b{b}_n{nodes}", b=b, nodes=nodes,
+                                  prefix=prefix, sweep=args.sweep, max_copies=32 if not args.quick else 2,
+                                  **common))
     if args.only in (None, "w12"):
         configs = [dataclasses.asdict(c) for c in (w12_sweep() if args.sweep else w12_sweep()[:1])]
         shapes = quick.get("w12_shapes", W12_SHAPES)
@@ -352,13 +385,6 @@ def plan(args) -> list[dict]:
             for m in args.tokens or quick.get("w12_tokens", W12_TOKENS):
                 cases.append(dict(kind="w12", name=f"w12_{shape}_m{m}", k=k, n=n, m=m, label=label, copies=copies,
                                   planes=f"{shape}.npz", configs=configs, needs=f"w12_prepare_{shape}", **common))
-    if args.only in (None, "tree_attention"):
-        prefix = quick.get("tree_prefix", TREE_PREFIX)
-        for b in quick.get("tree_batches", TREE_BATCHES):
-            for nodes in quick.get("tree_nodes", TREE_NODES):
-                cases.append(dict(kind="tree_attention", name=f"tree_attention_b{b}_n{nodes}", b=b, nodes=nodes,
-                                  prefix=prefix, sweep=args.sweep, max_copies=32 if not args.quick else 2,
-                                  **common))
     return cases
 
 

@@ -28,9 +28,10 @@ beyond the 60 MB L2, so no step reads them from cache:
 - `xla_flags_*`: `xla_decode_loop` in a process with extra XLA_FLAGS (command buffers off / on for while loops,
   autotuning off; `--xla-flags NAME=FLAGS` adds more); every flag used exists in jax 0.11.2's XLA (an unknown
   flag aborts the process, and the CPU smoke run parses them all);
-- `xla_forward_w12` / `xla_forward_w12_kernel`: `xla_forward` on W12 weights (`pack_w12`'s layout), through
-  `w12.matmul`'s default path (the jnp reference: unpack + dot) and through its Mosaic GPU kernel
-  (`DEFAULT_TO_KERNEL` on, Hopper only); greedy tokens and time against a bf16 forward in the same process
+- `xla_forward_w12` / `xla_forward_w12_xla_decode` / `xla_forward_w12_kernel`: `xla_forward` on W12 weights
+  (`pack_w12`'s layout), through each `w12.matmul` implementation set as `w12.ops.DEFAULT`: the jnp reference
+  (unpack + dot), `xla_decode` (decode as elementwise ops feeding one dot) and the Mosaic GPU kernel (Hopper
+  only); greedy tokens and time against a bf16 forward in the same process
   (issue target: W12 ≤ 0.80× bf16, identical tokens). Packing 7.6 B weights on the host takes minutes, so this
   job starts first and packs in a process pool while the other jobs use the GPU; it gets the GPU when packed;
 - `torch_peer_eager` / `torch_peer_compile` (`torch.compile(mode="max-autotune-no-cudagraphs")`) /
@@ -75,7 +76,9 @@ sys.path.insert(0, str(REPO))
 
 NOMINAL_BYTES_PER_S = 4.3e12  # the H200's device-to-device copy rate (shared/GPU.md)
 XLA_JOB = ("xla_forward", "xla_decode_loop", "verify_nodes", "drafter")
-W12_JOB = ("xla_forward_w12", "xla_forward_w12_kernel")
+W12_JOB = ("xla_forward_w12", "xla_forward_w12_xla_decode", "xla_forward_w12_kernel")
+W12_IMPLEMENTATION = {"xla_forward_w12": "reference", "xla_forward_w12_xla_decode": "xla_decode",
+                      "xla_forward_w12_kernel": "mosaic_gpu"}
 XLA_FLAG_VARIANTS = {  # names checked against jax 0.11.2's XLA (`strings` on jaxlib); all parse on the CPU too
     "xla_flags_no_cmdbuf": "--xla_gpu_enable_command_buffer=",
     "xla_flags_cmdbuf_while": "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL --xla_gpu_graph_min_graph_size=1",
@@ -90,6 +93,7 @@ WHAT = {
     "xla_forward": "XLA forward, 1 token, host sync per step",
     "xla_decode_loop": "XLA, N steps in one fori_loop",
     "xla_forward_w12": "XLA forward, W12 weights (reference unpack + dot)",
+    "xla_forward_w12_xla_decode": "XLA forward, W12 weights (decode as elementwise ops + one dot)",
     "xla_forward_w12_kernel": "XLA forward, W12 weights (Mosaic GPU kernel)",
     "torch_peer_eager": "PyTorch gpt-fast style, eager",
     "torch_peer_cudagraphs": "PyTorch, compile reduce-overhead (CUDA graphs)",
@@ -525,18 +529,17 @@ class Worker:
         tok0 = jnp.full((1, 1), s["start_token"], jnp.int32)
         one = jnp.ones((), jnp.int32)
         lowered, kernel_note = {}, None
-        for name, tree, kernel in (("bf16", w, False), ("xla_forward_w12", w12w, False),
-                                   ("xla_forward_w12_kernel", w12w, True)):
+        for name, tree in (("bf16", w), *((v, w12w) for v in W12_JOB)):
             if name != "bf16" and name not in s["variants"]:
                 continue
-            w12_ops.DEFAULT_TO_KERNEL = kernel  # read at trace time by w12.matmul
+            w12_ops.DEFAULT = W12_IMPLEMENTATION.get(name, "reference")  # read at trace time by w12.matmul
             try:
                 lowered[name] = jax.jit(step, donate_argnums=(2,)).lower(tree, tok0, self.ar_cache(dtype), one)
             except Exception as e:
                 self.fail(name, e)
             finally:
-                w12_ops.DEFAULT_TO_KERNEL = False
-            if kernel:
+                w12_ops.DEFAULT = "reference"
+            if name == "xla_forward_w12_kernel":
                 kernel_note = ("Mosaic GPU kernel" if w12_ops._on_hopper() else
                                "not a Hopper GPU: the reference path, same program as xla_forward_w12")
                 if grab.messages:
@@ -552,12 +555,14 @@ class Worker:
                 self.res["bf16"] = base
             except Exception as e:
                 self.res["bf16_error"] = f"{type(e).__name__}: {e}"
-        for name in ("xla_forward_w12", "xla_forward_w12_kernel"):
+        implementation = {"xla_forward_w12": "reference (unpack + dot)",
+                          "xla_forward_w12_xla_decode": "xla_decode (elementwise decode + one dot)",
+                          "xla_forward_w12_kernel": kernel_note}
+        for name in W12_JOB:
             if name not in compiled:
                 continue
             exe, secs = compiled[name]
-            extra = {"compile_s": secs, "implementation": "reference (unpack + dot)" if name == "xla_forward_w12"
-                     else kernel_note}
+            extra = {"compile_s": secs, "implementation": implementation[name]}
             if base is not None:
                 extra.update(bf16_ms=base["ms"], bf16_tokens=base["tokens"])
             try:
@@ -1060,7 +1065,7 @@ def markdown(rep: dict) -> str:
                 bits.append(f"backend {r['compile_backend']}")
             if r.get("cudagraph_skips"):
                 bits.append(f"cudagraphs skipped ×{r['cudagraph_skips']}")
-            if r.get("implementation") and r["variant"].endswith("kernel"):
+            if r.get("implementation") and r["variant"].startswith("xla_forward_w12_"):
                 bits.append(r["implementation"])
             if r.get("compile_s") is not None:
                 bits.append(f"compile {r['compile_s']:.0f}s")

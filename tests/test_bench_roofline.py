@@ -43,7 +43,7 @@ def quick(tmp_path_factory):
         cmd += ["--torch-python", str(REF_PYTHON), "--torch-compile-backend", "aot_eager"]
     else:
         cmd += ["--variants", "xla_forward", "xla_decode_loop", "xla_flags", "xla_forward_w12",
-                "xla_forward_w12_kernel", "verify_nodes", "drafter"]
+                "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "verify_nodes", "drafter"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp, check=False)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return json.loads((out / "roofline.json").read_text()), (out / "roofline.md").read_text(), proc.stdout, out
@@ -53,7 +53,8 @@ def test_every_variant_has_a_time_or_an_error_and_a_roofline(quick):
     rep, md, stdout, _ = quick
     names = [r["variant"] for r in rep["rows"]]
     expected = {"xla_forward", "xla_decode_loop", "xla_flags_no_cmdbuf", "xla_flags_cmdbuf_while",
-                "xla_flags_autotune0", "xla_forward_w12", "xla_forward_w12_kernel", "verify_nodes@4",
+                "xla_flags_autotune0", "xla_forward_w12", "xla_forward_w12_xla_decode", "xla_forward_w12_kernel",
+                "verify_nodes@4",
                 "verify_nodes@8", "drafter_b16"}
     if HAS_TORCH_PYTHON:
         expected |= {"torch_peer_eager", "torch_peer_compile", "torch_peer_cudagraphs"}
@@ -88,11 +89,12 @@ def test_jax_variants_ran_and_agree(quick):
     for name in ("xla_decode_loop", "xla_flags_no_cmdbuf", "xla_flags_cmdbuf_while", "xla_flags_autotune0"):
         assert by[name]["tokens"] == ref and by[name]["tokens_match"] is True, name
     assert by["xla_flags_autotune0"]["xla_flags"].endswith("--xla_gpu_autotune_level=0")
-    for name in ("xla_forward_w12", "xla_forward_w12_kernel"):
+    for name in ("xla_forward_w12", "xla_forward_w12_xla_decode", "xla_forward_w12_kernel"):
         w = by[name]
         assert w["tokens"] == w["bf16_tokens"] and w["tokens_match"] is True and w["tokens_equal_bf16"] is True
         assert w["ratio_vs_bf16"] == pytest.approx(w["ms"] / w["bf16_ms"])
     assert "not a Hopper GPU" in by["xla_forward_w12_kernel"]["implementation"]
+    assert by["xla_forward_w12_xla_decode"]["implementation"].startswith("xla_decode")
     assert by["verify_nodes@8"]["ratio_vs_ar"] == pytest.approx(by["verify_nodes@8"]["ms"] / by["xla_forward"]["ms"])
     assert {t["what"] for t in rep["targets"]} >= {"xla_forward_w12 / bf16 (same process)"}
 

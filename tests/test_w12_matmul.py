@@ -66,6 +66,23 @@ class TestReference(W12MatmulSuite):
     return w12.matmul(x, packed, implementation="reference")
 
 
+class TestXlaDecode(W12MatmulSuite):
+
+  def run(self, x, packed, config):
+    return jax.jit(lambda x, p: w12.matmul(x, p, implementation="xla_decode"))(x, packed)
+
+  def test_leading_dims_and_no_escapes(self):
+    w = np.random.default_rng(0).normal(0, 0.02, size=(64, 32)).astype(BF16)
+    packed = w12.pack(w)
+    assert packed.num_escapes == 0
+    x = jnp.asarray(np.random.default_rng(1).normal(size=(2, 3, 64)).astype(BF16))
+    y = w12.matmul(x, packed, implementation="xla_decode")
+    assert y.shape == (2, 3, 32)
+    np.testing.assert_allclose(np.asarray(y, np.float32),
+                               np.asarray(w12.matmul(x, packed, implementation="reference"), np.float32),
+                               rtol=1e-2, atol=1e-3)
+
+
 class TestMosaicGpuInterpret(W12MatmulSuite):
 
   def run(self, x, packed, config):
@@ -86,7 +103,7 @@ class TestMosaicGpu(W12MatmulSuite):
 
 def test_default_falls_back_to_reference_loudly(monkeypatch, caplog):
   monkeypatch.setattr(w12_ops, "_on_hopper", lambda: True)
-  monkeypatch.setattr(w12_ops, "DEFAULT_TO_KERNEL", True)
+  monkeypatch.setattr(w12_ops, "DEFAULT", "mosaic_gpu")
   packed = w12.pack(np.ones((64, 64), BF16))
   x = jnp.ones((2, 64), jnp.float32)  # the kernel wants bf16 activations
   with caplog.at_level(logging.WARNING, logger=w12_ops.__name__):

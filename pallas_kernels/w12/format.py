@@ -239,6 +239,17 @@ def unpack_transposed_bits(packed: W12Array) -> jax.Array:
   return decode_bits(packed.sign_mantissa, codes, base)
 
 
+def add_escapes(y: jax.Array, x2: jax.Array, packed: W12Array) -> jax.Array:
+  """``y + x2 @ E`` for the sparse matrix ``E`` of escaped elements: the patch a fused matmul adds after
+  decoding escapes as +0.0. ``y``: f32 ``[M, N]``; ``x2``: ``[M, >= K]``."""
+  _, n = packed.shape
+  rows = packed.escape_index // n
+  cols = packed.escape_index % n
+  values = jax.lax.bitcast_convert_type(packed.escape_bits, jnp.bfloat16).astype(jnp.float32)
+  contributions = x2[:, rows].astype(jnp.float32) * values[None, :]
+  return y.at[:, cols].add(contributions)
+
+
 @jax.jit
 def unpack(packed: W12Array) -> jax.Array:
   """W12 -> the exact bf16 ``[K, N]`` weight; pure jnp, so it runs on any backend.

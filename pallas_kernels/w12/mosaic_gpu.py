@@ -43,7 +43,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.w12.config import TuningConfig
-from pallas_kernels.w12.format import PAIR_SPAN, W12Array, decode_bits
+from pallas_kernels.w12.format import PAIR_SPAN, W12Array, add_escapes, decode_bits
 
 _HALF = PAIR_SPAN // 2
 _BASE_DTYPE = jnp.uint16
@@ -70,16 +70,6 @@ def _check_supported(x: jax.Array, packed: W12Array, config: TuningConfig) -> No
     raise NotImplementedError(f"group_k={packed.group_k} is not a multiple of tile_k={config.tile_k}")
   if config.split_k != 1:
     raise NotImplementedError("split_k > 1 is not implemented yet")
-
-
-def _escape_correction(y: jax.Array, x2: jax.Array, packed: W12Array) -> jax.Array:
-  """Adds ``x[:, k] * W[k, n]`` for every escaped element; ``y`` is f32 ``[M, N]``."""
-  _, n = packed.shape
-  rows = packed.escape_index // n
-  cols = packed.escape_index % n
-  values = lax.bitcast_convert_type(packed.escape_bits, jnp.bfloat16).astype(jnp.float32)
-  contributions = x2[:, rows].astype(jnp.float32) * values[None, :]
-  return y.at[:, cols].add(contributions)
 
 
 def _smem_transforms(minor_dim: int, dtype) -> tuple:
@@ -208,5 +198,5 @@ def w12_matmul(
       out_dtype=jnp.float32 if has_escapes else x.dtype, interpret=interpret)
   y = y_t.T[:m]
   if has_escapes:
-    y = _escape_correction(y, x2[:m], packed)
+    y = add_escapes(y, x2[:m], packed)
   return y.astype(x.dtype).reshape(*lead, n)

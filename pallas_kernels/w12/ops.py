@@ -11,14 +11,13 @@ from pallas_kernels.device import on_hopper as _on_hopper  # a module name tests
 from pallas_kernels.w12.config import TuningConfig
 from pallas_kernels.w12.format import W12Array
 from pallas_kernels.w12.reference import w12_matmul_reference
+from pallas_kernels.w12.xla_decode import w12_matmul_xla_decode
 
 _log = logging.getLogger(__name__)
 
-Implementation = Literal["reference", "mosaic_gpu"]
-_IMPLEMENTATIONS = ("reference", "mosaic_gpu")
-DEFAULT_TO_KERNEL = False  # see `matmul`
-
-
+Implementation = Literal["reference", "xla_decode", "mosaic_gpu"]
+_IMPLEMENTATIONS = ("reference", "xla_decode", "mosaic_gpu")
+DEFAULT: Implementation = "reference"  # what ``implementation=None`` runs; see `matmul`
 
 
 def _mosaic_gpu(x, packed, config):
@@ -36,10 +35,11 @@ def matmul(
 ) -> jax.Array:
   """``x @ W`` for ``x`` ``[..., K]`` and a W12 weight ``[K, N]``; f32 accumulation.
 
-  ``implementation=None`` runs the reference (unpack + dot) everywhere for now: the
-  first fused kernel is correct but ~2x slower than a bf16 dot on the H200
-  (docs/results/2026-11-30-w12-matmul-h200.md); flip ``DEFAULT_TO_KERNEL`` once it
-  wins. Then a shape the kernel does not support falls back to the reference with
+  ``implementation=None`` runs ``DEFAULT``: the reference (unpack + dot) for now. The
+  fused kernel is correct but 2-6x slower than a bf16 dot on the H200
+  (docs/results/2026-11-30-kernels-h200/), and ``xla_decode`` (decode as elementwise
+  ops, one dot, escapes patched after: does XLA fuse the decode?) is not measured yet;
+  set ``DEFAULT`` to the one that wins. A ``"mosaic_gpu"`` default runs only on Hopper. Then a shape the kernel does not support falls back to the reference with
   a warning (at trace time), so the result is never silently wrong. Naming an
   implementation disables the fallback, which is what tests and benchmarks want.
   """
@@ -47,9 +47,13 @@ def matmul(
     raise ValueError(f"unknown w12 implementation {implementation!r}; expected one of {_IMPLEMENTATIONS}")
   if implementation == "reference":
     return w12_matmul_reference(x, packed)
+  if implementation == "xla_decode":
+    return w12_matmul_xla_decode(x, packed)
   if implementation == "mosaic_gpu":
     return _mosaic_gpu(x, packed, config)
-  if not (DEFAULT_TO_KERNEL and _on_hopper()):
+  if DEFAULT == "xla_decode":
+    return w12_matmul_xla_decode(x, packed)
+  if not (DEFAULT == "mosaic_gpu" and _on_hopper()):
     return w12_matmul_reference(x, packed)
   try:
     return _mosaic_gpu(x, packed, config)

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from specpilot.provenance import git_commit
-from specpilot.training.proxy import REPO, _locked, _write_json, build, proxy_dir
+from specpilot.training.proxy import _locked, _write_json, build, proxy_dir
 from specpilot.training.spec import ProxySpec, SpecError, load_spec
 
 log = logging.getLogger(__name__)

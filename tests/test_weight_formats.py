@@ -7,7 +7,7 @@ import pytest
 
 from specpilot.decoding import make_engine
 from specpilot.models.config import DrafterConfig, ModelConfig
-from specpilot.models.weights import init_random_drafter, init_random_target
+from specpilot.models.weights import add_passthrough_layers, init_random_drafter, init_random_target
 
 
 @pytest.mark.parametrize("engine", ["ar", "stock"])
@@ -25,3 +25,26 @@ def test_w12_weights_give_identical_tokens(engine):
         outs[fmt] = e.generate(prompts, 16).tokens
     assert type(e.params["target"].layers[0].w_qkv if engine != "ar" else e.params.layers[0].w_qkv).__name__ == "W12Array"
     assert outs["w12"] == outs["bf16"]
+
+
+def test_passthrough_layers_deepen_the_target_without_changing_its_tokens():
+    """`deployment.target_passthrough_layers`: more layers to read and compute, the same greedy tokens from AR
+    and from a speculative engine whose drafter reads the original layers' hidden states."""
+    cfg = ModelConfig(family="qwen3", vocab_size=64, hidden_size=64, intermediate_size=96, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=128)
+    dcfg = DrafterConfig(layers=cfg.replace(num_layers=1), block_size=4, mask_token_id=63,
+                         target_layer_ids=(0, 1), num_target_layers=2)
+    w = init_random_target(cfg, seed=1, dtype=jnp.float32)
+    dw = init_random_drafter(dcfg, seed=2, dtype=jnp.float32)
+    deep_cfg, deep_w = add_passthrough_layers(cfg, w, 3)
+    assert deep_cfg.num_layers == 5 and len(deep_w.layers) == 5 and deep_w.layers[:2] == w.layers
+    pointers = {id(leaf) for layer in deep_w.layers for leaf in (layer.w_qkv, layer.w_gate_up)}
+    assert len(pointers) == 10  # every added layer has buffers of its own: its weights are really read
+    assert not bool(jnp.any(deep_w.layers[4].w_down)) and bool(jnp.any(deep_w.layers[4].w_gate_up))
+    prompts = [[1, 2, 3, 4], [9, 8, 7]]
+    for engine in ("ar", "stock"):
+        shallow = make_engine({"name": engine}, cfg, w, dcfg, dw, context=128).generate(prompts, 12).tokens
+        deep = make_engine({"name": engine}, deep_cfg, deep_w, dcfg, dw, context=128).generate(prompts, 12).tokens
+        assert deep == shallow, engine
+    with pytest.raises(ValueError, match="passthrough"):
+        add_passthrough_layers(cfg, w, -1)

@@ -86,6 +86,11 @@ class ModelBackend:
                 source = dep.models
         self.cfg = cfg
         self.target_cfg, self.target_w, self.drafter_cfg, self.drafter_w, self.tokenizer = load_models(cfg, True)
+        if dep.target_passthrough_layers:
+            from specpilot.models.weights import add_passthrough_layers
+
+            self.target_cfg, self.target_w = add_passthrough_layers(self.target_cfg, self.target_w,
+                                                                    dep.target_passthrough_layers)
         self.max_new = dep.max_new_tokens
         self.source = source
         self.prompts = self._prompts(cfg)

@@ -201,6 +201,27 @@ def pack_w12(weights):
     return packed
 
 
+def add_passthrough_layers(cfg: ModelConfig, w: TargetWeights, n: int) -> tuple[ModelConfig, TargetWeights]:
+    """The target with `n` more layers that read and compute like the last one but write nothing to the
+    residual stream (zero attention and MLP output projections): the same tokens and hidden states, at the
+    cost of a deeper model. A proxy pair trained in minutes is launch-bound on a big GPU (AR beats every
+    speculative engine there); passthrough layers give it a deep target's step cost while keeping its
+    drafter's acceptance. Every new leaf is its own buffer, so each layer's weights are really read."""
+    if n < 0:
+        raise ValueError(f"passthrough layers: {n} < 0")
+    if n == 0:
+        return cfg, w
+    last = w.layers[-1]
+
+    def fresh(a):
+        return None if a is None else jnp.array(a, copy=True)
+
+    extra = [dataclasses.replace(jax.tree.map(fresh, last), w_o=jnp.zeros_like(last.w_o),
+                                 w_down=jnp.zeros_like(last.w_down)) for _ in range(n)]
+    return (dataclasses.replace(cfg, num_layers=cfg.num_layers + n),
+            dataclasses.replace(w, layers=[*w.layers, *extra]))
+
+
 def cast_floats(tree, dtype):
     """Cast every floating leaf of a weight tree (not quantized/packed leaves' integer planes)."""
     return jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, tree)

@@ -192,7 +192,8 @@ def test_profile_times_stages_and_reports_the_budgets_specpilot_chose(pair, prom
     eng = engine("specpilot", SPEC_ENGINES["specpilot"], tcfg, pair)
     prof = eng.profile(prompts[:2], 24, rounds=3, repeats=2)
     assert list(prof["stage_ms"]) == ["draft", "tree", "verify", "commit"]
-    assert all(v > 0 for v in prof["stage_ms"].values())
+    # a tiny stage may come out at 0 once the host's share is taken off; the target pass never does
+    assert all(v >= 0 for v in prof["stage_ms"].values()) and prof["stage_ms"]["verify"] > 0
     assert prof["round_ms"] == pytest.approx(sum(prof["stage_ms"].values()))
     assert prof["dispatch_ms"] > 0  # measured, and subtracted from every stage
     for name, per_round in prof["stage_ms_rounds"].items():

@@ -83,6 +83,12 @@ class TestXlaDecode(W12MatmulSuite):
                                rtol=1e-2, atol=1e-3)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(jax.devices()[0].platform != "gpu", reason="needs an NVIDIA GPU (XLA's GPU fusion of the decode)")
+class TestXlaDecodeGpu(TestXlaDecode):
+  """The same cases, selected by `-m gpu` (scripts/h200/kernels.sh): on a GPU, XLA may fuse the decode."""
+
+
 class TestMosaicGpuInterpret(W12MatmulSuite):
 
   def run(self, x, packed, config):
@@ -94,6 +100,7 @@ class TestMosaicGpuInterpret(W12MatmulSuite):
       self.run(jnp.ones((1, 128), jnp.bfloat16), packed, w12.TuningConfig(tile_n=64))
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not w12_ops._on_hopper(), reason="needs an H100/H200")
 class TestMosaicGpu(W12MatmulSuite):
 

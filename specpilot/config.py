@@ -132,7 +132,7 @@ class DeploymentGroup(_Strict):
     max_new_tokens: PosInt
     max_tree_budget: PosInt
     # layers appended to the target that compute but leave its outputs unchanged (weights.add_passthrough_layers)
-    target_passthrough_layers: NonNegInt = 0
+    target_passthrough_layers: NonNegInt
 
     @model_validator(mode="after")
     def _whole_batches(self):

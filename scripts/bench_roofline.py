@@ -83,6 +83,9 @@ XLA_FLAG_VARIANTS = {  # names checked against jax 0.11.2's XLA (`strings` on ja
     "xla_flags_no_cmdbuf": "--xla_gpu_enable_command_buffer=",
     "xla_flags_cmdbuf_while": "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL --xla_gpu_graph_min_graph_size=1",
     "xla_flags_autotune0": "--xla_gpu_autotune_level=0",
+    # skinny dots through cuBLAS instead of XLA's Triton GEMMs: the M=1 projections reached 44-53 % of read
+    # bandwidth on the H200 (docs/results/2026-11-30-kernels-h200), where a GEMV is usually near the limit
+    "xla_flags_no_triton_gemm": "--xla_gpu_enable_triton_gemm=false",
 }
 TORCH_MODES = {
     "torch_peer_eager": "eager",

@@ -53,9 +53,8 @@ def test_every_variant_has_a_time_or_an_error_and_a_roofline(quick):
     rep, md, stdout, _ = quick
     names = [r["variant"] for r in rep["rows"]]
     expected = {"xla_forward", "xla_decode_loop", "xla_flags_no_cmdbuf", "xla_flags_cmdbuf_while",
-                "xla_flags_autotune0", "xla_forward_w12", "xla_forward_w12_xla_decode", "xla_forward_w12_kernel",
-                "verify_nodes@4",
-                "verify_nodes@8", "drafter_b16"}
+                "xla_flags_autotune0", "xla_flags_no_triton_gemm", "xla_forward_w12", "xla_forward_w12_xla_decode",
+                "xla_forward_w12_kernel", "verify_nodes@4", "verify_nodes@8", "drafter_b16"}
     if HAS_TORCH_PYTHON:
         expected |= {"torch_peer_eager", "torch_peer_compile", "torch_peer_cudagraphs"}
     assert set(names) == expected
@@ -86,7 +85,8 @@ def test_jax_variants_ran_and_agree(quick):
             assert r.get("ms", 0) > 0 and not r.get("error"), r
     ref = by["xla_forward"]["tokens"]
     assert len(ref) == rep["settings"]["check_steps"]
-    for name in ("xla_decode_loop", "xla_flags_no_cmdbuf", "xla_flags_cmdbuf_while", "xla_flags_autotune0"):
+    for name in ("xla_decode_loop", "xla_flags_no_cmdbuf", "xla_flags_cmdbuf_while", "xla_flags_autotune0",
+                 "xla_flags_no_triton_gemm"):
         assert by[name]["tokens"] == ref and by[name]["tokens_match"] is True, name
     assert by["xla_flags_autotune0"]["xla_flags"].endswith("--xla_gpu_autotune_level=0")
     for name in ("xla_forward_w12", "xla_forward_w12_xla_decode", "xla_forward_w12_kernel"):

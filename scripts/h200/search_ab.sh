@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue #7 in one call on an nvidia-h200-x2 (`carry: [".whl"]`): train proxy_h200 once; make its target a
-# deep one with passthrough layers (deployment.target_passthrough_layers, default 24: 36 layers that compute,
-# the 12 trained ones' tokens), where a step is no longer launch-bound and speculation can win; then
+# deeper one with passthrough layers (deployment.target_passthrough_layers, default 24: 36 layers that compute,
+# the 12 trained ones' tokens), so AR and verify grow while the drafter and commit do not (docs/search.md: an
+# estimate puts DDTree at ~1.1x AR there; unmeasured; each layer also adds compile time); then
 # scripts/memory_transfer.py --phase all: deployment A (batch 1) writes memory records, and deployment B (batch 4)
 # is searched seeded with them on GPU 0 and unseeded on GPU 1 at the same time. Results are packed into
 # $OUT/xf.tgz every 30 s and at the end (a cut call still returns what finished).

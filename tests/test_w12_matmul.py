@@ -44,6 +44,9 @@ class W12MatmulSuite:
           (120, 64, 20, 128, w12.TuningConfig(tile_n=64, tile_m=8, tile_k=64)),
           # decode-sized M, one base group wider than K
           (128, 64, 1, 256, w12.TuningConfig(tile_n=64, tile_m=64, tile_k=128)),
+          # split-K: 4 K steps in 2 splits of 2, partial sums added after; and no split at all
+          (512, 64, 3, 128, w12.TuningConfig(tile_n=64, tile_m=8, tile_k=128, split_k=2)),
+          (512, 64, 3, 256, w12.TuningConfig(tile_n=64, tile_m=8, tile_k=128, split_k=1)),
       ],
   )
   def test_matches_f32_matmul(self, k, n, m, group_k, config):
@@ -98,6 +101,15 @@ class TestMosaicGpuInterpret(W12MatmulSuite):
     packed = w12.pack(np.ones((128, 48), BF16))
     with pytest.raises(NotImplementedError, match="tile_n"):
       self.run(jnp.ones((1, 128), jnp.bfloat16), packed, w12.TuningConfig(tile_n=64))
+    packed = w12.pack(np.ones((384, 64), BF16), group_k=128)
+    with pytest.raises(NotImplementedError, match="split_k=2"):
+      self.run(jnp.ones((1, 384), jnp.bfloat16), packed, w12.TuningConfig(tile_k=128, split_k=2))
+
+
+def test_auto_split_k_fills_the_sms():
+  assert w12_mosaic_gpu.auto_split_k(n_blocks=64, k_steps=96, num_sms=132) == 3  # Qwen3-8B down, M <= 64
+  assert w12_mosaic_gpu.auto_split_k(n_blocks=192, k_steps=32, num_sms=132) == 1  # gate|up: enough blocks
+  assert w12_mosaic_gpu.auto_split_k(n_blocks=1, k_steps=6, num_sms=132) == 6  # capped at one step each
 
 
 @pytest.mark.gpu

@@ -15,15 +15,15 @@ class TuningConfig:
   tile_k: reduction depth per pipeline step; a multiple of 64 (one W12 nibble chunk)
     that divides the weight's ``group_k`` so a step reads one base exponent.
   max_concurrent_steps: TMA pipeline depth; deep pipelines keep HBM busy at small M.
-  split_k: independent K ranges reduced afterwards, to occupy all SMs when
-    ``N / tile_n`` alone is fewer blocks than SMs.
+  split_k: independent K ranges reduced afterwards (f32 partial sums), to occupy all
+    SMs when ``N / tile_n`` alone is fewer blocks than SMs; 0 = ``auto_split_k``.
   """
 
   tile_n: int = 64
   tile_m: int = 64
   tile_k: int = 128
   max_concurrent_steps: int = 4
-  split_k: int = 1
+  split_k: int = 0
 
   def __post_init__(self):
     if self.tile_n % 64:
@@ -32,6 +32,6 @@ class TuningConfig:
       raise ValueError(f"tile_m must be a multiple of 8 in [8, 256], got {self.tile_m}")
     if self.tile_k % 64:
       raise ValueError(f"tile_k must be a multiple of 64 (a W12 nibble chunk), got {self.tile_k}")
-    if self.max_concurrent_steps < 1 or self.split_k < 1:
+    if self.max_concurrent_steps < 1 or self.split_k < 0:
       raise ValueError(
-          f"max_concurrent_steps and split_k must be >= 1, got {self.max_concurrent_steps}, {self.split_k}")
+          f"max_concurrent_steps must be >= 1 and split_k >= 0, got {self.max_concurrent_steps}, {self.split_k}")

@@ -25,11 +25,11 @@ hence ``_BASE_DTYPE``.
 
 Next, roughly in order of expected gain: warp specialisation (a TMA warpgroup plus
 two compute warpgroups, as in ``hopper_mixed_type_matmul_mgpu``) and async wgmma
-with double-buffered decoded tiles, so decode, loads and MMA overlap; split-K so
-that ``N / tile_n`` blocks fill 132 SMs at small M; a register-operand wgmma (skips
+with double-buffered decoded tiles, so decode, loads and MMA overlap; a register-operand wgmma (skips
 the SMEM round trip; interpret mode only takes SMEM operands, hence this version);
 fewer, larger TMA boxes (today one per 32-wide piece); folding the escape patch into
-the epilogue.
+the epilogue. Split-K is in (``TuningConfig.split_k``, 0 = ``auto_split_k``: the fewest
+splits that give every SM a block; f32 partial sums added after the kernel), not yet timed.
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ def _check_supported(x: jax.Array, packed: W12Array, config: TuningConfig) -> No
     raise NotImplementedError(f"padded K={kp} is not a multiple of tile_k={config.tile_k}")
   if packed.group_k % config.tile_k:
     raise NotImplementedError(f"group_k={packed.group_k} is not a multiple of tile_k={config.tile_k}")
-  if config.split_k != 1:
-    raise NotImplementedError("split_k > 1 is not implemented yet")
+  if config.split_k and (kp // config.tile_k) % config.split_k:
+    raise NotImplementedError(f"split_k={config.split_k} does not divide the {kp // config.tile_k} K steps")
 
 
 def _smem_transforms(minor_dim: int, dtype) -> tuple:
@@ -81,9 +81,23 @@ def _smem_transforms(minor_dim: int, dtype) -> tuple:
   return (plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle))
 
 
+def auto_split_k(n_blocks: int, k_steps: int, num_sms: int) -> int:
+  """The fewest K splits (a divisor of ``k_steps``) that give every SM a block: narrow layers such as
+  Qwen3-8B's down projection (N = 4096: 64 channel blocks) would otherwise leave half the H200 idle."""
+  for split in range(1, k_steps + 1):
+    if k_steps % split == 0 and n_blocks * split >= num_sms:
+      return split
+  return k_steps
+
+
+def _num_sms() -> int:
+  return int(getattr(jax.devices()[0], "core_count", 0) or 132)  # 132: H100 / H200 SXM
+
+
 def _kernel_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_m, tile_k,
-                 max_concurrent_steps, out_dtype, interpret):
-  """One block per (tile_n channels, tile_m tokens); a TMA pipeline over K.
+                 max_concurrent_steps, split_k, out_dtype, interpret):
+  """One block per (tile_n channels, tile_m tokens, K split); a TMA pipeline over its K steps.
+  With ``split_k`` > 1 each split writes its own f32 partial sum, ``[split_k, N, Mp]``.
 
   Every operand moves in 32-wide K pieces (one nibble half each): a piece of the
   byte plane, of the nibble plane and of ``x`` is then a whole swizzled SMEM tile,
@@ -99,19 +113,23 @@ def _kernel_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_m, ti
   x_transforms = _smem_transforms(_HALF, jnp.bfloat16)
   out_transforms = _smem_transforms(tile_m, out_dtype)
 
-  def piece_spec(rows, per_step, j, transforms):
-    return plgpu.BlockSpec((rows, _HALF), lambda k, j=j: (0, per_step * k + j), transforms=transforms)
-
-  in_specs = (
-      [piece_spec(tile_n, pieces, j, byte_transforms) for j in range(pieces)]
-      + [piece_spec(tile_n, chunks, c, byte_transforms) for c in range(chunks)]
-      + [plgpu.BlockSpec((1, tile_n), lambda k: (k, 0))]
-      + [piece_spec(tile_m, pieces, j, x_transforms) for j in range(pieces)]
-  )
+  steps = k_steps // split_k  # K steps per split
 
   def kernel(byte_gmem, nibble_gmem, base_gmem, x_gmem, out_gmem, w_smem, out_smem):
     n_slice = pl.ds(lax.axis_index("n") * tile_n, tile_n)
     m_slice = pl.ds(lax.axis_index("m") * tile_m, tile_m)
+    split = lax.axis_index("s")
+    first = split * steps  # this block's first K step
+
+    def piece_spec(rows, per_step, j, transforms):
+      return plgpu.BlockSpec((rows, _HALF), lambda k, j=j: (0, per_step * (first + k) + j), transforms=transforms)
+
+    in_specs = (
+        [piece_spec(tile_n, pieces, j, byte_transforms) for j in range(pieces)]
+        + [piece_spec(tile_n, chunks, c, byte_transforms) for c in range(chunks)]
+        + [plgpu.BlockSpec((1, tile_n), lambda k: (first + k, 0))]
+        + [piece_spec(tile_m, pieces, j, x_transforms) for j in range(pieces)]
+    )
 
     def accumulate(acc_ref):
       def step(_, *refs):
@@ -133,8 +151,8 @@ def _kernel_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_m, ti
         plgpu.wgmma_wait(0)  # w_smem is rewritten by the next step
 
       pipeline = plgpu.emit_pipeline(
-          step, grid=(k_steps,), in_specs=in_specs,
-          max_concurrent_steps=min(max_concurrent_steps, k_steps))
+          step, grid=(steps,), in_specs=in_specs,
+          max_concurrent_steps=min(max_concurrent_steps, steps))
       byte_rows = byte_gmem.at[n_slice]
       nibble_rows = nibble_gmem.at[n_slice]
       x_rows = x_gmem.at[m_slice]
@@ -145,14 +163,14 @@ def _kernel_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_m, ti
     acc = pl.run_scoped(accumulate, plgpu.ACC((tile_n, tile_m), jnp.float32))
     out_smem[...] = acc.astype(out_dtype)
     plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(out_smem, out_gmem.at[n_slice, m_slice])
+    plgpu.copy_smem_to_gmem(out_smem, out_gmem.at[split, n_slice, m_slice])
     plgpu.wait_smem_to_gmem(0)
 
   call = plgpu.kernel(
       kernel,
-      out_type=jax.ShapeDtypeStruct((n, mp), out_dtype),
-      grid=(n // tile_n, mp // tile_m),
-      grid_names=("n", "m"),
+      out_type=jax.ShapeDtypeStruct((split_k, n, mp), out_dtype),
+      grid=(n // tile_n, mp // tile_m, split_k),
+      grid_names=("n", "m", "s"),
       scratch_types=dict(
           w_smem=plgpu.SMEM((pieces, tile_n, _HALF), jnp.bfloat16, transforms=x_transforms),
           out_smem=plgpu.SMEM((tile_n, tile_m), out_dtype, transforms=out_transforms),
@@ -191,12 +209,14 @@ def w12_matmul(
   base_tiles = base_tiles.astype(_BASE_DTYPE)
 
   has_escapes = packed.num_escapes > 0
+  k_steps = kp // config.tile_k
+  split_k = config.split_k or auto_split_k((n // config.tile_n) * (mp // tile_m), k_steps, _num_sms())
   y_t = _kernel_call(
       x2, packed.sign_mantissa, packed.exponent_codes, base_tiles,
       tile_n=config.tile_n, tile_m=tile_m, tile_k=config.tile_k,
-      max_concurrent_steps=config.max_concurrent_steps,
-      out_dtype=jnp.float32 if has_escapes else x.dtype, interpret=interpret)
-  y = y_t.T[:m]
+      max_concurrent_steps=config.max_concurrent_steps, split_k=split_k,
+      out_dtype=jnp.float32 if has_escapes or split_k > 1 else x.dtype, interpret=interpret)
+  y = y_t.sum(0).T[:m] if split_k > 1 else y_t[0].T[:m]
   if has_escapes:
     y = add_escapes(y, x2[:m], packed)
   return y.astype(x.dtype).reshape(*lead, n)

@@ -98,6 +98,7 @@ def w12_sweep():
     return (
         TuningConfig(),  # split_k auto: every SM gets a block
         TuningConfig(split_k=1),  # the layout measured on 2026-11-30 (docs/results/2026-11-30-kernels-h200)
+        TuningConfig(overlap_decode=True),
         TuningConfig(tile_k=256, max_concurrent_steps=2),
         TuningConfig(max_concurrent_steps=6),
     )

@@ -47,6 +47,9 @@ class W12MatmulSuite:
           # split-K: 4 K steps in 2 splits of 2, partial sums added after; and no split at all
           (512, 64, 3, 128, w12.TuningConfig(tile_n=64, tile_m=8, tile_k=128, split_k=2)),
           (512, 64, 3, 256, w12.TuningConfig(tile_n=64, tile_m=8, tile_k=128, split_k=1)),
+          # decode overlapped with the previous step's wgmma (two slots), with and without a split
+          (512, 128, 9, 128, w12.TuningConfig(tile_n=64, tile_m=16, tile_k=64, split_k=1, overlap_decode=True)),
+          (512, 64, 2, 512, w12.TuningConfig(tile_n=64, tile_m=8, tile_k=64, split_k=2, overlap_decode=True)),
       ],
   )
   def test_matches_f32_matmul(self, k, n, m, group_k, config):

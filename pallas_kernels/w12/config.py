@@ -17,6 +17,8 @@ class TuningConfig:
   max_concurrent_steps: TMA pipeline depth; deep pipelines keep HBM busy at small M.
   split_k: independent K ranges reduced afterwards (f32 partial sums), to occupy all
     SMs when ``N / tile_n`` alone is fewer blocks than SMs; 0 = ``auto_split_k``.
+  overlap_decode: decode step i into one of two SMEM slots while step i - 1's wgmma runs
+    (async wgmma, activation tiles released a step late). Opt-in until timed on a GPU.
   """
 
   tile_n: int = 64
@@ -24,6 +26,7 @@ class TuningConfig:
   tile_k: int = 128
   max_concurrent_steps: int = 4
   split_k: int = 0
+  overlap_decode: bool = False
 
   def __post_init__(self):
     if self.tile_n % 64:

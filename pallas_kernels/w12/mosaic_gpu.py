@@ -95,9 +95,14 @@ def _num_sms() -> int:
 
 
 def _kernel_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_m, tile_k,
-                 max_concurrent_steps, split_k, out_dtype, interpret):
+                 max_concurrent_steps, split_k, overlap_decode, out_dtype, interpret):
   """One block per (tile_n channels, tile_m tokens, K split); a TMA pipeline over its K steps.
   With ``split_k`` > 1 each split writes its own f32 partial sum, ``[split_k, N, Mp]``.
+
+  ``overlap_decode``: two decoded-weight slots and async wgmma. Step i decodes into slot i % 2 while
+  step i - 1's wgmma still runs (each step ends with ``wgmma_wait(pieces)``: its own groups may stay in
+  flight, the previous step's are done), and the activation tiles, which wgmma reads from SMEM, are
+  released one step late (``delay_release=1``). Without it each step waits for its own wgmma.
 
   Every operand moves in 32-wide K pieces (one nibble half each): a piece of the
   byte plane, of the nibble plane and of ``x`` is then a whole swizzled SMEM tile,
@@ -114,6 +119,9 @@ def _kernel_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_m, ti
   out_transforms = _smem_transforms(tile_m, out_dtype)
 
   steps = k_steps // split_k  # K steps per split
+  depth = min(max_concurrent_steps, steps)
+  overlap = overlap_decode and depth > 1  # delay_release needs a deeper pipeline than 1
+  slots = 2 if overlap else 1
 
   def kernel(byte_gmem, nibble_gmem, base_gmem, x_gmem, out_gmem, w_smem, out_smem):
     n_slice = pl.ds(lax.axis_index("n") * tile_n, tile_n)
@@ -121,22 +129,24 @@ def _kernel_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_m, ti
     split = lax.axis_index("s")
     first = split * steps  # this block's first K step
 
-    def piece_spec(rows, per_step, j, transforms):
-      return plgpu.BlockSpec((rows, _HALF), lambda k, j=j: (0, per_step * (first + k) + j), transforms=transforms)
+    def piece_spec(rows, per_step, j, transforms, delay=0):
+      return plgpu.BlockSpec((rows, _HALF), lambda k, j=j: (0, per_step * (first + k) + j), transforms=transforms,
+                             delay_release=delay)
 
     in_specs = (
         [piece_spec(tile_n, pieces, j, byte_transforms) for j in range(pieces)]
         + [piece_spec(tile_n, chunks, c, byte_transforms) for c in range(chunks)]
         + [plgpu.BlockSpec((1, tile_n), lambda k: (first + k, 0))]
-        + [piece_spec(tile_m, pieces, j, x_transforms) for j in range(pieces)]
+        + [piece_spec(tile_m, pieces, j, x_transforms, delay=1 if overlap else 0) for j in range(pieces)]
     )
 
     def accumulate(acc_ref):
-      def step(_, *refs):
+      def step(idx, *refs):
         byte_smem = refs[:pieces]
         nibble_smem = refs[pieces:pieces + chunks]
         base_smem = refs[pieces + chunks]
         x_smem = refs[pieces + chunks + 1:]
+        w_slot = w_smem.at[idx[0] % slots]
         base = lax.broadcast_in_dim(base_smem[0].astype(jnp.uint16), (tile_n, _HALF), (0,))
         for c in range(chunks):
           # Mosaic GPU has no 8-bit arithmetic (bar bitwise ops): widen first
@@ -144,20 +154,22 @@ def _kernel_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_m, ti
           for half, codes in enumerate((nibbles & 0xF, nibbles >> 4)):
             j = 2 * c + half
             bits = decode_bits(byte_smem[j][...], codes, base)
-            w_smem[j] = lax.bitcast_convert_type(bits, jnp.bfloat16)
+            w_slot[j] = lax.bitcast_convert_type(bits, jnp.bfloat16)
         plgpu.commit_smem()
         for j in range(pieces):
-          plgpu.wgmma(acc_ref, w_smem.at[j], x_smem[j].transpose((1, 0)))
-        plgpu.wgmma_wait(0)  # w_smem is rewritten by the next step
+          plgpu.wgmma(acc_ref, w_slot.at[j], x_smem[j].transpose((1, 0)))
+        # each wgmma call is one group and groups retire in order: leaving this step's `pieces` groups
+        # in flight means the previous step's are done, so the slot decoded next step is free
+        plgpu.wgmma_wait(pieces if overlap else 0)
 
-      pipeline = plgpu.emit_pipeline(
-          step, grid=(steps,), in_specs=in_specs,
-          max_concurrent_steps=min(max_concurrent_steps, steps))
+      pipeline = plgpu.emit_pipeline(step, grid=(steps,), in_specs=in_specs, max_concurrent_steps=depth)
       byte_rows = byte_gmem.at[n_slice]
       nibble_rows = nibble_gmem.at[n_slice]
       x_rows = x_gmem.at[m_slice]
       pipeline(*[byte_rows] * pieces, *[nibble_rows] * chunks, base_gmem.at[:, n_slice],
                *[x_rows] * pieces)
+      if overlap:
+        plgpu.wgmma_wait(0)
       return acc_ref[...]
 
     acc = pl.run_scoped(accumulate, plgpu.ACC((tile_n, tile_m), jnp.float32))
@@ -172,7 +184,7 @@ def _kernel_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_m, ti
       grid=(n // tile_n, mp // tile_m, split_k),
       grid_names=("n", "m", "s"),
       scratch_types=dict(
-          w_smem=plgpu.SMEM((pieces, tile_n, _HALF), jnp.bfloat16, transforms=x_transforms),
+          w_smem=plgpu.SMEM((slots, pieces, tile_n, _HALF), jnp.bfloat16, transforms=x_transforms),
           out_smem=plgpu.SMEM((tile_n, tile_m), out_dtype, transforms=out_transforms),
       ),
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
@@ -214,7 +226,7 @@ def w12_matmul(
   y_t = _kernel_call(
       x2, packed.sign_mantissa, packed.exponent_codes, base_tiles,
       tile_n=config.tile_n, tile_m=tile_m, tile_k=config.tile_k,
-      max_concurrent_steps=config.max_concurrent_steps, split_k=split_k,
+      max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, overlap_decode=config.overlap_decode,
       out_dtype=jnp.float32 if has_escapes or split_k > 1 else x.dtype, interpret=interpret)
   y = y_t.sum(0).T[:m] if split_k > 1 else y_t[0].T[:m]
   if has_escapes:

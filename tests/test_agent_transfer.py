@@ -57,7 +57,7 @@ def test_max_seconds_starts_no_round_after_the_budget(tmp_path):
     for r in range(1, s["rounds"] + 1):  # every round that ran started inside the budget
         first = next(i for i, t in enumerate(trials) if t["round"] == r)
         assert trials[first - 1]["elapsed_s"] < budget
-    assert trials[-1]["elapsed_s"] >= budget - 0.05  # and the search stopped because it was spent
+    assert s["elapsed_s"] >= budget  # and it stopped because the budget was spent (not on a trial's timing)
     none = search(tmp_path / "none", backend=FakeBackend(delay_s=0.01), max_seconds=0.001)
     assert none["rounds"] == 0 and none["best_trial"] == "baseline/stock" and none["best_found_at_trial"] == 2
 

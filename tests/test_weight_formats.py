@@ -10,14 +10,18 @@ from specpilot.models.config import DrafterConfig, ModelConfig
 from specpilot.models.weights import add_passthrough_layers, init_random_drafter, init_random_target
 
 
-@pytest.mark.parametrize("engine", ["ar", "stock"])
-def test_w12_weights_give_identical_tokens(engine):
+def tiny_pair(dtype):
+    """A 2-layer random Qwen3 target and a 1-layer drafter reading both of its layers."""
     cfg = ModelConfig(family="qwen3", vocab_size=64, hidden_size=64, intermediate_size=96, num_layers=2,
                       num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=128)
     dcfg = DrafterConfig(layers=cfg.replace(num_layers=1), block_size=4, mask_token_id=63,
                          target_layer_ids=(0, 1), num_target_layers=2)
-    w = init_random_target(cfg, seed=1, dtype=jnp.bfloat16)
-    dw = init_random_drafter(dcfg, seed=2, dtype=jnp.bfloat16)
+    return cfg, init_random_target(cfg, seed=1, dtype=dtype), dcfg, init_random_drafter(dcfg, seed=2, dtype=dtype)
+
+
+@pytest.mark.parametrize("engine", ["ar", "stock"])
+def test_w12_weights_give_identical_tokens(engine):
+    cfg, w, dcfg, dw = tiny_pair(jnp.bfloat16)
     prompts = [[1, 2, 3, 4], [9, 8, 7]]
     outs = {}
     for fmt in ("bf16", "w12"):
@@ -30,12 +34,7 @@ def test_w12_weights_give_identical_tokens(engine):
 def test_passthrough_layers_deepen_the_target_without_changing_its_tokens():
     """`deployment.target_passthrough_layers`: more layers to read and compute, the same greedy tokens from AR
     and from a speculative engine whose drafter reads the original layers' hidden states."""
-    cfg = ModelConfig(family="qwen3", vocab_size=64, hidden_size=64, intermediate_size=96, num_layers=2,
-                      num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=128)
-    dcfg = DrafterConfig(layers=cfg.replace(num_layers=1), block_size=4, mask_token_id=63,
-                         target_layer_ids=(0, 1), num_target_layers=2)
-    w = init_random_target(cfg, seed=1, dtype=jnp.float32)
-    dw = init_random_drafter(dcfg, seed=2, dtype=jnp.float32)
+    cfg, w, dcfg, dw = tiny_pair(jnp.float32)
     deep_cfg, deep_w = add_passthrough_layers(cfg, w, 3)
     assert deep_cfg.num_layers == 5 and len(deep_w.layers) == 5 and deep_w.layers[:2] == w.layers
     pointers = {id(leaf) for layer in deep_w.layers for leaf in (layer.w_qkv, layer.w_gate_up)}

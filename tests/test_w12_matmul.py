@@ -132,3 +132,17 @@ def test_default_falls_back_to_reference_loudly(monkeypatch, caplog):
     y = w12.matmul(x, packed)
   assert "falls back" in caplog.text
   np.testing.assert_array_equal(np.asarray(y), np.full((2, 64), 64.0, np.float32))
+
+
+def test_default_implementation_is_what_matmul_runs(monkeypatch):
+  calls = []
+  monkeypatch.setattr(w12_ops, "w12_matmul_xla_decode", lambda x, p: calls.append("xla_decode") or x @ w12.unpack(p))
+  packed = w12.pack(np.ones((64, 32), BF16))
+  x = jnp.ones((2, 64), jnp.bfloat16)
+  w12.matmul(x, packed)
+  assert calls == []  # the reference by default
+  monkeypatch.setattr(w12_ops, "DEFAULT", "xla_decode")
+  w12.matmul(x, packed)
+  assert calls == ["xla_decode"]
+  w12.matmul(x, packed, implementation="reference")  # a named implementation wins over DEFAULT
+  assert calls == ["xla_decode"]

@@ -38,22 +38,22 @@ def matmul(
   ``implementation=None`` runs ``DEFAULT``: the reference (unpack + dot) for now. The
   fused kernel is correct but 2-6x slower than a bf16 dot on the H200
   (docs/results/2026-11-30-kernels-h200/), and ``xla_decode`` (decode as elementwise
-  ops, one dot, escapes patched after: does XLA fuse the decode?) is not measured yet;
-  set ``DEFAULT`` to the one that wins. A ``"mosaic_gpu"`` default runs only on Hopper. Then a shape the kernel does not support falls back to the reference with
-  a warning (at trace time), so the result is never silently wrong. Naming an
+  ops feeding one dot, escapes patched after: does XLA fuse the decode?) is not timed
+  yet; set ``DEFAULT`` to the one that wins. A ``"mosaic_gpu"`` default runs only on
+  Hopper, and a shape the kernel does not support falls back to the reference with a
+  warning (at trace time), so the result is never silently wrong. Naming an
   implementation disables the fallback, which is what tests and benchmarks want.
   """
   if implementation not in (None, *_IMPLEMENTATIONS):
     raise ValueError(f"unknown w12 implementation {implementation!r}; expected one of {_IMPLEMENTATIONS}")
-  if implementation == "reference":
+  chosen = implementation or DEFAULT
+  if chosen == "reference":
     return w12_matmul_reference(x, packed)
-  if implementation == "xla_decode":
+  if chosen == "xla_decode":
     return w12_matmul_xla_decode(x, packed)
   if implementation == "mosaic_gpu":
     return _mosaic_gpu(x, packed, config)
-  if DEFAULT == "xla_decode":
-    return w12_matmul_xla_decode(x, packed)
-  if not (DEFAULT == "mosaic_gpu" and _on_hopper()):
+  if not _on_hopper():
     return w12_matmul_reference(x, packed)
   try:
     return _mosaic_gpu(x, packed, config)

@@ -203,10 +203,10 @@ def pack_w12(weights):
 
 def add_passthrough_layers(cfg: ModelConfig, w: TargetWeights, n: int) -> tuple[ModelConfig, TargetWeights]:
     """The target with `n` more layers that read and compute like the last one but write nothing to the
-    residual stream (zero attention and MLP output projections): the same tokens and hidden states, at the
-    cost of a deeper model. A proxy pair trained in minutes is launch-bound on a big GPU (AR beats every
-    speculative engine there); passthrough layers give it a deep target's step cost while keeping its
-    drafter's acceptance. Every new leaf is its own buffer, so each layer's weights are really read."""
+    residual stream (zero attention and MLP output projections): the same tokens and hidden states, every
+    target pass (AR step, verify) as long as a deeper model's, the drafter and its acceptance unchanged.
+    For a proxy pair trained in minutes, which is launch-bound on a big GPU (AR beats every speculative
+    engine there; docs/search.md). Every new leaf is its own buffer, so each layer's weights are really read."""
     if n < 0:
         raise ValueError(f"passthrough layers: {n} < 0")
     if n == 0:

@@ -328,3 +328,13 @@ def test_the_h200_bench_is_predicted_within_10_percent():
         (e, b) for e in ("ar", "ddtree", "specpilot", "stock", "tlv") for b in (1, 8, 32))
     worst = max(checked, key=lambda v: abs(v["error"]))
     assert abs(worst["error"]) <= 0.10, worst
+
+
+def test_warm_up_threads_fit_the_device_memory():
+    from specpilot.costmodel.measure import warm_up_workers
+
+    kv_b32 = 2 * 36 * 32 * 1536 * 8 * 128 * 2  # qwen3_8b shapes at batch 32: 7.2 GB of K/V
+    assert warm_up_workers(3, kv_b32, free_bytes=120 * 2**30) == 2  # three ran out of memory on the H200
+    assert warm_up_workers(3, kv_b32 // 32, free_bytes=120 * 2**30) == 3  # batch 1: no limit in sight
+    assert warm_up_workers(3, kv_b32, free_bytes=10 * 2**30) == 1  # never fewer than one
+    assert warm_up_workers(4, kv_b32, free_bytes=None) == 4  # a CPU reports no limit

@@ -226,6 +226,24 @@ def kv_capacity(context: int, rounds: int, block: int, configs: Sequence[dict], 
     return -(-need // multiple) * multiple
 
 
+def warm_up_workers(requested: int, kv_cache_bytes: int, free_bytes: int | None, copies: int = 6) -> int:
+    """Threads that fit the device: each warm-up runs a whole engine, whose state and unfused stage outputs
+    hold about `copies` KV caches at once. At batch 32 on the H200 three threads ran out of memory
+    (docs/h200_runbook.md). `free_bytes` None (a CPU): `requested`."""
+    if free_bytes is None:
+        return requested
+    return max(1, min(requested, free_bytes // max(copies * kv_cache_bytes, 1)))
+
+
+def _free_device_bytes() -> int | None:
+    import jax
+
+    stats = jax.devices()[0].memory_stats() if jax.devices()[0].platform != "cpu" else None
+    if not stats or "bytes_limit" not in stats:
+        return None
+    return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+
+
 def warm_up(dep: Deployment, configs: Sequence[dict], batch: int, context: int, capacity: int, rounds: int,
             seed: int = 0, eager_prefill: bool | None = None, workers: int = 1,
             log: Callable[[str], None] = print) -> None:
@@ -272,9 +290,12 @@ def sweep(dep: Deployment, configs: list[dict], batches: Sequence[int], context:
         if compile_workers > 1 and (budget_s is None or time.perf_counter() - t_start + slowest < budget_s):
             t0 = time.perf_counter()
             # specpilot's cost table is fitted from this batch's rows: its program is compiled in the timed pass
+            t = dep.target_cfg
+            kv_bytes = 2 * t.num_layers * batch * capacity * t.num_kv_heads * t.head_dim * dep.act_bytes
+            workers = warm_up_workers(compile_workers, kv_bytes, _free_device_bytes())
             warm_up(dep, [c for c, _ in plan if c["name"] != "specpilot"], batch, context, capacity, rounds, seed,
-                    eager_prefill, compile_workers, log)
-            log(f"[{time.perf_counter() - t_start:6.1f}s] compiled B={batch} in {compile_workers} threads "
+                    eager_prefill, workers, log)
+            log(f"[{time.perf_counter() - t_start:6.1f}s] compiled B={batch} in {workers} threads "
                 f"({time.perf_counter() - t0:.1f}s)")
         for cfg, role in plan:
             elapsed = time.perf_counter() - t_start

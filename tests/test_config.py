@@ -180,3 +180,14 @@ def test_checkpoint_with_tokenizer_encodes_text_prompt(tmp_path):
     target_cfg, _, drafter_cfg, _, tokenizer = build.load_models(cfg)
     assert target_cfg.num_layers == 3 and drafter_cfg is None and tokenizer is not None
     assert build.make_prompts(cfg, tokenizer) == [[5, 6]]
+
+
+def test_h200_search_overrides_compose_and_validate():
+    """scripts/h200/search_setup.sh's overrides (shared by the H200 search calls) are valid keys and values:
+    a typo there would otherwise surface only on a lent GPU."""
+    import re
+
+    text = (CONF.parent / "scripts" / "h200" / "search_setup.sh").read_text()
+    overrides = re.search(r'^C="([^"]*)"$', text, re.M).group(1).replace("${PASSTHROUGH:-0}", "24").split()
+    cfg = validate(composed(*overrides, "deployment.batch=4"))
+    assert cfg.deployment.name == "h200" and cfg.deployment.target_passthrough_layers == 24

@@ -8,10 +8,8 @@
 # $OUT/xf.tgz every 30 s and at the end (a cut call still returns what finished).
 # Usage (repo root): bash scripts/h200/search_ab.sh [PASSTHROUGH_LAYERS]
 T=$SECONDS
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit 1
-export SPECPILOT_CACHE=/tmp/spc WANDB_MODE=disabled PYTHONUNBUFFERED=1
-C="deployment=h200 deployment.proposer=offline deployment.num_prompts=4 deployment.prompt_len=64 deployment.max_new_tokens=64 deployment.max_tree_budget=256 deployment.target_passthrough_layers=${1:-24} search.rounds=3 search.candidates_per_round=3 search.measure_repeats=2 search.profile_all=false search.workers=0 search.wandb.mode=disabled"
+PASSTHROUGH=${1:-24}
+source scripts/h200/search_setup.sh
 mkdir -p /tmp/xf
 pack() { tar czf /tmp/xf.tgz --exclude='jax_*' -C /tmp xf && cp /tmp/xf.tgz "$OUT/xf.tgz.part" && mv "$OUT/xf.tgz.part" "$OUT/xf.tgz"; }
 (while true; do sleep 30; nice -n 19 bash -c "$(declare -f pack); OUT=$OUT pack"; done) &

@@ -4,10 +4,7 @@
 # reached its best first. On an nvidia-h200-x2, pass "x2" to run the two searches side by side, one per GPU.
 # Usage (repo root): bash scripts/h200/search_b.sh [x2]
 T=$SECONDS
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit 1
-export SPECPILOT_CACHE=/tmp/spc WANDB_MODE=disabled PYTHONUNBUFFERED=1
-C="deployment=h200 deployment.proposer=offline deployment.num_prompts=4 deployment.prompt_len=64 deployment.max_new_tokens=64 deployment.max_tree_budget=256 search.rounds=3 search.candidates_per_round=3 search.measure_repeats=2 search.profile_all=false search.workers=0 search.wandb.mode=disabled"
+source scripts/h200/search_setup.sh
 ls memory_store/records
 CUDA_VISIBLE_DEVICES=0 python3 -m specpilot.training.proxy --size proxy_h200 --out /tmp/px > /tmp/px.log 2>&1
 echo "proxy rc=$? at $((SECONDS-T)) s"; tail -n 1 /tmp/px.log; cp /tmp/px/results.json $OUT/B_proxy.json

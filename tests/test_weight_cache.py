@@ -44,3 +44,38 @@ def test_second_load_comes_from_the_orbax_cache(tmp_path, monkeypatch):
     assert cfg2 == cfg
     for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(second)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _load_into(ckpt, cache, barrier, results):
+    barrier.wait()  # both processes convert and save at the same moment
+    try:
+        _, tree = hf.load_target(ckpt, jnp.float32, cache_dir=cache)
+        results.put(float(sum(np.asarray(a).sum() for a in jax.tree.leaves(tree))))
+    except Exception as e:  # reported to the test, which fails with it
+        results.put(f"{type(e).__name__}: {e}")
+
+
+def test_processes_filling_the_cache_at_once_do_not_collide(tmp_path):
+    """The search's workers (one per GPU) load the same checkpoint at once: each saves into its own temporary
+    folder, one rename wins (the H200 search once died on orbax's shared temporary folder)."""
+    import multiprocessing as mp
+
+    ckpt, cache = tmp_path / "ckpt", tmp_path / "cache"
+    tiny_checkpoint(ckpt)
+    ctx = mp.get_context("spawn")
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_load_into, args=(ckpt, cache, barrier, results)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        got = [results.get(timeout=90) for _ in procs]  # queue.Empty (a failure) if a process hangs
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            p.kill()
+    assert all(isinstance(g, float) for g in got), got
+    assert got[0] == got[1]
+    assert [p.name for p in cache.iterdir()] == [hf._cache_entry(ckpt, jnp.float32, cache).name], \
+        f"leftover temporary folders: {sorted(p.name for p in cache.iterdir())}"
+    _, again = hf.load_target(ckpt, jnp.float32, cache_dir=cache)
+    assert float(sum(np.asarray(a).sum() for a in jax.tree.leaves(again))) == got[0]

@@ -13,7 +13,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import shutil
 import struct
+import uuid
 import weakref
 from pathlib import Path
 
@@ -213,13 +216,22 @@ def _restore_cache(where: Path, abstract_of, decode=lambda tree: tree):
 
 
 def _save_cache(where: Path, tree) -> None:
-    """Writes `tree` at `where`, replacing an entry that `_restore_cache` could not read. Orbax writes to a
-    temporary folder and renames it, so `where` exists only once it is complete."""
+    """Writes `tree` at `where`, replacing an entry that `_restore_cache` could not read. The tree is saved
+    into a folder of this process's own and renamed to `where` once complete, so `where` exists only whole,
+    and processes that convert the same checkpoint at once (the search's workers, one per GPU) do not share a
+    temporary folder; the first rename wins and the others' copies are dropped."""
     import orbax.checkpoint as ocp
 
+    tmp = where.with_name(f"{where.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     ckptr = ocp.StandardCheckpointer()
-    ckptr.save(where, tree, force=True)
+    ckptr.save(tmp, tree)
     ckptr.wait_until_finished()
+    if where.exists() and _restore_cache(where, lambda c, w: jax.eval_shape(lambda: tree)) is None:
+        shutil.rmtree(where, ignore_errors=True)  # the unreadable entry this save replaces
+    try:
+        os.rename(tmp, where)
+    except OSError:  # another process completed the same entry first
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _cached(convert, abstract_init, path: Path, dtype, cache_dir: str | Path | None):

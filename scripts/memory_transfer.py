@@ -4,6 +4,7 @@ with those records and with an empty memory. Does the seeded search reach its be
     python scripts/memory_transfer.py --work DIR -- deployment=cpu search.wandb.mode=disabled   # A, then B twice
     python scripts/memory_transfer.py --work DIR --phase a -- +deployment=h200 deployment.proposer=offline ...
     python scripts/memory_transfer.py --work DIR --phase b -- +deployment=h200 ...   # seeded from memory_store/
+    python scripts/memory_transfer.py --work DIR --compare          # only compare DIR/b_seeded, DIR/b_unseeded again
 
 Every search is `scripts/search.py` with the overrides after `--` (common to all runs), then the phase's own
 (`--a`, default `deployment.batch=1`; `--b`, default `deployment.batch=4`: same pair, hardware and sampling, so
@@ -15,7 +16,7 @@ A's records meet B's preconditions — see memory_store/README.md), then the run
     DIR/b_unseeded/       B with an empty memory (DIR/memory_b_unseeded/)
     DIR/<run>.log         each search's stderr (also echoed here, prefixed)
     DIR/transfer.json     A's rounds and records; B: each run's best, when it was first found (trial, search
-    DIR/transfer.md       seconds), when each reached the common level (specpilot/agent/transfer.py), verdict
+    DIR/transfer.md       seconds), when each reached the target level (specpilot/agent/transfer.py), verdict
 
 Each run gets its own XLA compilation cache (DIR/jax_<run>) unless `--shared-compile-cache`: a run must not
 compile faster because the other one compiled the same programs first. B's unseeded run goes first
@@ -175,9 +176,12 @@ def main(argv=None) -> int:
                     help="run B's two searches at once, one per GPU (e.g. 0,1 on a two-GPU host); default: one "
                          "after the other on whatever the searches see")
     ap.add_argument("--run-timeout-s", type=float, default=None, help="kill a search running longer than this")
-    ap.add_argument("--tolerance", type=float, default=0.02, help="common level = (1 - this) x the lower best")
+    ap.add_argument("--tolerance", type=float, default=0.02, help="target level = (1 - this) x the higher best")
     ap.add_argument("--shared-compile-cache", action="store_true",
                     help="let the runs share search.compile_cache_dir (faster, but the later run compiles less)")
+    ap.add_argument("--compare", action="store_true",
+                    help="run nothing: compare the B runs already in --work (e.g. copied back from a GPU machine) "
+                         "and write DIR/transfer.json and DIR/transfer.md")
     ap.add_argument("--search-cmd", default=None, help=argparse.SUPPRESS)  # tests: a stand-in for search.py
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every search (after --)")
     args = ap.parse_args(argv)
@@ -188,6 +192,14 @@ def main(argv=None) -> int:
             ap.error(f"{_key(o)} is set per run by this script")
     search_cmd = [sys.executable, args.search_cmd or str(REPO / "scripts" / "search.py")]
     work = Path(args.work).resolve()
+    if args.compare:
+        result = compare(load_run(work / "b_seeded"), load_run(work / "b_unseeded"), args.tolerance)
+        md = markdown(result, "Deployment B: seeded with A's records vs empty memory")
+        (work / "transfer.json").write_text(json.dumps({"b": result}, indent=2, default=str) + "\n")
+        (work / "transfer.md").write_text(md)
+        print(md, file=sys.stderr, flush=True)
+        print(json.dumps({k: v for k, v in result["verdict"].items() if k != "summary"}), flush=True)
+        return 0
     work.mkdir(parents=True, exist_ok=True)
     runs, result = [], {"work": str(work), "common_overrides": args.overrides}
 

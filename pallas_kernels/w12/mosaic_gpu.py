@@ -23,13 +23,17 @@ Learned on the H200: Mosaic GPU has no 8-bit arithmetic (widen before shifts), a
 a 1-D uint8 SMEM row (the per-step bases) faults with a misaligned shared address,
 hence ``_BASE_DTYPE``.
 
-Next, roughly in order of expected gain: warp specialisation (a TMA warpgroup plus
-two compute warpgroups, as in ``hopper_mixed_type_matmul_mgpu``) and async wgmma
-with double-buffered decoded tiles, so decode, loads and MMA overlap; a register-operand wgmma (skips
-the SMEM round trip; interpret mode only takes SMEM operands, hence this version);
-fewer, larger TMA boxes (today one per 32-wide piece); folding the escape patch into
-the epilogue. Split-K is in (``TuningConfig.split_k``, 0 = ``auto_split_k``: the fewest
-splits that give every SM a block; f32 partial sums added after the kernel), not yet timed.
+Split-K (``TuningConfig.split_k``, 0 = ``auto_split_k``: the fewest splits that give every SM a
+block; f32 partial sums added after the kernel) took the 12288x4096 layer at M=1 from 166 to 88 us
+and 4096x6144 from 61 to 49 us (docs/results/2026-11-30-kernels-h200-splitk/). The overlapped
+decode (``overlap_decode``), deeper pipelines and longer K steps changed nothing (+-5 %): with
+every SM busy, each decodes only ~9 GB/s of W12 bytes where the read ceiling needs ~33, so the
+decode itself (16-bit ops on SMEM tiles, written back to SMEM for wgmma) is the limit, ~4x off.
+
+Next: decode into registers and feed wgmma's register A operand (the weights are already the A
+side), widening the planes 4 bytes at a time; then warp specialisation (a TMA warpgroup plus two
+compute warpgroups, as in ``hopper_mixed_type_matmul_mgpu``); fewer, larger TMA boxes (today one
+per 32-wide piece); the escape patch folded into the epilogue.
 """
 
 from __future__ import annotations

@@ -28,7 +28,12 @@ def w12_matmul_xla_decode(x: jax.Array, packed: W12Array) -> jax.Array:
   lead = x.shape[:-1]
   x2 = x.reshape(-1, k)
   w_t = jax.lax.bitcast_convert_type(unpack_transposed_bits(packed)[:, :k], jnp.bfloat16)  # [N, K]
-  y = jax.lax.dot_general(x2, w_t, (((1,), (1,)), ((), ())), precision=jax.lax.Precision.HIGHEST,
+  # bf16 x bf16 with f32 accumulation is exact products at any precision, so bf16 activations take the default
+  # one, as the int8 reference's dot does (XLA fuses that one's dequantisation into its GEMM on the H200;
+  # HIGHEST, as run on 2026-11-30, was not fused: docs/results/2026-11-30-kernels-h200-splitk). Wider
+  # activations keep HIGHEST, which stops their rounding to bf16.
+  precision = jax.lax.Precision.DEFAULT if x2.dtype == jnp.bfloat16 else jax.lax.Precision.HIGHEST
+  y = jax.lax.dot_general(x2, w_t, (((1,), (1,)), ((), ())), precision=precision,
                           preferred_element_type=jnp.float32)
   if packed.num_escapes:
     y = add_escapes(y, x2, packed)

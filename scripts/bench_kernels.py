@@ -101,6 +101,8 @@ def w12_sweep():
         TuningConfig(overlap_decode=True),
         TuningConfig(tile_k=256, max_concurrent_steps=2),
         TuningConfig(max_concurrent_steps=6),
+        TuningConfig(blocks_per_sm=4, max_concurrent_steps=2),  # more resident warpgroups per SM
+        TuningConfig(blocks_per_sm=8, max_concurrent_steps=2),
     )
 
 

@@ -47,6 +47,8 @@ class W12MatmulSuite:
           # split-K: 4 K steps in 2 splits of 2, partial sums added after; and no split at all
           (512, 64, 3, 128, w12.TuningConfig(tile_n=64, tile_m=8, tile_k=128, split_k=2)),
           (512, 64, 3, 256, w12.TuningConfig(tile_n=64, tile_m=8, tile_k=128, split_k=1)),
+          # the automatic split aiming at 4 blocks per SM: one step per split here
+          (512, 64, 3, 128, w12.TuningConfig(tile_n=64, tile_m=8, tile_k=128, blocks_per_sm=4, max_concurrent_steps=2)),
           # decode overlapped with the previous step's wgmma (two slots), with and without a split
           (512, 128, 9, 128, w12.TuningConfig(tile_n=64, tile_m=16, tile_k=64, split_k=1, overlap_decode=True)),
           (512, 64, 2, 512, w12.TuningConfig(tile_n=64, tile_m=8, tile_k=64, split_k=2, overlap_decode=True)),
@@ -113,6 +115,10 @@ def test_auto_split_k_fills_the_sms():
   assert w12_mosaic_gpu.auto_split_k(n_blocks=64, k_steps=96, num_sms=132) == 3  # Qwen3-8B down, M <= 64
   assert w12_mosaic_gpu.auto_split_k(n_blocks=192, k_steps=32, num_sms=132) == 1  # gate|up: enough blocks
   assert w12_mosaic_gpu.auto_split_k(n_blocks=1, k_steps=6, num_sms=132) == 6  # capped at one step each
+  # four blocks per SM: 64 x 12 = 768 >= 528 (12 divides 96; 9, 10 and 11 do not)
+  assert w12_mosaic_gpu.auto_split_k(n_blocks=64, k_steps=96, num_sms=132, blocks_per_sm=4) == 12
+  with pytest.raises(ValueError, match="blocks_per_sm"):
+    w12.TuningConfig(blocks_per_sm=0)
 
 
 @pytest.mark.gpu

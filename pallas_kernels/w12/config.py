@@ -17,6 +17,10 @@ class TuningConfig:
   max_concurrent_steps: TMA pipeline depth; deep pipelines keep HBM busy at small M.
   split_k: independent K ranges reduced afterwards (f32 partial sums), to occupy all
     SMs when ``N / tile_n`` alone is fewer blocks than SMs; 0 = ``auto_split_k``.
+  blocks_per_sm: what the automatic split aims at: at least this many blocks per SM. 1 (as
+    measured on the H200: every SM busy) left each SM with ~1.5 warpgroups, decoding at a
+    quarter of the read rate it needs; more resident blocks (with a shallower pipeline, so
+    their SMEM fits) hide more of the decode's latency. Untimed above 1.
   overlap_decode: decode step i into one of two SMEM slots while step i - 1's wgmma runs
     (async wgmma, activation tiles released a step late). Opt-in until timed on a GPU.
   """
@@ -27,6 +31,7 @@ class TuningConfig:
   max_concurrent_steps: int = 4
   split_k: int = 0
   overlap_decode: bool = False
+  blocks_per_sm: int = 1
 
   def __post_init__(self):
     if self.tile_n % 64:
@@ -35,6 +40,7 @@ class TuningConfig:
       raise ValueError(f"tile_m must be a multiple of 8 in [8, 256], got {self.tile_m}")
     if self.tile_k % 64:
       raise ValueError(f"tile_k must be a multiple of 64 (a W12 nibble chunk), got {self.tile_k}")
-    if self.max_concurrent_steps < 1 or self.split_k < 0:
+    if self.max_concurrent_steps < 1 or self.split_k < 0 or self.blocks_per_sm < 1:
       raise ValueError(
-          f"max_concurrent_steps must be >= 1 and split_k >= 0, got {self.max_concurrent_steps}, {self.split_k}")
+          f"max_concurrent_steps and blocks_per_sm must be >= 1 and split_k >= 0, got "
+          f"{self.max_concurrent_steps}, {self.blocks_per_sm}, {self.split_k}")

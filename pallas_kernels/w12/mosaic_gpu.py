@@ -85,11 +85,12 @@ def _smem_transforms(minor_dim: int, dtype) -> tuple:
   return (plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle))
 
 
-def auto_split_k(n_blocks: int, k_steps: int, num_sms: int) -> int:
-  """The fewest K splits (a divisor of ``k_steps``) that give every SM a block: narrow layers such as
-  Qwen3-8B's down projection (N = 4096: 64 channel blocks) would otherwise leave half the H200 idle."""
+def auto_split_k(n_blocks: int, k_steps: int, num_sms: int, blocks_per_sm: int = 1) -> int:
+  """The fewest K splits (a divisor of ``k_steps``) that give every SM ``blocks_per_sm`` blocks: narrow
+  layers such as Qwen3-8B's down projection (N = 4096: 64 channel blocks) would otherwise leave half the
+  H200 idle."""
   for split in range(1, k_steps + 1):
-    if k_steps % split == 0 and n_blocks * split >= num_sms:
+    if k_steps % split == 0 and n_blocks * split >= num_sms * blocks_per_sm:
       return split
   return k_steps
 
@@ -226,7 +227,8 @@ def w12_matmul(
 
   has_escapes = packed.num_escapes > 0
   k_steps = kp // config.tile_k
-  split_k = config.split_k or auto_split_k((n // config.tile_n) * (mp // tile_m), k_steps, _num_sms())
+  split_k = config.split_k or auto_split_k((n // config.tile_n) * (mp // tile_m), k_steps, _num_sms(),
+                                           config.blocks_per_sm)
   y_t = _kernel_call(
       x2, packed.sign_mantissa, packed.exponent_codes, base_tiles,
       tile_n=config.tile_n, tile_m=tile_m, tile_k=config.tile_k,

@@ -205,3 +205,18 @@ def test_the_committed_h200_transfer_runs_give_the_recorded_verdicts():
         assert result["verdict"]["seeded_reaches_its_best_faster"] is faster, batch
         recorded = json.loads((root / batch / "transfer.json").read_text())["b"]["verdict"]
         assert recorded["seeded_reaches_its_best_faster"] is faster
+
+
+def test_compare_mode_recomputes_the_verdict_from_copied_runs(tmp_path):
+    """`memory_transfer.py --compare`: runs copied back from a GPU machine are compared again, nothing is run."""
+    import shutil
+
+    work = tmp_path / "b"
+    shutil.copytree(REPO / "docs" / "results" / "2026-11-30-search-h200-ab" / "B_batch2", work)
+    (work / "transfer.json").unlink()
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "memory_transfer.py"), "--work", str(work),
+                           "--compare"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["seeded_reaches_its_best_faster"] is True
+    assert json.loads((work / "transfer.json").read_text())["b"]["target_level"]["unseeded"] is None  # never
+    assert "Seeded reaches its best faster: True" in (work / "transfer.md").read_text()

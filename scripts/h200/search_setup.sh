@@ -1,4 +1,4 @@
-# Sourced by search_a.sh, search_b.sh and search_ab.sh (issue #7 on the H200): the carried .whl/ packages
+# Sourced by search_a.sh and search_b.sh (issue #7 on the H200): the carried .whl/ packages
 # installed, the environment, and $C, the Hydra overrides every search of deployments A and B shares (B must
 # match A's deployment, or A's memory records would not meet B's preconditions). PASSTHROUGH (default 0) sets
 # deployment.target_passthrough_layers.

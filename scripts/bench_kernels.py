@@ -438,6 +438,22 @@ def method(row: dict) -> str:
     return row["method"] + (" (interpret)" if row.get("mode") == "interpret" else "")
 
 
+def _timings(r: dict, rate_key: str, c_bps) -> list[str]:
+    """median us | min us | device us | TB/s | % ceil of one timed row (`rate_key`: its TB/s column)."""
+    pct = 100 * r[rate_key] * 1e12 / c_bps if c_bps else None
+    return [f"{r['median_us']:.1f}", f"{r['min_us']:.1f}", _fmt(r.get("device_us"), ".1f"), f"{r[rate_key]:.3f}",
+            _fmt(pct, ".0f")]
+
+
+def _row(head: str, r: dict, n_cells: int, cells) -> str:
+    """A table row: `head` (the key columns), then `cells(r)`, or the row's error over those `n_cells` columns."""
+    if "error" in r:
+        return f"{head} ERROR: {r['error'][:160].replace('|', '/')} |" + "|" * (n_cells - 1)
+    values = cells(r)
+    assert len(values) == n_cells, (len(values), n_cells)
+    return f"{head} {' | '.join(values)} |"
+
+
 def markdown(res: dict) -> str:
     ceiling = res.get("ceiling") or {}
     c_bps = ceiling.get("ceiling_Bps")
@@ -464,27 +480,17 @@ def markdown(res: dict) -> str:
             lines += [("| K x N | M | method | weight MiB | median us | min us | device us | TB/s | % ceil | "
                        "max abs err | rel err | exact | ok |"), "|" + "---|" * 13]
         for r in res["w12"]["rows"]:
-            head = f"| {r['k']}x{r['n']} | {r['m']} | {method(r)} | {r['weight_bytes'] / 2**20:.1f} |"
-            if "error" in r:
-                lines.append(f"{head} ERROR: {r['error'][:160].replace('|', '/')} |||||||||")
-                continue
-            pct = 100 * r["TBps"] * 1e12 / c_bps if c_bps else None
-            lines.append(f"{head} {r['median_us']:.1f} | {r['min_us']:.1f} | {_fmt(r.get('device_us'), '.1f')} | "
-                         f"{r['TBps']:.3f} | {_fmt(pct, '.0f')} | {r['max_abs_err']:.3g} | {r['rel_err']:.2g} | "
-                         f"{r['exact']:.3f} | {'yes' if r['ok'] else 'NO'} |")
+            lines.append(_row(f"| {r['k']}x{r['n']} | {r['m']} | {method(r)} | {r['weight_bytes'] / 2**20:.1f} |", r, 9,
+                              lambda r: [*_timings(r, "TBps", c_bps), f"{r['max_abs_err']:.3g}", f"{r['rel_err']:.2g}",
+                                         f"{r['exact']:.3f}", "yes" if r["ok"] else "NO"]))
         lines.append("")
     if res["tree_attention"]["rows"]:
         lines += ["## Tree attention", "", ("| B | n | prefix | method | median us | min us | device us | KV TB/s | "
                                             "% ceil | floor us | max abs err |"), "|" + "---|" * 11]
         for r in res["tree_attention"]["rows"]:
-            head = f"| {r['batch']} | {r['nodes']} | {r['prefix']} | {method(r)} |"
-            if "error" in r:
-                lines.append(f"{head} ERROR: {r['error'][:160].replace('|', '/')} ||||||")
-                continue
-            pct = 100 * r["kv_TBps"] * 1e12 / c_bps if c_bps else None
-            lines.append(f"{head} {r['median_us']:.1f} | {r['min_us']:.1f} | {_fmt(r.get('device_us'), '.1f')} | "
-                         f"{r['kv_TBps']:.3f} | {_fmt(pct, '.0f')} | {r['kv_floor_us']:.1f} | "
-                         f"{r['max_abs_err']:.4f} |")
+            lines.append(_row(f"| {r['batch']} | {r['nodes']} | {r['prefix']} | {method(r)} |", r, 7,
+                              lambda r: [*_timings(r, "kv_TBps", c_bps), f"{r['kv_floor_us']:.1f}",
+                                         f"{r['max_abs_err']:.4f}"]))
         lines.append("")
     bad = [c for c in res["cases"] if c["status"] != "ok"]
     lines += [f"## Cases: {len(res['cases']) - len(bad)} of {len(res['cases'])} ok", ""]

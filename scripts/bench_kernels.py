@@ -96,13 +96,12 @@ def w12_sweep():
     from pallas_kernels.w12 import TuningConfig
 
     return (
-        TuningConfig(),  # split_k auto: every SM gets a block
-        TuningConfig(split_k=1),  # the layout measured on 2026-11-30 (docs/results/2026-11-30-kernels-h200)
-        TuningConfig(overlap_decode=True),
-        TuningConfig(tile_k=256, max_concurrent_steps=2),
-        TuningConfig(max_concurrent_steps=6),
-        TuningConfig(blocks_per_sm=4, max_concurrent_steps=2),  # more resident warpgroups per SM
-        TuningConfig(blocks_per_sm=8, max_concurrent_steps=2),
+        TuningConfig(),  # SMEM decode, split_k auto: every SM gets a block
+        TuningConfig(decode="registers"),  # decode into wgmma's A registers (register_decode.py)
+        TuningConfig(decode="registers", blocks_per_sm=2),
+        TuningConfig(decode="registers", blocks_per_sm=4, max_concurrent_steps=2),
+        TuningConfig(decode="registers", tile_k=64, max_concurrent_steps=6),
+        TuningConfig(blocks_per_sm=4, max_concurrent_steps=2),  # SMEM decode, more resident warpgroups per SM
     )
 
 
@@ -279,7 +278,8 @@ def case_w12(case: dict, result: Result) -> None:
         return jax.jit(lambda x, p: w12.matmul(x, p, implementation="xla_decode"))
 
     w12_args = list(zip(xs, packed_sets))
-    methods = [(f"kernel[{i}]", lambda c=c: kernel(c), w12_args, "w12", c) for i, c in enumerate(case["configs"])]
+    methods = [(f"kernel[{i}]", lambda c=c: kernel(c), w12_args, "w12", c) for i, c in enumerate(case["configs"])
+               if not (interpret and c["decode"] == "registers")]  # wgmma from registers: a real Hopper only
     methods += [("xla_decode", xla_decode, w12_args, "w12", None),
                 ("reference", lambda: reference, w12_args, "w12", None),
                 ("xla_bf16", xla_bf16, list(zip(xs, w_sets)), "bf16", None)]

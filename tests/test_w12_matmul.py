@@ -52,6 +52,11 @@ class W12MatmulSuite:
           # decode overlapped with the previous step's wgmma (two slots), with and without a split
           (512, 128, 9, 128, w12.TuningConfig(tile_n=64, tile_m=16, tile_k=64, split_k=1, overlap_decode=True)),
           (512, 64, 2, 512, w12.TuningConfig(tile_n=64, tile_m=8, tile_k=64, split_k=2, overlap_decode=True)),
+          # decode into wgmma's registers (a real Hopper only): padded K, split-K, decode-sized M
+          (256, 128, 5, 128, w12.TuningConfig(tile_m=8, tile_k=128, decode="registers")),
+          (120, 64, 20, 128, w12.TuningConfig(tile_m=8, tile_k=64, decode="registers")),
+          (512, 64, 3, 128, w12.TuningConfig(tile_m=8, tile_k=128, split_k=2, decode="registers")),
+          (128, 64, 1, 256, w12.TuningConfig(tile_m=64, tile_k=128, max_concurrent_steps=2, decode="registers")),
       ],
   )
   def test_matches_f32_matmul(self, k, n, m, group_k, config):
@@ -100,6 +105,8 @@ class TestXlaDecodeGpu(TestXlaDecode):
 class TestMosaicGpuInterpret(W12MatmulSuite):
 
   def run(self, x, packed, config):
+    if config.decode == "registers":  # its pieces are tested on CPU in test_w12_register_decode.py
+      pytest.skip("interpret mode's wgmma reads SMEM only; decode='registers' runs on a real Hopper")
     return w12_mosaic_gpu.w12_matmul(x, packed, config=config, interpret=plgpu.InterpretGPUParams())
 
   def test_unsupported_shapes_raise_not_implemented(self):

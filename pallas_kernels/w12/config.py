@@ -21,6 +21,10 @@ class TuningConfig:
     measured on the H200: every SM busy) left each SM with ~1.5 warpgroups, decoding at a
     quarter of the read rate it needs; more resident blocks (with a shallower pipeline, so
     their SMEM fits) hide more of the decode's latency. Untimed above 1.
+  decode: where the weights are decoded. ``"smem"``: 16-bit element ops on SMEM tiles, written back
+    as bf16 SMEM tiles that wgmma reads (runs in GPU interpret mode, so the CPU tests run it).
+    ``"registers"``: ``register_decode``, 32-bit words into wgmma's register A fragment (tile_n
+    64, tile_k 64 or 128; needs a real Hopper: interpret mode's wgmma reads SMEM only).
   overlap_decode: decode step i into one of two SMEM slots while step i - 1's wgmma runs
     (async wgmma, activation tiles released a step late). Opt-in until timed on a GPU.
   """
@@ -32,6 +36,7 @@ class TuningConfig:
   split_k: int = 0
   overlap_decode: bool = False
   blocks_per_sm: int = 1
+  decode: str = "smem"
 
   def __post_init__(self):
     if self.tile_n % 64:
@@ -40,6 +45,8 @@ class TuningConfig:
       raise ValueError(f"tile_m must be a multiple of 8 in [8, 256], got {self.tile_m}")
     if self.tile_k % 64:
       raise ValueError(f"tile_k must be a multiple of 64 (a W12 nibble chunk), got {self.tile_k}")
+    if self.decode not in ("smem", "registers"):
+      raise ValueError(f"decode must be 'smem' or 'registers', got {self.decode!r}")
     if self.max_concurrent_steps < 1 or self.split_k < 0 or self.blocks_per_sm < 1:
       raise ValueError(
           f"max_concurrent_steps and blocks_per_sm must be >= 1 and split_k >= 0, got "

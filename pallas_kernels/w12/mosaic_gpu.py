@@ -46,6 +46,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_kernels.w12 import register_decode
 from pallas_kernels.w12.config import TuningConfig
 from pallas_kernels.w12.format import PAIR_SPAN, W12Array, add_escapes, decode_bits
 
@@ -58,7 +59,7 @@ def _round_up(a: int, b: int) -> int:
   return -(-a // b) * b
 
 
-def _check_supported(x: jax.Array, packed: W12Array, config: TuningConfig) -> None:
+def _check_supported(x: jax.Array, packed: W12Array, config: TuningConfig, interpret) -> None:
   """Raises NotImplementedError (the caller falls back) for shapes not tiled yet."""
   k, n = packed.shape
   kp = packed.sign_mantissa.shape[1]
@@ -72,6 +73,11 @@ def _check_supported(x: jax.Array, packed: W12Array, config: TuningConfig) -> No
     raise NotImplementedError(f"padded K={kp} is not a multiple of tile_k={config.tile_k}")
   if packed.group_k % config.tile_k:
     raise NotImplementedError(f"group_k={packed.group_k} is not a multiple of tile_k={config.tile_k}")
+  if config.decode == "registers":
+    if interpret is not None:
+      raise NotImplementedError("decode='registers' feeds wgmma from registers, which GPU interpret mode lacks")
+    if config.tile_n != 64 or config.tile_k not in (64, 128):
+      raise NotImplementedError(f"decode='registers' needs tile_n=64 and tile_k 64 or 128, got {config}")
   if config.split_k and (kp // config.tile_k) % config.split_k:
     raise NotImplementedError(f"split_k={config.split_k} does not divide the {kp // config.tile_k} K steps")
 
@@ -99,7 +105,7 @@ def _num_sms() -> int:
   return int(getattr(jax.devices()[0], "core_count", 0) or 132)  # 132: H100 / H200 SXM
 
 
-def _kernel_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_m, tile_k,
+def _smem_decode_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_m, tile_k,
                  max_concurrent_steps, split_k, overlap_decode, out_dtype, interpret):
   """One block per (tile_n channels, tile_m tokens, K split); a TMA pipeline over its K steps.
   With ``split_k`` > 1 each split writes its own f32 partial sum, ``[split_k, N, Mp]``.
@@ -198,6 +204,165 @@ def _kernel_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_m, ti
   return call(byte_plane, nibble_plane, base_tiles, x2)
 
 
+class _MlirOps:
+  """``register_decode``'s ops as i32 MLIR (Python ints become constants); ptxas fuses the
+  and/or pairs into LOP3."""
+
+  def __init__(self):
+    from jax._src.lib.mlir import ir
+
+    self.i32 = ir.IntegerType.get_signless(32)
+
+  def const(self, v):
+    from jax._src.lib.mlir.dialects import arith
+
+    if not isinstance(v, int):
+      return v
+    return arith.constant(self.i32, v - 2**32 if v >= 2**31 else v)
+
+  def _binary(self, op, a, b):
+    return op(self.const(a), self.const(b))
+
+  def add(self, a, b):
+    from jax._src.lib.mlir.dialects import arith
+    return self._binary(arith.addi, a, b)
+
+  def mul(self, a, b):
+    from jax._src.lib.mlir.dialects import arith
+    return self._binary(arith.muli, a, b)
+
+  def and_(self, a, b):
+    from jax._src.lib.mlir.dialects import arith
+    return self._binary(arith.andi, a, b)
+
+  def or_(self, a, b):
+    from jax._src.lib.mlir.dialects import arith
+    return self._binary(arith.ori, a, b)
+
+  def xor(self, a, b):
+    from jax._src.lib.mlir.dialects import arith
+    return self._binary(arith.xori, a, b)
+
+  def not_(self, a):
+    return self.xor(a, 0xFFFFFFFF)
+
+  def shl(self, a, s):
+    from jax._src.lib.mlir.dialects import arith
+    return self._binary(arith.shli, a, s)
+
+  def shr(self, a, s):
+    from jax._src.lib.mlir.dialects import arith
+    return self._binary(arith.shrui, a, s)
+
+  def prmt(self, a, b, selector):
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+    return mgpu_utils.prmt(self.const(a), self.const(b), self.const(selector))
+
+
+def _decode_chunk_to_registers(chunk: int, step_k: int, byte_transforms, nibble_transforms):
+  """An ``inline_mgpu`` function: (byte, nibble, base SMEM refs of one step) -> the bf16 ``[64, 64]``
+  A fragment (WGMMA layout) of stored K chunk ``chunk``, via ``register_decode.decode_chunk``."""
+
+  @plgpu.inline_mgpu(
+      arg_types=(plgpu.RefType(byte_transforms), plgpu.RefType(nibble_transforms), plgpu.RefType()),
+      return_type=plgpu.ShapeDtypeStruct((register_decode.ROWS, register_decode.CHUNK), jnp.bfloat16,
+                                         layout=plgpu.Layout.WGMMA),
+  )
+  def decode(ctx, byte_ref, nibble_ref, base_ref):
+    del ctx
+    import numpy as np
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith, llvm, vector
+    from jax.experimental.mosaic import gpu as mgpu
+    from jax.experimental.mosaic.gpu import fragmented_array as fa
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+    ops = _MlirOps()
+    i8, i16 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(16)
+    pair = ir.VectorType.get((2,), ops.i32)
+    pointers = {"bytes": mgpu_utils.memref_ptr(byte_ref), "nibbles": mgpu_utils.memref_ptr(nibble_ref)}
+    base_pointer = mgpu_utils.memref_ptr(base_ref)
+
+    def load_words(plane, offset):
+      words = llvm.load(pair, mgpu_utils.getelementptr(pointers[plane], [offset], i8))
+      return tuple(vector.extract(words, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([w]))
+                   for w in range(2))
+
+    def load_base(row):
+      return arith.extui(ops.i32, llvm.load(i16, mgpu_utils.getelementptr(base_pointer, [row], i16)))
+
+    thread = arith.remui(mgpu_utils.thread_idx(), ops.const(128))
+    words = register_decode.decode_chunk(ops, thread, load_words, load_base, chunk, step_k)
+    layout = fa.WGMMA_LAYOUT
+    registers = np.empty(layout.registers_shape((register_decode.ROWS, register_decode.CHUNK)), dtype=object)
+    bf16_pair = ir.VectorType.get((2,), ir.BF16Type.get())
+    for (col_tile, half), word in words.items():
+      registers[0, col_tile, 0, 0, half, 0, 0, 0, 0] = mgpu_utils.bitcast(word, bf16_pair)
+    return mgpu.FragmentedArray(_registers=registers, _layout=layout, _is_signed=None)
+
+  return decode
+
+
+def _register_decode_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_m, tile_k, max_concurrent_steps,
+                          split_k, out_dtype):
+  """One warpgroup per (64 channels, tile_m tokens, K split); each step's W12 tiles are decoded by
+  ``register_decode`` straight into wgmma's A registers, 64 stored K at a time, against the
+  activation chunk permuted the same way (``x2`` arrives permuted). Same output as
+  ``_smem_decode_call``: ``[split_k, N, Mp]``."""
+  tile_n = register_decode.ROWS
+  n, kp = byte_plane.shape
+  mp = x2.shape[0]
+  chunks = tile_k // register_decode.CHUNK
+  steps = kp // tile_k // split_k
+  depth = min(max_concurrent_steps, steps)
+  byte_transforms = _smem_transforms(tile_k, jnp.uint8)
+  nibble_transforms = _smem_transforms(tile_k // 2, jnp.uint8)
+  x_transforms = _smem_transforms(register_decode.CHUNK, jnp.bfloat16)
+  out_transforms = _smem_transforms(tile_m, out_dtype)
+  decoders = [_decode_chunk_to_registers(c, tile_k, byte_transforms, nibble_transforms) for c in range(chunks)]
+
+  def kernel(byte_gmem, nibble_gmem, base_gmem, x_gmem, out_gmem, out_smem):
+    n_slice = pl.ds(lax.axis_index("n") * tile_n, tile_n)
+    m_slice = pl.ds(lax.axis_index("m") * tile_m, tile_m)
+    split = lax.axis_index("s")
+    first = split * steps
+
+    in_specs = (
+        [plgpu.BlockSpec((tile_n, tile_k), lambda k: (0, first + k), transforms=byte_transforms),
+         plgpu.BlockSpec((tile_n, tile_k // 2), lambda k: (0, first + k), transforms=nibble_transforms),
+         plgpu.BlockSpec((1, tile_n), lambda k: (first + k, 0))]
+        + [plgpu.BlockSpec((tile_m, register_decode.CHUNK), lambda k, c=c: (0, chunks * (first + k) + c),
+                           transforms=x_transforms) for c in range(chunks)]
+    )
+
+    def accumulate(acc_ref):
+      def step(_, byte_smem, nibble_smem, base_smem, *x_smem):
+        for c in range(chunks):
+          weights = decoders[c](byte_smem, nibble_smem, base_smem)
+          plgpu.wgmma(acc_ref, weights, x_smem[c].T)
+        plgpu.wgmma_wait(0)
+
+      pipeline = plgpu.emit_pipeline(step, grid=(steps,), in_specs=in_specs, max_concurrent_steps=depth)
+      pipeline(byte_gmem.at[n_slice], nibble_gmem.at[n_slice], base_gmem.at[:, n_slice],
+               *[x_gmem.at[m_slice]] * chunks)
+      return acc_ref[...]
+
+    acc = pl.run_scoped(accumulate, plgpu.ACC((tile_n, tile_m), jnp.float32))
+    out_smem[...] = acc.astype(out_dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(out_smem, out_gmem.at[split, n_slice, m_slice])
+    plgpu.wait_smem_to_gmem(0)
+
+  call = plgpu.kernel(
+      kernel,
+      out_type=jax.ShapeDtypeStruct((split_k, n, mp), out_dtype),
+      grid=(n // tile_n, mp // tile_m, split_k),
+      grid_names=("n", "m", "s"),
+      scratch_types=dict(out_smem=plgpu.SMEM((tile_n, tile_m), out_dtype, transforms=out_transforms)),
+  )
+  return call(byte_plane, nibble_plane, base_tiles, x2)
+
+
 def w12_matmul(
     x: jax.Array,
     packed: W12Array,
@@ -211,7 +376,7 @@ def w12_matmul(
   shapes raise NotImplementedError so ``w12.matmul`` can fall back loudly.
   """
   config = config or TuningConfig()
-  _check_supported(x, packed, config)
+  _check_supported(x, packed, config, interpret)
   k, n = packed.shape
   kp = packed.sign_mantissa.shape[1]
   lead = x.shape[:-1]
@@ -229,11 +394,19 @@ def w12_matmul(
   k_steps = kp // config.tile_k
   split_k = config.split_k or auto_split_k((n // config.tile_n) * (mp // tile_m), k_steps, _num_sms(),
                                            config.blocks_per_sm)
-  y_t = _kernel_call(
-      x2, packed.sign_mantissa, packed.exponent_codes, base_tiles,
-      tile_n=config.tile_n, tile_m=tile_m, tile_k=config.tile_k,
-      max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, overlap_decode=config.overlap_decode,
-      out_dtype=jnp.float32 if has_escapes or split_k > 1 else x.dtype, interpret=interpret)
+  out_dtype = jnp.float32 if has_escapes or split_k > 1 else x.dtype
+  if config.decode == "registers":
+    chunks = x2.reshape(mp, kp // register_decode.CHUNK, register_decode.CHUNK)
+    x_permuted = chunks[:, :, register_decode.X_PERMUTATION].reshape(mp, kp)
+    y_t = _register_decode_call(
+        x_permuted, packed.sign_mantissa, packed.exponent_codes, base_tiles, tile_m=tile_m, tile_k=config.tile_k,
+        max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, out_dtype=out_dtype)
+  else:
+    y_t = _smem_decode_call(
+        x2, packed.sign_mantissa, packed.exponent_codes, base_tiles,
+        tile_n=config.tile_n, tile_m=tile_m, tile_k=config.tile_k,
+        max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, overlap_decode=config.overlap_decode,
+        out_dtype=out_dtype, interpret=interpret)
   y = y_t.sum(0).T[:m] if split_k > 1 else y_t[0].T[:m]
   if has_escapes:
     y = add_escapes(y, x2[:m], packed)

@@ -1,0 +1,198 @@
+"""W12 decoded straight into wgmma's register A operand: four weights per 32-bit word.
+
+The SMEM-decode kernel (``mosaic_gpu._smem_decode_call``) decodes 16-bit elements one at a time,
+writes bf16 tiles back to SMEM and lets wgmma read them: on the H200 each SM decoded ~9 GB/s of W12
+bytes where the read ceiling needs ~25-33 (docs/results/2026-11-30-kernels-h200-splitk/). Here each
+thread loads whole 32-bit words of the byte and nibble planes from swizzled SMEM and turns a word of
+4 weights into two bf16x2 registers with ~15 integer instructions (bytewise SIMD within a word: adds
+that cannot carry across bytes, ``prmt`` for byte masks and byte interleaving), which go to wgmma as
+its A fragment. The same code runs on numpy arrays (``NUMPY_OPS``, every thread at once, for the
+CPU tests) and emits MLIR (``MlirOps``) inside the kernel: one decode, two backends.
+
+Which weights a thread decodes. wgmma's A fragment fixes the rows: thread ``t`` of the warpgroup
+holds rows ``16 * (t // 32) + (t % 32) // 4`` and that + 8, and in every 16-wide K tile the
+positions ``2q, 2q + 1, 8 + 2q, 9 + 2q`` with ``q = t % 4``. The *stored* K order inside a tile is
+free as long as the activations use the same order, so a thread reads 4 consecutive stored weights
+(one byte-plane word) per K tile: in a 64-wide W12 chunk, K tile ``i`` of thread ``q`` holds stored
+offsets ``32 (i // 2) + 8 q + 4 (i % 2) + (0..3)``, whose codes sit in the low (``i < 2``) or high
+nibbles of one nibble-plane word. ``X_PERMUTATION`` is that order; the wrapper permutes ``x`` once
+per call (M x K elements, not the weight).
+
+SMEM: the planes arrive by TMA with the swizzle whose width is their row (128 B for a 128-wide byte
+step, 64 B for its nibbles), so the 8 rows a warp reads spread over all banks: 8-byte loads, two
+wavefronts per warp-load, the minimum.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+CHUNK = 64
+"""Stored K per decoded A fragment: one W12 nibble chunk, four 16-wide wgmma K tiles."""
+
+ROWS = 64
+"""Output channels per warpgroup: wgmma M."""
+
+
+def _stored_offset(position: np.ndarray) -> np.ndarray:
+  """Stored K offset (within a 64-chunk) that wgmma position ``position`` reads."""
+  tile, within = position // 16, position % 16
+  second, quad, element = within // 8, (within % 8) // 2, within % 2
+  return 32 * (tile // 2) + 8 * quad + 4 * (tile % 2) + 2 * second + element
+
+
+X_PERMUTATION = _stored_offset(np.arange(CHUNK))
+"""``x_permuted[..., 64 c + p] = x[..., 64 c + X_PERMUTATION[p]]`` for every chunk ``c``."""
+
+
+class NumpyOps:
+  """uint32 numpy arithmetic with the semantics of the PTX ops the kernel emits."""
+
+  @staticmethod
+  def const(v):
+    return np.uint32(v)
+
+  @staticmethod
+  def add(a, b):
+    return np.uint32(a) + np.uint32(b)
+
+  @staticmethod
+  def mul(a, b):
+    return np.uint32(a) * np.uint32(b)
+
+  @staticmethod
+  def and_(a, b):
+    return np.uint32(a) & np.uint32(b)
+
+  @staticmethod
+  def or_(a, b):
+    return np.uint32(a) | np.uint32(b)
+
+  @staticmethod
+  def xor(a, b):
+    return np.uint32(a) ^ np.uint32(b)
+
+  @staticmethod
+  def not_(a):
+    return ~np.uint32(a)
+
+  @staticmethod
+  def shl(a, s):
+    return np.uint32(a) << np.uint32(s)
+
+  @staticmethod
+  def shr(a, s):
+    return np.uint32(a) >> np.uint32(s)
+
+  @staticmethod
+  def prmt(a, b, selector):
+    """PTX ``prmt.b32 d, a, b, selector``: byte ``i`` of ``d`` is byte ``s & 7`` of ``b:a`` (``a``
+    the low word), or that byte's sign bit replicated when ``s & 8``; ``s`` is nibble ``i``."""
+    a, b = np.asarray(a, np.uint32), np.asarray(b, np.uint32)
+    source = (b.astype(np.uint64) << np.uint64(32)) | a.astype(np.uint64)
+    out = np.zeros(np.broadcast(a, b).shape, np.uint32)
+    for i in range(4):
+      s = (selector >> (4 * i)) & 0xF
+      byte = ((source >> np.uint64(8 * (s & 7))) & np.uint64(0xFF)).astype(np.uint32)
+      if s & 8:
+        byte = np.where(byte & 0x80, np.uint32(0xFF), np.uint32(0))
+      out |= byte << np.uint32(8 * i)
+    return out
+
+
+NUMPY_OPS = NumpyOps()
+
+
+def decode_word(ops, byte_word, nibble_word, base_word, high_nibbles: bool):
+  """Four W12 weights -> two bf16x2 words (weights 0, 1 and 2, 3), bit-exact (format.py's decode).
+
+  ``byte_word``: 4 bytes of the sign/mantissa plane; ``nibble_word``: the 4 nibble-plane bytes whose
+  low (or high, ``high_nibbles``) nibbles are their codes; ``base_word``: the block's base exponent
+  ``b`` in every byte (``b * 0x01010101``). Codes 1..14 give exponent ``b + code`` (<= 255: no carry
+  between bytes), codes 0 (zero, subnormal) and 15 (escape, byte 0) give exponent 0.
+  """
+  codes = ops.and_(ops.shr(nibble_word, 4) if high_nibbles else nibble_word, 0x0F0F0F0F)
+  # bit 7 of each byte: code >= 1 (code + 0x7F >= 0x80) and code <= 14 (code + 0x71 < 0x80)
+  in_window = ops.and_(ops.add(codes, 0x7F7F7F7F), ops.not_(ops.add(codes, 0x71717171)))
+  mask = ops.prmt(in_window, in_window, 0xBA98)  # each byte: its bit 7 replicated
+  exponent = ops.and_(ops.add(ops.and_(codes, mask), base_word), mask)
+  # bf16 = sign(1) exponent(8) mantissa(7): high byte = sign | exponent >> 1,
+  # low byte = (exponent & 1) << 7 | mantissa
+  high = ops.or_(ops.and_(byte_word, 0x80808080), ops.and_(ops.shr(exponent, 1), 0x7F7F7F7F))
+  low = ops.or_(ops.and_(ops.shl(exponent, 7), 0x80808080), ops.and_(byte_word, 0x7F7F7F7F))
+  return ops.prmt(low, high, 0x5140), ops.prmt(low, high, 0x7362)
+
+
+def swizzled_offset(ops, row, col, row_bytes: int):
+  """Byte offset of ``[row, col]`` in a TMA-written SMEM tile whose rows are ``row_bytes`` wide and
+  swizzled with that width (32, 64 or 128): 16-byte chunk ``^= (offset // 128) % (row_bytes // 16)``,
+  Mosaic GPU's and the hardware's rule."""
+  offset = ops.add(ops.mul(row, row_bytes), col)
+  group = ops.and_(ops.shr(offset, 7), row_bytes // 16 - 1)
+  return ops.xor(offset, ops.shl(group, 4))
+
+
+def decode_chunk(ops, thread, load_words, load_base, chunk: int, step_k: int):
+  """One thread's A fragment of stored K chunk ``chunk`` (64 wide) of a ``[64, step_k]`` step.
+
+  ``load_words(plane, offset)`` returns the two uint32 words at byte ``offset`` of the byte plane
+  (``plane == "bytes"``, rows ``step_k`` bytes wide) or the nibble plane (``"nibbles"``, rows
+  ``step_k // 2``); ``load_base(row)`` the row's base exponent. Returns ``{(col_tile, half): word}``:
+  the bf16x2 register of wgmma's A fragment for column tile ``col_tile`` (8 positions) of the chunk
+  and row ``half`` (row, row + 8).
+  """
+  warp, lane = ops.shr(thread, 5), ops.and_(thread, 31)
+  first_row = ops.add(ops.mul(warp, 16), ops.shr(lane, 2))
+  quad = ops.and_(lane, 3)
+  col = ops.mul(quad, 8)
+  registers = {}
+  for half in range(2):
+    row = ops.add(first_row, 8 * half)
+    base_word = ops.mul(load_base(row), 0x01010101)
+    nibbles = load_words("nibbles", swizzled_offset(ops, row, ops.add(col, 32 * chunk), step_k // 2))
+    for high in range(2):
+      byte_col = ops.add(col, CHUNK * chunk + 32 * high)
+      words = load_words("bytes", swizzled_offset(ops, row, byte_col, step_k))
+      for w in range(2):
+        tile = 2 * high + w  # 16-wide K tile of the chunk
+        pair01, pair23 = decode_word(ops, words[w], nibbles[w], base_word, bool(high))
+        registers[(2 * tile, half)] = pair01
+        registers[(2 * tile + 1, half)] = pair23
+  return registers
+
+
+def simulate_chunk(byte_tile: np.ndarray, nibble_tile: np.ndarray, bases: np.ndarray, chunk: int) -> np.ndarray:
+  """What the kernel's A fragment holds, computed with numpy for all 128 threads at once.
+
+  ``byte_tile`` uint8 ``[64, step_k]`` and ``nibble_tile`` uint8 ``[64, step_k // 2]`` are the logical
+  tiles; they are swizzled here as TMA would store them, then read through ``decode_chunk``. Returns
+  the uint16 bf16 bits ``[64, 64]`` in wgmma position order (the stored chunk permuted by
+  ``X_PERMUTATION``).
+  """
+  step_k = byte_tile.shape[1]
+  memories = {name: _swizzle_as_tma(tile) for name, tile in (("bytes", byte_tile), ("nibbles", nibble_tile))}
+
+  def load_words(plane, offset):
+    memory = memories[plane]
+    return tuple(memory[offset // 4 + w] for w in range(2))
+
+  thread = np.arange(128, dtype=np.uint32)
+  registers = decode_chunk(NUMPY_OPS, thread, load_words, lambda row: bases[row].astype(np.uint32), chunk, step_k)
+  out = np.zeros((ROWS, CHUNK), np.uint16)
+  warp, lane = thread // 32, thread % 32
+  for (col_tile, half), word in registers.items():
+    row = 16 * warp + 8 * half + lane // 4
+    col = 8 * col_tile + 2 * (lane % 4)
+    out[row, col] = word & 0xFFFF
+    out[row, col + 1] = word >> 16
+  return out
+
+
+def _swizzle_as_tma(tile: np.ndarray) -> np.ndarray:
+  """The tile's bytes where a TMA copy with a row-wide swizzle puts them, as little-endian uint32."""
+  rows, row_bytes = tile.shape
+  logical = np.arange(rows * row_bytes, dtype=np.uint32)
+  physical = swizzled_offset(NUMPY_OPS, logical // row_bytes, logical % row_bytes, row_bytes)
+  memory = np.zeros(rows * row_bytes, np.uint8)
+  memory[physical] = tile.reshape(-1)
+  return memory.view("<u4")

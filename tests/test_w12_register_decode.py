@@ -1,0 +1,108 @@
+"""The register-decode W12 kernel's pieces on CPU: the word decode (every byte, code and base), the
+thread -> weight mapping through swizzled SMEM against ``unpack``, and its Mosaic GPU lowering.
+
+The kernel itself needs a real Hopper (GPU interpret mode's wgmma reads SMEM only); it runs the shared
+suite there (``test_w12_matmul.py``, ``TestMosaicGpu``)."""
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from pallas_kernels import w12
+from pallas_kernels.w12 import mosaic_gpu as w12_mosaic_gpu
+from pallas_kernels.w12 import register_decode as rd
+from pallas_kernels.w12.format import MAX_BASE, decode_bits
+
+BF16 = ml_dtypes.bfloat16
+
+
+def _bytes_of(word):
+  return [(word >> (8 * i)) & 0xFF for i in range(4)]
+
+
+@pytest.mark.parametrize("high_nibbles", [False, True])
+def test_decode_word_is_format_decode_for_every_byte_code_and_base(high_nibbles):
+  """All 256 bytes x 16 codes x every base, four lanes of a word at once with different codes (so
+  a carry or a mask leaking between bytes shows), and junk in the other nibble."""
+  byte = np.arange(256, dtype=np.uint32)
+  code = np.arange(16, dtype=np.uint32)
+  base = np.arange(MAX_BASE + 1, dtype=np.uint32)
+  b, c, e = np.meshgrid(byte, code, base, indexing="ij")
+  b, c, e = b.ravel(), c.ravel(), e.ravel()
+  lanes_bytes = [b, b ^ 0x5A, 255 - b, (b * 7) % 256]
+  lanes_codes = [c, (c + 1) % 16, 15 - c, (c + 7) % 16]
+  byte_word = sum(x << (8 * i) for i, x in enumerate(lanes_bytes)).astype(np.uint32)
+  junk = np.uint32(0xA) if high_nibbles else np.uint32(0x5)
+  shift = 4 if high_nibbles else 0
+  nibble_word = sum(((x << shift) | (junk << (4 - shift))) << (8 * i) for i, x in enumerate(lanes_codes))
+  pair01, pair23 = rd.decode_word(rd.NUMPY_OPS, byte_word, nibble_word.astype(np.uint32),
+                                  (e * 0x01010101).astype(np.uint32), high_nibbles)
+  got = [pair01 & 0xFFFF, pair01 >> 16, pair23 & 0xFFFF, pair23 >> 16]
+  for lane in range(4):
+    want = decode_bits(jnp.asarray(lanes_bytes[lane].astype(np.uint8)), jnp.asarray(lanes_codes[lane].astype(np.uint8)),
+                       jnp.asarray(e.astype(np.uint8)))
+    np.testing.assert_array_equal(got[lane], np.asarray(want), err_msg=f"lane {lane}")
+
+
+def test_numpy_prmt_follows_ptx():
+  a, b = np.uint32(0x83_02_81_00), np.uint32(0x07_86_05_04)
+  assert int(rd.NUMPY_OPS.prmt(a, b, 0x5140)) == 0x05_81_04_00  # bytes a0 b0 a1 b1 (a is the low word)
+  assert int(rd.NUMPY_OPS.prmt(a, b, 0xBA98)) == 0xFF_00_FF_00  # sign of a's bytes replicated
+  assert int(rd.NUMPY_OPS.prmt(a, b, 0x7654)) == int(b)
+
+
+def test_x_permutation_is_a_permutation_of_each_chunk():
+  assert sorted(rd.X_PERMUTATION.tolist()) == list(range(rd.CHUNK))
+  # wgmma K tile 0 of thread 0: positions 0, 1, 8, 9 read stored 0..3
+  assert rd.X_PERMUTATION[[0, 1, 8, 9]].tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("step_k", [64, 128])
+def test_every_thread_decodes_its_fragment_through_swizzled_smem(step_k):
+  """The A fragment the 128 threads assemble (loads through the swizzle, decode, placement) is the
+  unpacked weight tile in ``X_PERMUTATION`` order, escapes as +0.0 (patched after the kernel)."""
+  rng = np.random.default_rng(step_k)
+  k, n = 4 * step_k, 64
+  w = (rng.normal(0, 0.02, size=(k, n)) * np.exp(rng.uniform(-4, 4, n))).astype(BF16)
+  w[5, 7], w[70, 3] = BF16(1e30), BF16(-0.0)  # an escape and a negative zero
+  packed = w12.pack(w, group_k=128)
+  planes = np.asarray(packed.sign_mantissa), np.asarray(packed.exponent_codes)
+  bases = np.asarray(packed.base_exponent)
+  decoded = np.asarray(jax.lax.bitcast_convert_type(w12.unpack(packed), jnp.uint16)).T  # [N, K]
+  escaped = np.zeros(decoded.shape, bool)
+  escaped.reshape(-1)[np.asarray(packed.escape_index) % n * k + np.asarray(packed.escape_index) // n] = True
+  assert escaped.sum() >= 1
+  for step in range(k // step_k):
+    byte_tile = planes[0][:, step * step_k:(step + 1) * step_k]
+    nibble_tile = planes[1][:, step * step_k // 2:(step + 1) * step_k // 2]
+    step_bases = bases[:, step * step_k // 128]
+    for chunk in range(step_k // rd.CHUNK):
+      cols = step * step_k + chunk * rd.CHUNK + rd.X_PERMUTATION
+      want = np.where(escaped[:, cols], np.uint16(0), decoded[:, cols])
+      np.testing.assert_array_equal(rd.simulate_chunk(byte_tile, nibble_tile, step_bases, chunk), want)
+
+
+@pytest.mark.parametrize("m,tile_k", [(1, 128), (64, 64)])
+def test_register_kernel_lowers_for_hopper_on_cpu(m, tile_k):
+  """Mosaic GPU's Python lowering (layouts, the inline decode, wgmma from registers) runs without a GPU."""
+  packed = w12.pack((np.random.default_rng(0).normal(size=(512, 128)) * 0.02).astype(BF16))
+  config = w12.TuningConfig(decode="registers", tile_m=64, tile_k=tile_k)
+  x = jnp.ones((m, 512), jnp.bfloat16)
+  lowered = jax.jit(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config)).trace(x, packed).lower(
+      lowering_platforms=("cuda",))
+  assert "mosaic_gpu" in lowered.as_text()
+
+
+def test_register_decode_refuses_interpret_mode_and_odd_tiles():
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  packed = w12.pack(np.ones((256, 64), BF16))
+  x = jnp.ones((1, 256), jnp.bfloat16)
+  with pytest.raises(NotImplementedError, match="interpret"):
+    w12_mosaic_gpu.w12_matmul(x, packed, config=w12.TuningConfig(decode="registers"), interpret=plgpu.InterpretGPUParams())
+  with pytest.raises(NotImplementedError, match="tile_k 64 or 128"):
+    w12_mosaic_gpu.w12_matmul(x, packed, config=w12.TuningConfig(decode="registers", tile_k=256))
+  with pytest.raises(ValueError, match="decode"):
+    w12.TuningConfig(decode="shared")

@@ -1,0 +1,63 @@
+"""One W12 matmul on the GPU, taken apart: CUPTI time per kernel of the jitted call (the fused
+kernel, and the XLA ops around it: x padding/permutation, bases, split-K sum, escape patch), and,
+with Mosaic GPU's dumps switched on, the kernel's SASS and ptxas's register report (issue #4).
+
+    MOSAIC_GPU_DUMP_SASS=1 MOSAIC_GPU_DUMP_PTXAS=1 PYTHONPATH=$PWD \\
+      python3 scripts/h200/w12_probe.py --k 12288 --n 4096 --m 1 --config decode=registers,blocks_per_sm=4 > $OUT/probe.txt
+"""
+
+import argparse
+import dataclasses
+import statistics
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.mosaic.gpu import profiler
+
+from pallas_kernels import w12
+from pallas_kernels.w12 import mosaic_gpu
+
+
+def parse_config(text: str) -> w12.TuningConfig:
+  fields = {f.name: f.type for f in dataclasses.fields(w12.TuningConfig)}
+  values = {}
+  for item in filter(None, text.split(",")):
+    key, value = item.split("=")
+    if key not in fields:
+      raise SystemExit(f"--config: unknown TuningConfig field {key!r}")
+    values[key] = value if key == "decode" else (value == "True" if fields[key] in ("bool", bool) else int(value))
+  return w12.TuningConfig(**values)
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--k", type=int, default=12288)
+  ap.add_argument("--n", type=int, default=4096)
+  ap.add_argument("--m", type=int, nargs="+", default=[1])
+  ap.add_argument("--config", nargs="+", default=["decode=registers"], help="TuningConfig fields, k=v,k=v")
+  args = ap.parse_args()
+  rng = np.random.default_rng(0)
+  w = (rng.normal(0, 0.02, (args.k, args.n)) * np.exp(rng.uniform(-1.4, 1.4, args.n))).astype(jnp.bfloat16)
+  packed = jax.device_put(w12.pack(w))
+  print(f"K x N {args.k}x{args.n}, escapes {packed.num_escapes} (one weight copy: partly L2-resident)", flush=True)
+  for m in args.m:
+    x = jnp.asarray(rng.normal(size=(m, args.k)), jnp.bfloat16)
+    ref = w12.matmul(x, packed, implementation="reference").astype(jnp.float32)
+    for text in args.config:
+      config = parse_config(text)
+      fn = jax.jit(lambda x, p, config=config: mosaic_gpu.w12_matmul(x, p, config=config))
+      y = fn(x, packed).astype(jnp.float32)
+      err = float(jnp.abs(y - ref).max() / jnp.abs(ref).max())
+      _, runs = profiler.measure(fn, aggregate=False, iterations=9)(x, packed)
+      per_kernel = {}
+      for run in runs:
+        for i, (name, ms) in enumerate(run):
+          per_kernel.setdefault(f"{i}:{name}", []).append(ms * 1e3)
+      total = sum(statistics.median(v) for v in per_kernel.values())
+      print(f"M={m} {text}: rel err {err:.1e}, device {total:.1f} us = "
+            + " + ".join(f"{name[:40]} {statistics.median(v):.1f}" for name, v in per_kernel.items()), flush=True)
+
+
+if __name__ == "__main__":
+  main()

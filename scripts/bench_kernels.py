@@ -18,10 +18,11 @@ w12        ``x @ W`` for bf16 ``x`` [M, K] and a W12 weight [K, N], at the Qwen3
            M in {1, 16, 64}. Weights are normal(0, 0.02) times a per-output-channel scale in [1/4, 4]
            (bf16), packed once per shape on the host (``pack_s``, bits/weight and escapes are reported).
            Methods, all jitted:
-             kernel[i]  ``w12.matmul(implementation="mosaic_gpu")`` with TuningConfig ``w12_sweep()[i]``: the
-                        fused Mosaic GPU kernel plus its escape patch (on a machine without an H100/H200:
-                        ``mosaic_gpu.w12_matmul`` in Pallas GPU-interpret mode, a correctness smoke run
-                        whose times mean nothing);
+             kernel[i]  ``w12.matmul(implementation="mosaic_gpu")`` with TuningConfig ``w12_sweep()[i]``
+                        (``kernel[0]``: ``mosaic_gpu.DEFAULT_CONFIG``): the fused Mosaic GPU kernel plus the
+                        XLA ops around it (x padding and permutation, split-K sum, escape patch); on a
+                        machine without an H100/H200: ``mosaic_gpu.w12_matmul`` in Pallas GPU-interpret
+                        mode with ``decode="smem"``, a correctness smoke run whose times mean nothing;
              xla_decode ``w12.matmul(implementation="xla_decode")``: the decode as elementwise ops and one
                         XLA dot, escapes patched after (does XLA fuse the decode into the dot?);
              reference  ``w12_matmul_reference``: unpack to bf16, then an f32-accumulated dot;
@@ -93,14 +94,17 @@ REL_TOL = 1e-2
 
 
 def w12_sweep():
+    import dataclasses
+
     from pallas_kernels.w12 import TuningConfig
+    from pallas_kernels.w12.mosaic_gpu import DEFAULT_CONFIG
 
     return (
+        DEFAULT_CONFIG,  # what w12.matmul runs on a Hopper: decode into wgmma's A registers (register_decode.py)
+        dataclasses.replace(DEFAULT_CONFIG, blocks_per_sm=8),
+        dataclasses.replace(DEFAULT_CONFIG, blocks_per_sm=2),
+        TuningConfig(decode="registers"),  # one block per SM, pipeline depth 4
         TuningConfig(),  # SMEM decode, split_k auto: every SM gets a block
-        TuningConfig(decode="registers"),  # decode into wgmma's A registers (register_decode.py)
-        TuningConfig(decode="registers", blocks_per_sm=2),
-        TuningConfig(decode="registers", blocks_per_sm=4, max_concurrent_steps=2),
-        TuningConfig(decode="registers", tile_k=64, max_concurrent_steps=6),
         TuningConfig(blocks_per_sm=4, max_concurrent_steps=2),  # SMEM decode, more resident warpgroups per SM
     )
 
@@ -278,8 +282,9 @@ def case_w12(case: dict, result: Result) -> None:
         return jax.jit(lambda x, p: w12.matmul(x, p, implementation="xla_decode"))
 
     w12_args = list(zip(xs, packed_sets))
-    methods = [(f"kernel[{i}]", lambda c=c: kernel(c), w12_args, "w12", c) for i, c in enumerate(case["configs"])
-               if not (interpret and c["decode"] == "registers")]  # wgmma from registers: a real Hopper only
+    if interpret:  # interpret mode's wgmma reads SMEM only: register-decode configs run the SMEM decode there
+        case["configs"] = [c | dict(decode="smem") for c in case["configs"]]
+    methods = [(f"kernel[{i}]", lambda c=c: kernel(c), w12_args, "w12", c) for i, c in enumerate(case["configs"])]
     methods += [("xla_decode", xla_decode, w12_args, "w12", None),
                 ("reference", lambda: reference, w12_args, "w12", None),
                 ("xla_bf16", xla_bf16, list(zip(xs, w_sets)), "bf16", None)]

@@ -242,12 +242,20 @@ def unpack_transposed_bits(packed: W12Array) -> jax.Array:
 def add_escapes(y: jax.Array, x2: jax.Array, packed: W12Array) -> jax.Array:
   """``y + x2 @ E`` for the sparse matrix ``E`` of escaped elements: the patch a fused matmul adds after
   decoding escapes as +0.0. ``y``: f32 ``[M, N]``; ``x2``: ``[M, >= K]``."""
+  return add_escapes_transposed(y.T, x2, packed).T
+
+
+def add_escapes_transposed(y_t: jax.Array, x2: jax.Array, packed: W12Array) -> jax.Array:
+  """``add_escapes`` on the transposed output ``y_t`` f32 ``[N, M']`` (``M' >= M`` rows of ``x2``, the
+  rest zero-padded): each escape adds a contiguous row of M values, which the GPU scatters coalesced
+  (the ``[M, N]`` form scatters M strided values per escape)."""
   _, n = packed.shape
   rows = packed.escape_index // n
   cols = packed.escape_index % n
   values = jax.lax.bitcast_convert_type(packed.escape_bits, jnp.bfloat16).astype(jnp.float32)
-  contributions = x2[:, rows].astype(jnp.float32) * values[None, :]
-  return y.at[:, cols].add(contributions)
+  contributions = x2[:, rows].T.astype(jnp.float32) * values[:, None]
+  contributions = jnp.pad(contributions, ((0, 0), (0, y_t.shape[1] - x2.shape[0])))
+  return y_t.at[cols].add(contributions)
 
 
 @jax.jit

@@ -48,11 +48,17 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.w12 import register_decode
 from pallas_kernels.w12.config import TuningConfig
-from pallas_kernels.w12.format import PAIR_SPAN, W12Array, add_escapes, decode_bits
+from pallas_kernels.w12.format import PAIR_SPAN, W12Array, add_escapes_transposed, decode_bits
 
 _HALF = PAIR_SPAN // 2
 _BASE_DTYPE = jnp.uint16
 """Bases widened for the kernel: a 1-D uint8 SMEM row faults (misaligned) on H200."""
+
+
+DEFAULT_CONFIG = TuningConfig(decode="registers", blocks_per_sm=4, max_concurrent_steps=2)
+"""What ``w12_matmul`` runs on a GPU without a config: the register decode with ~4 resident blocks per
+SM (the best single setting across 12288x4096 at M = 1, 16, 64 on the H200,
+docs/results/2026-11-30-w12-registers-h200/). Interpret mode runs ``TuningConfig()`` (SMEM decode)."""
 
 
 def _round_up(a: int, b: int) -> int:
@@ -268,7 +274,7 @@ def _decode_chunk_to_registers(chunk: int, step_k: int, byte_transforms, nibble_
       return_type=plgpu.ShapeDtypeStruct((register_decode.ROWS, register_decode.CHUNK), jnp.bfloat16,
                                          layout=plgpu.Layout.WGMMA),
   )
-  def decode(ctx, byte_ref, nibble_ref, base_ref):
+  def decode(ctx, byte_ref, nibble_ref, base_ref):  # base_ref: the block's column of base_exponent, in GMEM
     del ctx
     import numpy as np
     from jax._src.lib.mlir import ir
@@ -278,7 +284,7 @@ def _decode_chunk_to_registers(chunk: int, step_k: int, byte_transforms, nibble_
     from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
     ops = _MlirOps()
-    i8, i16 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(16)
+    i8 = ir.IntegerType.get_signless(8)
     pair = ir.VectorType.get((2,), ops.i32)
     pointers = {"bytes": mgpu_utils.memref_ptr(byte_ref), "nibbles": mgpu_utils.memref_ptr(nibble_ref)}
     base_pointer = mgpu_utils.memref_ptr(base_ref)
@@ -288,8 +294,10 @@ def _decode_chunk_to_registers(chunk: int, step_k: int, byte_transforms, nibble_
       return tuple(vector.extract(words, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([w]))
                    for w in range(2))
 
+    base_stride = ir.MemRefType(base_ref.type).get_strides_and_offset()[0][0]
+
     def load_base(row):
-      return arith.extui(ops.i32, llvm.load(i16, mgpu_utils.getelementptr(base_pointer, [row], i16)))
+      return arith.extui(ops.i32, llvm.load(i8, mgpu_utils.getelementptr(base_pointer, [ops.mul(row, base_stride)], i8)))
 
     thread = arith.remui(mgpu_utils.thread_idx(), ops.const(128))
     words = register_decode.decode_chunk(ops, thread, load_words, load_base, chunk, step_k)
@@ -303,11 +311,13 @@ def _decode_chunk_to_registers(chunk: int, step_k: int, byte_transforms, nibble_
   return decode
 
 
-def _register_decode_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_m, tile_k, max_concurrent_steps,
-                          split_k, out_dtype):
+def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, group_k, tile_m, tile_k,
+                          max_concurrent_steps, split_k, out_dtype):
   """One warpgroup per (64 channels, tile_m tokens, K split); each step's W12 tiles are decoded by
   ``register_decode`` straight into wgmma's A registers, 64 stored K at a time, against the
-  activation chunk permuted the same way (``x2`` arrives permuted). Same output as
+  activation chunk permuted the same way (``x2`` arrives permuted). Each thread reads its two rows'
+  base exponents for the step straight from ``base_exponent`` ``[N, groups]`` in GMEM (48 KB for a
+  12288x4096 weight: L2-resident), so no per-call XLA op rearranges them. Same output as
   ``_smem_decode_call``: ``[split_k, N, Mp]``."""
   tile_n = register_decode.ROWS
   n, kp = byte_plane.shape
@@ -329,22 +339,22 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_m, t
 
     in_specs = (
         [plgpu.BlockSpec((tile_n, tile_k), lambda k: (0, first + k), transforms=byte_transforms),
-         plgpu.BlockSpec((tile_n, tile_k // 2), lambda k: (0, first + k), transforms=nibble_transforms),
-         plgpu.BlockSpec((1, tile_n), lambda k: (first + k, 0))]
+         plgpu.BlockSpec((tile_n, tile_k // 2), lambda k: (0, first + k), transforms=nibble_transforms)]
         + [plgpu.BlockSpec((tile_m, register_decode.CHUNK), lambda k, c=c: (0, chunks * (first + k) + c),
                            transforms=x_transforms) for c in range(chunks)]
     )
 
     def accumulate(acc_ref):
-      def step(_, byte_smem, nibble_smem, base_smem, *x_smem):
+      def step(idx, byte_smem, nibble_smem, *x_smem):
+        group = (first + idx[0]) * tile_k // group_k
+        base_column = base_gmem.at[n_slice, pl.ds(group, 1)]
         for c in range(chunks):
-          weights = decoders[c](byte_smem, nibble_smem, base_smem)
+          weights = decoders[c](byte_smem, nibble_smem, base_column)
           plgpu.wgmma(acc_ref, weights, x_smem[c].T)
         plgpu.wgmma_wait(0)
 
       pipeline = plgpu.emit_pipeline(step, grid=(steps,), in_specs=in_specs, max_concurrent_steps=depth)
-      pipeline(byte_gmem.at[n_slice], nibble_gmem.at[n_slice], base_gmem.at[:, n_slice],
-               *[x_gmem.at[m_slice]] * chunks)
+      pipeline(byte_gmem.at[n_slice], nibble_gmem.at[n_slice], *[x_gmem.at[m_slice]] * chunks)
       return acc_ref[...]
 
     acc = pl.run_scoped(accumulate, plgpu.ACC((tile_n, tile_m), jnp.float32))
@@ -360,7 +370,7 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_m, t
       grid_names=("n", "m", "s"),
       scratch_types=dict(out_smem=plgpu.SMEM((tile_n, tile_m), out_dtype, transforms=out_transforms)),
   )
-  return call(byte_plane, nibble_plane, base_tiles, x2)
+  return call(byte_plane, nibble_plane, base_exponent, x2)
 
 
 def w12_matmul(
@@ -375,7 +385,7 @@ def w12_matmul(
   ``interpret=plgpu.InterpretGPUParams()`` runs it on CPU for tests. Unsupported
   shapes raise NotImplementedError so ``w12.matmul`` can fall back loudly.
   """
-  config = config or TuningConfig()
+  config = config or (TuningConfig() if interpret is not None else DEFAULT_CONFIG)
   _check_supported(x, packed, config, interpret)
   k, n = packed.shape
   kp = packed.sign_mantissa.shape[1]
@@ -384,11 +394,6 @@ def w12_matmul(
   tile_m = min(config.tile_m, _round_up(max(m, 1), 8))
   mp = _round_up(max(m, 1), tile_m)
   x2 = jnp.pad(x.reshape(m, k), ((0, mp - m), (0, kp - k)))
-
-  # one base row per K step, [Kp / tile_k, N]: one small TMA box per step
-  steps_per_group = packed.group_k // config.tile_k
-  base_tiles = jnp.repeat(packed.base_exponent, steps_per_group, axis=1)[:, :kp // config.tile_k].T
-  base_tiles = base_tiles.astype(_BASE_DTYPE)
 
   has_escapes = packed.num_escapes > 0
   k_steps = kp // config.tile_k
@@ -399,15 +404,20 @@ def w12_matmul(
     chunks = x2.reshape(mp, kp // register_decode.CHUNK, register_decode.CHUNK)
     x_permuted = chunks[:, :, register_decode.X_PERMUTATION].reshape(mp, kp)
     y_t = _register_decode_call(
-        x_permuted, packed.sign_mantissa, packed.exponent_codes, base_tiles, tile_m=tile_m, tile_k=config.tile_k,
-        max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, out_dtype=out_dtype)
+        x_permuted, packed.sign_mantissa, packed.exponent_codes, packed.base_exponent, group_k=packed.group_k,
+        tile_m=tile_m, tile_k=config.tile_k, max_concurrent_steps=config.max_concurrent_steps, split_k=split_k,
+        out_dtype=out_dtype)
   else:
+    # one base row per K step, [Kp / tile_k, N]: one small TMA box per step
+    steps_per_group = packed.group_k // config.tile_k
+    base_tiles = jnp.repeat(packed.base_exponent, steps_per_group, axis=1)[:, :kp // config.tile_k].T
     y_t = _smem_decode_call(
-        x2, packed.sign_mantissa, packed.exponent_codes, base_tiles,
+        x2, packed.sign_mantissa, packed.exponent_codes, base_tiles.astype(_BASE_DTYPE),
         tile_n=config.tile_n, tile_m=tile_m, tile_k=config.tile_k,
         max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, overlap_decode=config.overlap_decode,
         out_dtype=out_dtype, interpret=interpret)
-  y = y_t.sum(0).T[:m] if split_k > 1 else y_t[0].T[:m]
+  y_t = y_t.sum(0) if split_k > 1 else y_t[0]  # [N, Mp]
   if has_escapes:
-    y = add_escapes(y, x2[:m], packed)
+    y_t = add_escapes_transposed(y_t, x2[:m], packed)
+  y = y_t[:, :m].T
   return y.astype(x.dtype).reshape(*lead, n)

@@ -416,8 +416,9 @@ def w12_matmul(
         tile_n=config.tile_n, tile_m=tile_m, tile_k=config.tile_k,
         max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, overlap_decode=config.overlap_decode,
         out_dtype=out_dtype, interpret=interpret)
-  y_t = y_t.sum(0) if split_k > 1 else y_t[0]  # [N, Mp]
+  # y_t: [split_k, N, Mp]. The escape patch goes into the first partial sum, in place on the kernel's
+  # output, so the split-K sum, the transpose and the cast after it are one XLA fusion.
   if has_escapes:
-    y_t = add_escapes_transposed(y_t, x2[:m], packed)
-  y = y_t[:, :m].T
+    y_t = y_t.at[0].set(add_escapes_transposed(y_t[0], x2[:m], packed))
+  y = y_t.sum(0)[:, :m].T
   return y.astype(x.dtype).reshape(*lead, n)

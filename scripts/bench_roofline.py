@@ -535,13 +535,14 @@ class Worker:
         for name, tree in (("bf16", w), *((v, w12w) for v in W12_JOB)):
             if name != "bf16" and name not in s["variants"]:
                 continue
+            default = w12_ops.DEFAULT
             w12_ops.DEFAULT = W12_IMPLEMENTATION.get(name, "reference")  # read at trace time by w12.matmul
             try:
                 lowered[name] = jax.jit(step, donate_argnums=(2,)).lower(tree, tok0, self.ar_cache(dtype), one)
             except Exception as e:
                 self.fail(name, e)
             finally:
-                w12_ops.DEFAULT = "reference"
+                w12_ops.DEFAULT = default
             if name == "xla_forward_w12_kernel":
                 kernel_note = ("Mosaic GPU kernel" if w12_ops._on_hopper() else
                                "not a Hopper GPU: the reference path, same program as xla_forward_w12")

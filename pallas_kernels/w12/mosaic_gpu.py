@@ -1,39 +1,35 @@
 """Fused W12 x bf16 matmul for Hopper, written with Mosaic GPU (``plgpu.kernel``).
 
-Status (2026-11-30): correct, not yet fast. It passes the shared suite in Pallas
-GPU-interpret mode on CPU (``tests/test_w12_matmul.py``) and on one H200, where it
-also ran K=4096, N=24576 (4 rotated copies, beyond L2, 24k escapes per copy):
-M=1: 281 us (0.54 TB/s of W12 bytes) against 138 us for the bf16 XLA dot;
-M=16: 295 vs 149 us; M=64: 412 vs 169 us; M=128: 664 vs 186 us
-(TuningConfig(tile_n=64, tile_k=128), rel. error 2e-3 = bf16 output rounding).
-
 Shape of the kernel. It computes ``y.T = W.T @ x.T``: weight rows (output channels)
 sit on the wgmma M side, tokens on the N side, like jax's
 ``hopper_mixed_type_matmul_mgpu`` does with int8 weights, because decode-time M
 (tokens) is 1..256 while N (channels) is thousands: putting tokens on wgmma N
-(a multiple of 8) wastes no work at small batch. One block owns ``tile_n`` channels
-and ``tile_m`` tokens and walks K with a TMA pipeline that streams the two W12
-planes (1.5 bytes per weight), the per-step base exponents and the activations.
-Each step decodes its weight tile with 16-bit integer ops into bf16 SMEM tiles (two
-32-wide halves per 64-chunk: low and high nibbles, no interleave) and issues wgmma
-from SMEM. Escapes decode to +0.0 inside the loop; their true values are added
-afterwards as a sparse f32 correction, outside the hot loop.
+(a multiple of 8) wastes no work at small batch. One block owns 64 channels
+and ``tile_m`` tokens and walks its K range (split-K: ``TuningConfig.split_k``, 0 =
+``auto_split_k``, f32 partial sums added after the kernel) with a TMA pipeline that
+streams the two W12 planes (1.5 bytes per weight) and the activations. Escapes decode
+to +0.0 inside the loop; their true values are added afterwards as a sparse f32
+correction on the ``[N, M]`` partial sums, outside the hot loop.
+
+Two decodes (``TuningConfig.decode``):
+- ``"registers"`` (``DEFAULT_CONFIG``, ``_register_decode_call``): ``register_decode.py``
+  turns 32-bit words of the planes into wgmma's register A fragment, 4 weights per ~15
+  integer instructions. On the H200 (docs/results/2026-11-30-w12-registers-h200/): 1.0-1.06x
+  a bf16 dot at M = 1 (0.73x on 4096x12288, where XLA's dot is slow), 1.1-1.3x at M = 16
+  and 64; the kernel alone is 0.84x at M = 1 and the XLA ops around it (x permutation,
+  escape scatter, split-K sum and transpose) are the rest. Needs a real Hopper: GPU
+  interpret mode's wgmma reads SMEM only.
+- ``"smem"`` (``_smem_decode_call``): 16-bit element ops on SMEM tiles, written back as
+  bf16 SMEM tiles for wgmma. 2.1-2.9x slower than the register decode; it runs in GPU
+  interpret mode, so the CPU test suite runs it (``tests/test_w12_matmul.py``).
 
 Learned on the H200: Mosaic GPU has no 8-bit arithmetic (widen before shifts), and
 a 1-D uint8 SMEM row (the per-step bases) faults with a misaligned shared address,
-hence ``_BASE_DTYPE``.
+hence ``_BASE_DTYPE`` for the SMEM decode (the register decode reads bases from GMEM).
 
-Split-K (``TuningConfig.split_k``, 0 = ``auto_split_k``: the fewest splits that give every SM a
-block; f32 partial sums added after the kernel) took the 12288x4096 layer at M=1 from 166 to 88 us
-and 4096x6144 from 61 to 49 us (docs/results/2026-11-30-kernels-h200-splitk/). The overlapped
-decode (``overlap_decode``), deeper pipelines and longer K steps changed nothing (+-5 %): with
-every SM busy, each decodes only ~9 GB/s of W12 bytes where the read ceiling needs ~33, so the
-decode itself (16-bit ops on SMEM tiles, written back to SMEM for wgmma) is the limit, ~4x off.
-
-Next: decode into registers and feed wgmma's register A operand (the weights are already the A
-side), widening the planes 4 bytes at a time; then warp specialisation (a TMA warpgroup plus two
-compute warpgroups, as in ``hopper_mixed_type_matmul_mgpu``); fewer, larger TMA boxes (today one
-per 32-wide piece); the escape patch folded into the epilogue.
+Next (the W12 must-show is 0.80x bf16): the escape patch as a gather fused into the
+split-K sum (per-column escape lists at pack time), the split-K sum inside the kernel,
+the planes stored in the permuted K order so ``x`` needs no permutation.
 """
 
 from __future__ import annotations

@@ -17,10 +17,10 @@ class TuningConfig:
   max_concurrent_steps: TMA pipeline depth; deep pipelines keep HBM busy at small M.
   split_k: independent K ranges reduced afterwards (f32 partial sums), to occupy all
     SMs when ``N / tile_n`` alone is fewer blocks than SMs; 0 = ``auto_split_k``.
-  blocks_per_sm: what the automatic split aims at: at least this many blocks per SM. 1 (as
-    measured on the H200: every SM busy) left each SM with ~1.5 warpgroups, decoding at a
-    quarter of the read rate it needs; more resident blocks (with a shallower pipeline, so
-    their SMEM fits) hide more of the decode's latency. Untimed above 1.
+  blocks_per_sm: what the automatic split aims at: at least this many blocks per SM. More
+    resident blocks (with a shallower pipeline, so their SMEM fits) hide more of the decode's
+    latency: on the H200 the register decode is best at 2-4 and the SMEM decode went from 89 to
+    63 us at 4 (docs/results/2026-11-30-w12-registers-h200/).
   decode: where the weights are decoded. ``"smem"``: 16-bit element ops on SMEM tiles, written back
     as bf16 SMEM tiles that wgmma reads (runs in GPU interpret mode, so the CPU tests run it).
     ``"registers"``: ``register_decode``, 32-bit words into wgmma's register A fragment (tile_n

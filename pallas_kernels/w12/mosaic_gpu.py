@@ -107,8 +107,18 @@ def _num_sms() -> int:
   return int(getattr(jax.devices()[0], "core_count", 0) or 132)  # 132: H100 / H200 SXM
 
 
+def _store_partial_sum(accumulate, out_smem, out_block, tile, out_dtype):
+  """Both kernels' epilogue: ``accumulate(acc_ref)`` on a fresh f32 wgmma accumulator of shape ``tile``,
+  its result cast to ``out_dtype`` and copied through ``out_smem`` to this block's ``out_block`` in GMEM."""
+  acc = pl.run_scoped(accumulate, plgpu.ACC(tile, jnp.float32))
+  out_smem[...] = acc.astype(out_dtype)
+  plgpu.commit_smem()
+  plgpu.copy_smem_to_gmem(out_smem, out_block)
+  plgpu.wait_smem_to_gmem(0)
+
+
 def _smem_decode_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_m, tile_k,
-                 max_concurrent_steps, split_k, overlap_decode, out_dtype, interpret):
+                      max_concurrent_steps, split_k, overlap_decode, out_dtype, interpret):
   """One block per (tile_n channels, tile_m tokens, K split); a TMA pipeline over its K steps.
   With ``split_k`` > 1 each split writes its own f32 partial sum, ``[split_k, N, Mp]``.
 
@@ -185,11 +195,7 @@ def _smem_decode_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_
         plgpu.wgmma_wait(0)
       return acc_ref[...]
 
-    acc = pl.run_scoped(accumulate, plgpu.ACC((tile_n, tile_m), jnp.float32))
-    out_smem[...] = acc.astype(out_dtype)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(out_smem, out_gmem.at[split, n_slice, m_slice])
-    plgpu.wait_smem_to_gmem(0)
+    _store_partial_sum(accumulate, out_smem, out_gmem.at[split, n_slice, m_slice], (tile_n, tile_m), out_dtype)
 
   call = plgpu.kernel(
       kernel,
@@ -353,11 +359,7 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, group_
       pipeline(byte_gmem.at[n_slice], nibble_gmem.at[n_slice], *[x_gmem.at[m_slice]] * chunks)
       return acc_ref[...]
 
-    acc = pl.run_scoped(accumulate, plgpu.ACC((tile_n, tile_m), jnp.float32))
-    out_smem[...] = acc.astype(out_dtype)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(out_smem, out_gmem.at[split, n_slice, m_slice])
-    plgpu.wait_smem_to_gmem(0)
+    _store_partial_sum(accumulate, out_smem, out_gmem.at[split, n_slice, m_slice], (tile_n, tile_m), out_dtype)
 
   call = plgpu.kernel(
       kernel,

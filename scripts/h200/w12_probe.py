@@ -1,8 +1,9 @@
 """One W12 matmul on the GPU, taken apart: CUPTI time per kernel of the jitted call (the fused
-kernel, and the XLA ops around it: x padding/permutation, bases, split-K sum, escape patch), and,
-with Mosaic GPU's dumps switched on, the kernel's SASS and ptxas's register report (issue #4).
+kernel, and the XLA ops around it: x padding/permutation, split-K sum, escape patch), and, with
+MOSAIC_GPU_DUMP_PTXAS=1, ptxas's register and spill report (issue #4; on the H200 on 2026-11-30
+MOSAIC_GPU_DUMP_SASS=1 printed no SASS beside it).
 
-    MOSAIC_GPU_DUMP_SASS=1 MOSAIC_GPU_DUMP_PTXAS=1 PYTHONPATH=$PWD \\
+    MOSAIC_GPU_DUMP_PTXAS=1 PYTHONPATH=$PWD \\
       python3 scripts/h200/w12_probe.py --k 12288 --n 4096 --m 1 --config decode=registers,blocks_per_sm=4 > $OUT/probe.txt
 """
 

@@ -103,9 +103,9 @@ def w12_sweep():
         DEFAULT_CONFIG,  # what w12.matmul runs on a Hopper: decode into wgmma's A registers (register_decode.py)
         dataclasses.replace(DEFAULT_CONFIG, blocks_per_sm=8),
         dataclasses.replace(DEFAULT_CONFIG, blocks_per_sm=2),
-        TuningConfig(decode="registers"),  # one block per SM, pipeline depth 4
+        dataclasses.replace(DEFAULT_CONFIG, tile_k=256, blocks_per_sm=2),  # half the pipeline steps
+        dataclasses.replace(DEFAULT_CONFIG, tile_k=256),
         TuningConfig(),  # SMEM decode, split_k auto: every SM gets a block
-        TuningConfig(blocks_per_sm=4, max_concurrent_steps=2),  # SMEM decode, more resident warpgroups per SM
     )
 
 

@@ -57,6 +57,7 @@ class W12MatmulSuite:
           (120, 64, 20, 128, w12.TuningConfig(tile_m=8, tile_k=64, decode="registers")),
           (512, 64, 3, 128, w12.TuningConfig(tile_m=8, tile_k=128, split_k=2, decode="registers")),
           (128, 64, 1, 256, w12.TuningConfig(tile_m=64, tile_k=128, max_concurrent_steps=2, decode="registers")),
+          (768, 128, 3, 256, w12.TuningConfig(tile_m=8, tile_k=256, max_concurrent_steps=2, decode="registers")),
       ],
   )
   def test_matches_f32_matmul(self, k, n, m, group_k, config):

@@ -59,7 +59,7 @@ def test_x_permutation_is_a_permutation_of_each_chunk():
   assert rd.X_PERMUTATION[[0, 1, 8, 9]].tolist() == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("step_k", [64, 128])
+@pytest.mark.parametrize("step_k", [64, 128, 256])
 def test_every_thread_decodes_its_fragment_through_swizzled_smem(step_k):
   """The A fragment the 128 threads assemble (loads through the swizzle, decode, placement) is the
   unpacked weight tile in ``X_PERMUTATION`` order, escapes as +0.0 (patched after the kernel)."""
@@ -67,7 +67,7 @@ def test_every_thread_decodes_its_fragment_through_swizzled_smem(step_k):
   k, n = 4 * step_k, 64
   w = (rng.normal(0, 0.02, size=(k, n)) * np.exp(rng.uniform(-4, 4, n))).astype(BF16)
   w[5, 7], w[70, 3] = BF16(1e30), BF16(-0.0)  # an escape and a negative zero
-  packed = w12.pack(w, group_k=128)
+  packed = w12.pack(w, group_k=256)  # kernels need group_k % step_k == 0: one base per step
   planes = np.asarray(packed.sign_mantissa), np.asarray(packed.exponent_codes)
   bases = np.asarray(packed.base_exponent)
   decoded = np.asarray(jax.lax.bitcast_convert_type(w12.unpack(packed), jnp.uint16)).T  # [N, K]
@@ -77,14 +77,14 @@ def test_every_thread_decodes_its_fragment_through_swizzled_smem(step_k):
   for step in range(k // step_k):
     byte_tile = planes[0][:, step * step_k:(step + 1) * step_k]
     nibble_tile = planes[1][:, step * step_k // 2:(step + 1) * step_k // 2]
-    step_bases = bases[:, step * step_k // 128]
+    step_bases = bases[:, step * step_k // 256]
     for chunk in range(step_k // rd.CHUNK):
       cols = step * step_k + chunk * rd.CHUNK + rd.X_PERMUTATION
       want = np.where(escaped[:, cols], np.uint16(0), decoded[:, cols])
       np.testing.assert_array_equal(rd.simulate_chunk(byte_tile, nibble_tile, step_bases, chunk), want)
 
 
-@pytest.mark.parametrize("m,tile_k", [(1, 128), (64, 64)])
+@pytest.mark.parametrize("m,tile_k", [(1, 128), (64, 64), (5, 256)])
 def test_register_kernel_lowers_for_hopper_on_cpu(m, tile_k):
   """Mosaic GPU's Python lowering (layouts, the inline decode, wgmma from registers) runs without a GPU."""
   packed = w12.pack((np.random.default_rng(0).normal(size=(512, 128)) * 0.02).astype(BF16))
@@ -102,7 +102,9 @@ def test_register_decode_refuses_interpret_mode_and_odd_tiles():
   x = jnp.ones((1, 256), jnp.bfloat16)
   with pytest.raises(NotImplementedError, match="interpret"):
     w12_mosaic_gpu.w12_matmul(x, packed, config=w12.TuningConfig(decode="registers"), interpret=plgpu.InterpretGPUParams())
-  with pytest.raises(NotImplementedError, match="tile_k 64 or 128"):
-    w12_mosaic_gpu.w12_matmul(x, packed, config=w12.TuningConfig(decode="registers", tile_k=256))
+  wide = w12.pack(np.ones((1024, 64), BF16), group_k=1024)
+  with pytest.raises(NotImplementedError, match="tile_k 64, 128 or 256"):
+    w12_mosaic_gpu.w12_matmul(jnp.ones((1, 1024), jnp.bfloat16), wide,
+                              config=w12.TuningConfig(decode="registers", tile_k=512))
   with pytest.raises(ValueError, match="decode"):
     w12.TuningConfig(decode="shared")

@@ -24,7 +24,7 @@ class TuningConfig:
   decode: where the weights are decoded. ``"smem"``: 16-bit element ops on SMEM tiles, written back
     as bf16 SMEM tiles that wgmma reads (runs in GPU interpret mode, so the CPU tests run it).
     ``"registers"``: ``register_decode``, 32-bit words into wgmma's register A fragment (tile_n
-    64, tile_k 64 or 128; needs a real Hopper: interpret mode's wgmma reads SMEM only).
+    64, tile_k 64, 128 or 256; needs a real Hopper: interpret mode's wgmma reads SMEM only).
   overlap_decode: decode step i into one of two SMEM slots while step i - 1's wgmma runs
     (async wgmma, activation tiles released a step late). Opt-in until timed on a GPU.
   """

@@ -246,15 +246,18 @@ def add_escapes(y: jax.Array, x2: jax.Array, packed: W12Array) -> jax.Array:
 
 
 def add_escapes_transposed(y_t: jax.Array, x2: jax.Array, packed: W12Array) -> jax.Array:
-  """``add_escapes`` on the transposed output ``y_t`` f32 ``[N, M']`` (``M' >= M`` rows of ``x2``, the
-  rest zero-padded): each escape adds a contiguous row of M values, which the GPU scatters coalesced
-  (the ``[M, N]`` form scatters M strided values per escape)."""
+  """``add_escapes`` on a transposed output: ``y_t`` f32 ``[N, M']``, or ``[S, N, M']`` split-K partial
+  sums (patched in partial 0, one scatter in place), with ``M' >= M`` (the rows of ``x2``; the rest
+  zero-padded). Each escape adds a contiguous row of M values, which the GPU scatters coalesced (the
+  ``[M, N]`` form scatters M strided values per escape)."""
   _, n = packed.shape
   rows = packed.escape_index // n
   cols = packed.escape_index % n
   values = jax.lax.bitcast_convert_type(packed.escape_bits, jnp.bfloat16).astype(jnp.float32)
   contributions = x2[:, rows].T.astype(jnp.float32) * values[:, None]
-  contributions = jnp.pad(contributions, ((0, 0), (0, y_t.shape[1] - x2.shape[0])))
+  contributions = jnp.pad(contributions, ((0, 0), (0, y_t.shape[-1] - x2.shape[0])))
+  if y_t.ndim == 3:
+    return y_t.at[0, cols].add(contributions)
   return y_t.at[cols].add(contributions)
 
 

@@ -78,8 +78,8 @@ def _check_supported(x: jax.Array, packed: W12Array, config: TuningConfig, inter
   if config.decode == "registers":
     if interpret is not None:
       raise NotImplementedError("decode='registers' feeds wgmma from registers, which GPU interpret mode lacks")
-    if config.tile_n != 64 or config.tile_k not in (64, 128):
-      raise NotImplementedError(f"decode='registers' needs tile_n=64 and tile_k 64 or 128, got {config}")
+    if config.tile_n != 64 or config.tile_k not in (64, 128, 256):
+      raise NotImplementedError(f"decode='registers' needs tile_n=64 and tile_k 64, 128 or 256, got {config}")
   if config.split_k and (kp // config.tile_k) % config.split_k:
     raise NotImplementedError(f"split_k={config.split_k} does not divide the {kp // config.tile_k} K steps")
 
@@ -414,9 +414,9 @@ def w12_matmul(
         tile_n=config.tile_n, tile_m=tile_m, tile_k=config.tile_k,
         max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, overlap_decode=config.overlap_decode,
         out_dtype=out_dtype, interpret=interpret)
-  # y_t: [split_k, N, Mp]. The escape patch goes into the first partial sum, in place on the kernel's
-  # output, so the split-K sum, the transpose and the cast after it are one XLA fusion.
+  # y_t: [split_k, N, Mp]. The escape patch is scattered into the first partial sum, in place on the
+  # kernel's output, so the split-K sum, the transpose and the cast after it are one XLA fusion.
   if has_escapes:
-    y_t = y_t.at[0].set(add_escapes_transposed(y_t[0], x2[:m], packed))
+    y_t = add_escapes_transposed(y_t, x2[:m], packed)
   y = y_t.sum(0)[:, :m].T
   return y.astype(x.dtype).reshape(*lead, n)

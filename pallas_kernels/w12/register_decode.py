@@ -18,9 +18,9 @@ offsets ``32 (i // 2) + 8 q + 4 (i % 2) + (0..3)``, whose codes sit in the low (
 nibbles of one nibble-plane word. ``X_PERMUTATION`` is that order; the wrapper permutes ``x`` once
 per call (M x K elements, not the weight).
 
-SMEM: the planes arrive by TMA with the swizzle whose width is their row (128 B for a 128-wide byte
-step, 64 B for its nibbles), so the 8 rows a warp reads spread over all banks: 8-byte loads, two
-wavefronts per warp-load, the minimum.
+SMEM: the planes arrive by TMA swizzled as wide as their rows allow (128 B, or 64 B for the nibbles of
+a 128-wide step), so the 8 rows a warp reads spread over all banks: 8-byte loads, two wavefronts per
+warp-load, the minimum.
 """
 
 from __future__ import annotations
@@ -124,11 +124,19 @@ def decode_word(ops, byte_word, nibble_word, base_word, high_nibbles: bool):
 
 
 def swizzled_offset(ops, row, col, row_bytes: int):
-  """Byte offset of ``[row, col]`` in a TMA-written SMEM tile whose rows are ``row_bytes`` wide and
-  swizzled with that width (32, 64 or 128): 16-byte chunk ``^= (offset // 128) % (row_bytes // 16)``,
-  Mosaic GPU's and the hardware's rule."""
-  offset = ops.add(ops.mul(row, row_bytes), col)
-  group = ops.and_(ops.shr(offset, 7), row_bytes // 16 - 1)
+  """Byte offset of ``[row, col]`` in a TMA-written SMEM tile whose rows are ``row_bytes`` wide.
+
+  The tile is stored as Mosaic GPU's ``TilingTransform((8, S))`` + ``SwizzleTransform(S)`` leave it,
+  ``S = min(row_bytes, 128)``: ``[rows / 8, row_bytes / S, 8, S]`` row-major, then inside each
+  ``8 x S`` tile the 16-byte chunk ``^= (offset // 128) % (S // 16)`` (Mosaic GPU's and the
+  hardware's rule; tiles are ``8 S``-aligned, so the group is the row within the tile when S = 128).
+  """
+  swizzle = min(row_bytes, 128)
+  log_swizzle = swizzle.bit_length() - 1
+  tile_bytes = 8 * swizzle
+  offset = ops.add(ops.add(ops.mul(ops.shr(row, 3), 8 * row_bytes), ops.mul(ops.shr(col, log_swizzle), tile_bytes)),
+                   ops.add(ops.mul(ops.and_(row, 7), swizzle), ops.and_(col, swizzle - 1)))
+  group = ops.and_(ops.shr(offset, 7), swizzle // 16 - 1)
   return ops.xor(offset, ops.shl(group, 4))
 
 
@@ -191,7 +199,7 @@ def simulate_chunk(byte_tile: np.ndarray, nibble_tile: np.ndarray, bases: np.nda
 def _swizzle_as_tma(tile: np.ndarray) -> np.ndarray:
   """The tile's bytes where a TMA copy with a row-wide swizzle puts them, as little-endian uint32."""
   rows, row_bytes = tile.shape
-  logical = np.arange(rows * row_bytes, dtype=np.uint32)
+  logical = np.arange(rows * row_bytes, dtype=np.uint32)  # row-major logical order
   physical = swizzled_offset(NUMPY_OPS, logical // row_bytes, logical % row_bytes, row_bytes)
   memory = np.zeros(rows * row_bytes, np.uint8)
   memory[physical] = tile.reshape(-1)

@@ -37,6 +37,8 @@ def main():
   ap.add_argument("--n", type=int, default=4096)
   ap.add_argument("--m", type=int, nargs="+", default=[1])
   ap.add_argument("--config", nargs="+", default=["decode=registers"], help="TuningConfig fields, k=v,k=v")
+  ap.add_argument("--plain", action="store_true",
+                  help="no CUPTI: just run each call a few times (for Nsight Compute, which needs CUPTI itself)")
   args = ap.parse_args()
   rng = np.random.default_rng(0)
   w = (rng.normal(0, 0.02, (args.k, args.n)) * np.exp(rng.uniform(-1.4, 1.4, args.n))).astype(jnp.bfloat16)
@@ -50,6 +52,11 @@ def main():
       fn = jax.jit(lambda x, p, config=config: mosaic_gpu.w12_matmul(x, p, config=config))
       y = fn(x, packed).astype(jnp.float32)
       err = float(jnp.abs(y - ref).max() / jnp.abs(ref).max())
+      if args.plain:
+        for _ in range(3):
+          fn(x, packed).block_until_ready()
+        print(f"M={m} {text}: rel err {err:.1e}", flush=True)
+        continue
       _, runs = profiler.measure(fn, aggregate=False, iterations=9)(x, packed)
       per_kernel = {}
       for run in runs:

@@ -38,8 +38,14 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
+from jax._src.lib.mlir import ir
+from jax._src.lib.mlir.dialects import arith, llvm, vector
 from jax.experimental import pallas as pl
+from jax.experimental.mosaic import gpu as mgpu
+from jax.experimental.mosaic.gpu import fragmented_array as fa
+from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.w12 import register_decode
@@ -217,53 +223,24 @@ class _MlirOps:
   and/or pairs into LOP3."""
 
   def __init__(self):
-    from jax._src.lib.mlir import ir
-
     self.i32 = ir.IntegerType.get_signless(32)
 
   def const(self, v):
-    from jax._src.lib.mlir.dialects import arith
-
     if not isinstance(v, int):
       return v
     return arith.constant(self.i32, v - 2**32 if v >= 2**31 else v)
 
-  def _binary(self, op, a, b):
-    return op(self.const(a), self.const(b))
+  def _apply(op):
+    return lambda self, a, b: op(self.const(a), self.const(b))
 
-  def add(self, a, b):
-    from jax._src.lib.mlir.dialects import arith
-    return self._binary(arith.addi, a, b)
-
-  def mul(self, a, b):
-    from jax._src.lib.mlir.dialects import arith
-    return self._binary(arith.muli, a, b)
-
-  def and_(self, a, b):
-    from jax._src.lib.mlir.dialects import arith
-    return self._binary(arith.andi, a, b)
-
-  def or_(self, a, b):
-    from jax._src.lib.mlir.dialects import arith
-    return self._binary(arith.ori, a, b)
-
-  def xor(self, a, b):
-    from jax._src.lib.mlir.dialects import arith
-    return self._binary(arith.xori, a, b)
+  add, mul, and_, or_, xor = map(_apply, (arith.addi, arith.muli, arith.andi, arith.ori, arith.xori))
+  shl, shr = map(_apply, (arith.shli, arith.shrui))
+  del _apply
 
   def not_(self, a):
     return self.xor(a, 0xFFFFFFFF)
 
-  def shl(self, a, s):
-    from jax._src.lib.mlir.dialects import arith
-    return self._binary(arith.shli, a, s)
-
-  def shr(self, a, s):
-    from jax._src.lib.mlir.dialects import arith
-    return self._binary(arith.shrui, a, s)
-
   def prmt(self, a, b, selector):
-    from jax.experimental.mosaic.gpu import utils as mgpu_utils
     return mgpu_utils.prmt(self.const(a), self.const(b), self.const(selector))
 
 
@@ -278,13 +255,6 @@ def _decode_chunk_to_registers(chunk: int, step_k: int, byte_transforms, nibble_
   )
   def decode(ctx, byte_ref, nibble_ref, base_ref):  # base_ref: the block's column of base_exponent, in GMEM
     del ctx
-    import numpy as np
-    from jax._src.lib.mlir import ir
-    from jax._src.lib.mlir.dialects import arith, llvm, vector
-    from jax.experimental.mosaic import gpu as mgpu
-    from jax.experimental.mosaic.gpu import fragmented_array as fa
-    from jax.experimental.mosaic.gpu import utils as mgpu_utils
-
     ops = _MlirOps()
     i8 = ir.IntegerType.get_signless(8)
     pair = ir.VectorType.get((2,), ops.i32)

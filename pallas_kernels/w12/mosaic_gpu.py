@@ -29,7 +29,10 @@ hence ``_BASE_DTYPE`` for the SMEM decode (the register decode reads bases from 
 
 Next (the W12 must-show is 0.80x bf16): the escape patch as a gather fused into the
 split-K sum (per-column escape lists at pack time), the split-K sum inside the kernel,
-the planes stored in the permuted K order so ``x`` needs no permutation.
+the planes stored in the permuted K order so ``x`` needs no permutation; in the kernel,
+fewer instructions per word (Nsight Compute: ~28 per 4 weights, integer pipe 57 % busy,
+27 % occupancy): per-thread addressing hoisted out of the step, bases <= 240 so the
+exponent add needs no carry mask, fewer registers for 8 blocks per SM.
 """
 
 from __future__ import annotations

@@ -46,6 +46,10 @@ Roofline of a row = bytes of weights + KV read (`specpilot.costmodel.counts`: ta
 read bandwidth measured by `specpilot.costmodel.hardware` (a jitted reduction over 2 GiB), and ÷ 4.3 TB/s, the
 H200's device copy rate.
 
+`--kernel-split`: after its timing, one more call of each AR forward (the W12 rows' bf16 forward included) and
+each verify runs under CUPTI, and the row gets GPU µs and launches per kernel name (the 15 largest), printed as one
+table per row: where a step's time goes, kernel by kernel.
+
 Every job runs in its own subprocess with its own timeout, one at a time on the GPU; an error or a timeout is
 reported in its rows and the next job runs. JAX would preallocate 75 % of GPU memory, and the W12 job's
 process lives beside the others, so it gets XLA_PYTHON_CLIENT_MEM_FRACTION=0.30 and the other JAX jobs 0.60
@@ -264,6 +268,37 @@ class Worker:
         return {"ms": statistics.median(ms), "ms_p10": float(np.percentile(ms, 10)),
                 "ms_p90": float(np.percentile(ms, 90)), "n": len(ms)}
 
+    def kernel_split(self, name: str, call, state) -> None:
+        """With --kernel-split: one more ``call(state)`` under CUPTI, its kernels grouped by name (GPU µs and
+        launches, the 15 largest) into the row as ``kernels``, and their sum as ``kernels_ms``. Uses the CUPTI
+        hooks of jax's Mosaic GPU profiler directly: ``profiler.measure`` calls a function twice with the same
+        arguments, which a program that donates its cache cannot take."""
+        if not self.spec.get("kernel_split"):
+            return
+        import jax
+
+        try:
+            from jax._src.lib import mosaic_gpu as mosaic_gpu_lib
+
+            ext = mosaic_gpu_lib._mosaic_gpu_ext
+            ext._cupti_init()
+            try:
+                jax.block_until_ready(call(state))
+            finally:
+                timings = ext._cupti_get_timings(True)
+        except Exception as e:  # no CUPTI (a CPU run), or it is taken
+            self.row(name, kernels_error=f"{type(e).__name__}: {str(e)[:200]}")
+            return
+        by_name: dict[str, list] = {}
+        for kernel, ms in timings or []:
+            entry = by_name.setdefault(kernel, [0.0, 0])
+            entry[0] += 1e3 * ms
+            entry[1] += 1
+        top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:15]
+        self.row(name, kernels_ms=sum(us for us, _ in by_name.values()) / 1e3,
+                 kernels=[{"name": k[:120], "us": round(us, 1), "launches": n} for k, (us, n) in top])
+        log(f"{name}: {len(timings or [])} kernels, {sum(us for us, _ in by_name.values()) / 1e3:.3f} ms GPU time")
+
     def greedy(self, step, w, cache, steps: int):
         """Greedy tokens of `steps` AR steps from the spec's start token (the cache advances)."""
         import jax.numpy as jnp
@@ -283,9 +318,10 @@ class Worker:
         s = self.spec
         tokens, tok, cache = self.greedy(step, w, self.ar_cache(dtype), s["check_steps"])
         zero = jnp.zeros((), jnp.int32)
-        ms, _ = self.timed_calls(lambda st: step(w, st[0], st[1], zero), (tok, cache), s["warmup"], s["iters"])
+        ms, state = self.timed_calls(lambda st: step(w, st[0], st[1], zero), (tok, cache), s["warmup"], s["iters"])
         row = {**self.stats(ms), "tokens": tokens, **(extra or {})}
         self.row(name, **row)
+        self.kernel_split(name, lambda st: step(w, st[0], st[1], zero), state)
         log(f"{name}: {row['ms']:.3f} ms/step (p10 {row['ms_p10']:.3f}, p90 {row['ms_p90']:.3f}), tokens {tokens}")
         return row
 
@@ -426,8 +462,9 @@ class Worker:
                 def call(st, exe=exe, toks=toks, pos=pos, mask=mask):
                     return exe(w, toks, pos, st[1], mask)
 
-                ms, _ = self.timed_calls(call, (None, cache), s["warmup"], s["verify_iters"])
+                ms, state = self.timed_calls(call, (None, cache), s["warmup"], s["verify_iters"])
                 self.row(name, **self.stats(ms), compile_s=secs, nodes=t, attention=s["verify_attention"])
+                self.kernel_split(name, call, state)
                 log(f"{name}: {statistics.median(ms):.3f} ms")
             except Exception as e:
                 self.fail(name, e)
@@ -554,8 +591,8 @@ class Worker:
         base = None
         if "bf16" in compiled:
             try:
-                base = self.measure_ar("bf16 (w12 job)", compiled["bf16"][0], w, dtype)
-                self.res["rows"].pop("bf16 (w12 job)")
+                self.measure_ar("bf16 (w12 job)", compiled["bf16"][0], w, dtype)
+                base = self.res["rows"].pop("bf16 (w12 job)")  # with its kernel split, if any
                 self.res["bf16"] = base
             except Exception as e:
                 self.res["bf16_error"] = f"{type(e).__name__}: {e}"
@@ -569,6 +606,8 @@ class Worker:
             extra = {"compile_s": secs, "implementation": implementation[name]}
             if base is not None:
                 extra.update(bf16_ms=base["ms"], bf16_tokens=base["tokens"])
+                if base.get("kernels"):
+                    extra.update(bf16_kernels=base["kernels"], bf16_kernels_ms=base["kernels_ms"])
             try:
                 row = self.measure_ar(name, exe, w12w, dtype, extra)
                 if base is not None:
@@ -649,6 +688,8 @@ def parse_args(argv=None):
                     help="an extra xla_flags variant: the decode loop under XLA_FLAGS=FLAGS (repeatable)")
     ap.add_argument("--nodes", nargs="+", type=int, default=None, help="verify_nodes tree sizes (default 16 64 256)")
     ap.add_argument("--verify-attention", default="xla", choices=("xla", "cudnn", "pallas_tree"))
+    ap.add_argument("--kernel-split", action="store_true",
+                    help="after timing, one more call of each forward / verify under CUPTI: GPU time per kernel name")
     ap.add_argument("--iters", type=int, default=None, help="timed steps per variant (default 100)")
     ap.add_argument("--loop-steps", type=int, default=None, help="steps per decode loop (default 64)")
     ap.add_argument("--torch-python", default=sys.executable, help="interpreter with torch for the peer")
@@ -686,6 +727,7 @@ def settings(args) -> dict:
         "loop_reps": 3 if q else 7,
         "nodes": args.nodes or ([4, 8] if q else [16, 64, 256]),
         "verify_attention": args.verify_attention,
+        "kernel_split": args.kernel_split,
         "drafter_layers": 1 if q else 5,
         "block_size": 4 if q else 16,
         "seed": 0,
@@ -1086,6 +1128,14 @@ def markdown(rep: dict) -> str:
     if rep["targets"]:
         lines += ["", "| issue #8 check | value | target | met |", "|---|---|---|---|"]
         lines += [f"| {t['what']} | {t['value']:.3f} | {t['target']} | {fmt(t['ok'])} |" for t in rep["targets"]]
+    for r in rep["rows"]:  # --kernel-split: GPU time per kernel name of one call
+        for label, kernels, total in ((r["variant"], r.get("kernels"), r.get("kernels_ms")),
+                                      (f"{r['variant']}: its bf16 forward", r.get("bf16_kernels"),
+                                       r.get("bf16_kernels_ms"))):
+            if kernels:
+                lines += ["", f"Kernels of one call of {label} (CUPTI, {total:.3f} ms GPU time in all, the 15 largest "
+                          "names):", "", "| kernel | µs | launches |", "|---|---|---|"]
+                lines += [f"| `{k['name']}` | {k['us']:.1f} | {k['launches']} |" for k in kernels]
     lines += ["", "| job | status | wall s | timeout s |", "|---|---|---|---|"]
     lines += [f"| {j['job']} | {j['status']} | {fmt(j.get('wall_s'), 1)} | {fmt(j.get('timeout_s'), 0)} |"
               for j in rep["jobs"]]

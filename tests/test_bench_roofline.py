@@ -113,3 +113,43 @@ def test_torch_peer_is_the_same_model(quick):
     assert by["torch_peer_compile"]["mode"] == "max-autotune-no-cudagraphs"
     assert by["torch_peer_cudagraphs"]["mode"] == "reduce-overhead"
     assert rep["provenance"]["torch"]
+
+
+def _load_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_roofline", REPO / "scripts" / "bench_roofline.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_kernel_split_is_opt_in_and_says_why_it_is_missing(tmp_path):
+    """--kernel-split adds a per-kernel split to a row; where CUPTI is missing (this CPU) the row says so, and
+    without the flag nothing is added."""
+    import jax.numpy as jnp
+
+    br = _load_script()
+    call = lambda st: (st[0] + 1, st[1])  # noqa: E731
+    for flag in (False, True):
+        worker = br.Worker({"job": "t", "result": str(tmp_path / f"r{flag}.json"), "kernel_split": flag})
+        worker.row("v", ms=1.0)
+        worker.kernel_split("v", call, (jnp.zeros(3), None))
+        row = worker.res["rows"]["v"]
+        assert ("kernels_error" in row) == flag and "kernels" not in row, row
+
+
+def test_kernel_split_renders_in_the_report():
+    br = _load_script()
+    kernels = [{"name": "kernel_mosaic_gpu_kernel", "us": 24.4, "launches": 1}]
+    row = {"variant": "xla_forward_w12_kernel", "what": "W12", "ms": 9.5, "roofline": {"ms_measured_bw": 3.0,
+           "ms_nominal": 2.7}, "x_roofline_nominal": 3.5, "kernels": kernels, "kernels_ms": 0.0244,
+           "bf16_kernels": [{"name": "gemv", "us": 29.4, "launches": 1}], "bf16_kernels_ms": 0.0294}
+    rep = {"provenance": {"date": "d", "device": "H200", "jax": "0.11.2", "torch": None, "commit": "c",
+                          "command": "cmd", "wall_s": 1.0, "hardware": None},
+           "settings": {"model": "m", "dtype": "bfloat16", "context": 1}, "rows": [row], "targets": [], "jobs": []}
+    md = br.markdown(rep)
+    assert "Kernels of one call of xla_forward_w12_kernel (CUPTI, 0.024 ms" in md
+    assert "| `kernel_mosaic_gpu_kernel` | 24.4 | 1 |" in md
+    assert "Kernels of one call of xla_forward_w12_kernel: its bf16 forward" in md and "| `gemv` | 29.4 | 1 |" in md

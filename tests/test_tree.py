@@ -119,6 +119,34 @@ def test_best_first_exact_ties():
         assert {p for p, _, _ in got} == {p for p, _, _ in want}, budget
 
 
+@pytest.mark.parametrize("vocab,k,chunk", [(1000, 16, 64), (999, 64, 64), (151, 7, 32), (4096, 256, 512), (50, 8, 64)])
+def test_vocab_top_k_is_lax_top_k_exactly(vocab, k, chunk):
+    """Values, indices and tie order, with coarse values (many ties, across and inside slices), -inf and a
+    vocabulary that is not a multiple of the chunk (padding must never win)."""
+    rng = np.random.default_rng(vocab + k)
+    x = np.round(rng.standard_normal((3, 4, vocab)) * 2) / 2  # a dozen distinct values
+    x[0, 0, :] = -np.inf
+    x[1, 2, rng.choice(vocab, vocab // 2, replace=False)] = -np.inf
+    x = jnp.asarray(x, jnp.float32)
+    want_v, want_i = jax.lax.top_k(x, k)
+    got_v, got_i = jax.jit(lambda x: trees.vocab_top_k(x, k, chunk))(x)
+    np.testing.assert_array_equal(np.asarray(got_v), np.asarray(want_v))
+    np.testing.assert_array_equal(np.asarray(got_i), np.asarray(want_i))
+
+
+def test_best_first_with_a_chunked_vocab_top_k_builds_the_same_tree(monkeypatch):
+    rng = np.random.default_rng(3)
+    logp = jax.nn.log_softmax(jnp.asarray(rng.standard_normal((5, 1000)) * 3.0, jnp.float32), axis=-1)
+    build = lambda: jax.jit(lambda lp: trees.best_first(lp, 64))(logp)  # noqa: E731  a fresh trace each time
+    top_ks = lambda: str(jax.make_jaxpr(lambda lp: trees.best_first(lp, 64))(logp)).count("top_k")  # noqa: E731
+    want, direct = build(), top_ks()
+    monkeypatch.setattr(trees, "VOCAB_TOPK_CHUNK", 128)
+    got = build()
+    assert top_ks() == direct + 1  # the chunked path really ran: one more top_k
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 # ---- ancestor_mask ---------------------------------------------------------------------------------
 
 

@@ -55,6 +55,31 @@ def _undominated_pairs(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     return i.astype(np.int32), j.astype(np.int32)
 
 
+VOCAB_TOPK_CHUNK: int | None = None
+"""Chunk of ``vocab_top_k`` in ``best_first`` (None: one ``jax.lax.top_k`` over the vocabulary). Unmeasured on a
+GPU as of 2026-11-30: ``scripts/h200/topk_probe.py`` times both; set it to the winner."""
+
+
+def vocab_top_k(x: jax.Array, k: int, chunk: int | None = None) -> tuple[jax.Array, jax.Array]:
+    """``jax.lax.top_k(x, k)`` over the last axis, exactly (values, indices and tie order), optionally in two
+    stages: the top k of every ``chunk``-wide slice (padded with -inf), then the top k of those candidates.
+
+    Why: XLA sorts a whole row for a top-k with k > 16, and a 151,936-wide vocabulary row sorts in many
+    passes over memory; slices of ``chunk`` sort on chip. Ties: candidates stay in index order (slice by
+    slice, each slice's candidates by value then index), so the second stage breaks them as the first would.
+    """
+    vocab = x.shape[-1]
+    if chunk is None or k > chunk or vocab <= chunk:
+        return jax.lax.top_k(x, k)
+    slices = -(-vocab // chunk)
+    padded = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, slices * chunk - vocab)], constant_values=-jnp.inf)
+    values, index = jax.lax.top_k(padded.reshape(*x.shape[:-1], slices, chunk), k)
+    index = index + (jnp.arange(slices, dtype=index.dtype) * chunk)[:, None]
+    values, index = values.reshape(*x.shape[:-1], slices * k), index.reshape(*x.shape[:-1], slices * k)
+    best, pos = jax.lax.top_k(values, k)
+    return best, jnp.take_along_axis(index, pos, axis=-1)
+
+
 def best_first(logp: jax.Array, budget: int, depth_limit: jax.Array | int | None = None) -> Tree:
     """DDTree's best-first tree of `budget` draft nodes from per-depth log-probs `logp` [D, V].
 
@@ -63,7 +88,7 @@ def best_first(logp: jax.Array, budget: int, depth_limit: jax.Array | int | None
     d_max, vocab = logp.shape
     n = budget
     k = min(budget, vocab)
-    top_lp, top_id = jax.lax.top_k(logp.astype(jnp.float32), k)  # [D, K], descending
+    top_lp, top_id = vocab_top_k(logp.astype(jnp.float32), k, VOCAB_TOPK_CHUNK)  # [D, K], descending
     neg = jnp.float32(-jnp.inf)
     allowed = jnp.ones((d_max,), bool) if depth_limit is None else jnp.arange(d_max) < depth_limit
 

@@ -46,8 +46,8 @@ Roofline of a row = bytes of weights + KV read (`specpilot.costmodel.counts`: ta
 read bandwidth measured by `specpilot.costmodel.hardware` (a jitted reduction over 2 GiB), and ÷ 4.3 TB/s, the
 H200's device copy rate.
 
-`--kernel-split`: after its timing, one more call of each AR forward (the W12 rows' bf16 forward included) and
-each verify runs under CUPTI, and the row gets GPU µs and launches per kernel name (the 15 largest), printed as one
+`--kernel-split`: after its timing, one more call of each AR forward (the W12 rows' bf16 forward included), each
+verify and the drafter pass runs under CUPTI, and the row gets GPU µs and launches per kernel name (the 15 largest), printed as one
 table per row: where a step's time goes, kernel by kernel.
 
 Every job runs in its own subprocess with its own timeout, one at a time on the GPU; an error or a timeout is
@@ -471,10 +471,11 @@ class Worker:
         if "drafter_b16" in compiled:
             exe, secs = compiled["drafter_b16"]
             try:
-                ms, _ = self.timed_calls(lambda st: exe(dw, w.embed, w.lm_head, ctx, block), None, s["warmup"],
-                                         s["verify_iters"])
+                draft_call = lambda st: exe(dw, w.embed, w.lm_head, ctx, block)  # noqa: E731
+                ms, _ = self.timed_calls(draft_call, None, s["warmup"], s["verify_iters"])
                 self.row("drafter_b16", **self.stats(ms), compile_s=secs, drafter_layers=dcfg.layers.num_layers,
                          block_size=dcfg.block_size)
+                self.kernel_split("drafter_b16", draft_call, None)
                 log(f"drafter_b16: {statistics.median(ms):.3f} ms")
             except Exception as e:
                 self.fail("drafter_b16", e)
@@ -689,7 +690,8 @@ def parse_args(argv=None):
     ap.add_argument("--nodes", nargs="+", type=int, default=None, help="verify_nodes tree sizes (default 16 64 256)")
     ap.add_argument("--verify-attention", default="xla", choices=("xla", "cudnn", "pallas_tree"))
     ap.add_argument("--kernel-split", action="store_true",
-                    help="after timing, one more call of each forward / verify under CUPTI: GPU time per kernel name")
+                    help="after timing, one more call of each forward / verify / drafter pass under CUPTI: GPU time "
+                         "per kernel name")
     ap.add_argument("--iters", type=int, default=None, help="timed steps per variant (default 100)")
     ap.add_argument("--loop-steps", type=int, default=None, help="steps per decode loop (default 64)")
     ap.add_argument("--torch-python", default=sys.executable, help="interpreter with torch for the peer")

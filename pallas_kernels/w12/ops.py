@@ -37,7 +37,7 @@ def matmul(
 
   ``implementation=None`` runs ``DEFAULT``: the fused Mosaic GPU kernel on a Hopper
   (``mosaic_gpu.DEFAULT_CONFIG``, the register decode: 7x faster than the reference and
-  1.1-1.4x a bf16 dot on the H200, docs/results/2026-11-30-w12-registers-h200/), the
+  1.0-1.3x a bf16 dot on the H200, docs/results/2026-11-30-w12-registers-h200/), the
   reference (unpack + dot) on any other device. ``xla_decode`` (the decode as XLA ops
   feeding one dot) is not fused by XLA and stays an explicit choice. On a Hopper, a shape
   the kernel does not support falls back to the reference with a warning (at trace

@@ -126,6 +126,13 @@ def _store_partial_sum(accumulate, out_smem, out_block, tile, out_dtype):
   plgpu.wait_smem_to_gmem(0)
 
 
+def _partial_sums_kernel(kernel, *, n, mp, tile_n, tile_m, split_k, out_dtype, **kernel_kwargs):
+  """Both kernels' launch: one block per (``tile_n`` channels, ``tile_m`` tokens, K split), grid axes named
+  ``n``, ``m``, ``s``, writing ``[split_k, N, Mp]`` partial sums."""
+  return plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((split_k, n, mp), out_dtype),
+                      grid=(n // tile_n, mp // tile_m, split_k), grid_names=("n", "m", "s"), **kernel_kwargs)
+
+
 def _smem_decode_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_m, tile_k,
                       max_concurrent_steps, split_k, overlap_decode, out_dtype, interpret):
   """One block per (tile_n channels, tile_m tokens, K split); a TMA pipeline over its K steps.
@@ -206,11 +213,8 @@ def _smem_decode_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_
 
     _store_partial_sum(accumulate, out_smem, out_gmem.at[split, n_slice, m_slice], (tile_n, tile_m), out_dtype)
 
-  call = plgpu.kernel(
-      kernel,
-      out_type=jax.ShapeDtypeStruct((split_k, n, mp), out_dtype),
-      grid=(n // tile_n, mp // tile_m, split_k),
-      grid_names=("n", "m", "s"),
+  call = _partial_sums_kernel(
+      kernel, n=n, mp=mp, tile_n=tile_n, tile_m=tile_m, split_k=split_k, out_dtype=out_dtype,
       scratch_types=dict(
           w_smem=plgpu.SMEM((slots, pieces, tile_n, _HALF), jnp.bfloat16, transforms=x_transforms),
           out_smem=plgpu.SMEM((tile_n, tile_m), out_dtype, transforms=out_transforms),
@@ -334,11 +338,8 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, group_
 
     _store_partial_sum(accumulate, out_smem, out_gmem.at[split, n_slice, m_slice], (tile_n, tile_m), out_dtype)
 
-  call = plgpu.kernel(
-      kernel,
-      out_type=jax.ShapeDtypeStruct((split_k, n, mp), out_dtype),
-      grid=(n // tile_n, mp // tile_m, split_k),
-      grid_names=("n", "m", "s"),
+  call = _partial_sums_kernel(
+      kernel, n=n, mp=mp, tile_n=tile_n, tile_m=tile_m, split_k=split_k, out_dtype=out_dtype,
       scratch_types=dict(out_smem=plgpu.SMEM((tile_n, tile_m), out_dtype, transforms=out_transforms)),
   )
   return call(byte_plane, nibble_plane, base_exponent, x2)

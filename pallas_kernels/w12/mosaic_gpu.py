@@ -31,8 +31,9 @@ Next (the W12 must-show is 0.80x bf16): the escape patch as a gather fused into 
 split-K sum (per-column escape lists at pack time), the split-K sum inside the kernel,
 the planes stored in the permuted K order so ``x`` needs no permutation; in the kernel,
 fewer instructions per word (Nsight Compute: ~28 per 4 weights, integer pipe 57 % busy,
-27 % occupancy): per-thread addressing hoisted out of the step, bases <= 240 so the
-exponent add needs no carry mask, fewer registers for 8 blocks per SM.
+27 % occupancy): per-thread addressing hoisted out of the step, one base load per step
+(each chunk's decode loads it again today), bases <= 240 so the exponent add needs no
+carry mask, fewer registers for 8 blocks per SM.
 """
 
 from __future__ import annotations
@@ -61,9 +62,10 @@ _BASE_DTYPE = jnp.uint16
 
 
 DEFAULT_CONFIG = TuningConfig(decode="registers", blocks_per_sm=4, max_concurrent_steps=2)
-"""What ``w12_matmul`` runs on a GPU without a config: the register decode with ~4 resident blocks per
-SM (the best single setting across 12288x4096 at M = 1, 16, 64 on the H200,
-docs/results/2026-11-30-w12-registers-h200/). Interpret mode runs ``TuningConfig()`` (SMEM decode)."""
+"""What ``w12_matmul`` runs on a GPU without a config: the register decode aiming at 4 resident blocks per
+SM. In the H200 sweeps (docs/results/2026-11-30-w12-registers-h200/) no setting won everywhere; this one
+was within 13 % of the best at every shape and M timed. Interpret mode runs ``TuningConfig()`` (SMEM
+decode)."""
 
 
 def _round_up(a: int, b: int) -> int:

@@ -37,6 +37,12 @@ w12        ``x @ W`` for bf16 ``x`` [M, K] and a W12 weight [K, N], at the Qwen3
            ``max abs err``, ``rel err`` (over the largest |reference| output) and ``exact`` (the fraction
            of bit-equal outputs); ``ok`` means rel err <= 1e-2 (f32 accumulation order and the bf16
            rounding of the output differ between methods, so bit equality is not expected).
+skinny     ``x @ W`` for bf16 ``x`` [M, K] and a bf16 ``W`` [K, N] at Qwen3-8B's fused layer shapes
+           (``SKINNY_SHAPES``: qkv, o, gate_up, down, lm_head) and M in {1, 16, 64}: ``skinny[i]``,
+           ``skinny_matmul.matmul(implementation="mosaic_gpu")`` with TuningConfig ``skinny_sweep()[i]``
+           (``skinny[0]``: its ``DEFAULT_CONFIG``; GPU-interpret mode on a machine without a Hopper), against
+           ``xla_bf16``, XLA's dot. Charged 2 K N bytes; compared with an f32 numpy matmul (``ok``: rel err
+           <= 1e-2), the same columns as the W12 table.
 tree_attention
            ``pallas_kernels.tree_attention.bench.bench_shape`` per (B, n): the Mosaic GPU kernel against
            the model's XLA attention and ``jax.nn.dot_product_attention`` at Qwen3-8B heads, a 2048-token
@@ -87,6 +93,8 @@ ROTATE_L2_MULTIPLE = 4
 MAX_COPIES = 16
 W12_SHAPES = ((4096, 12288, "gate|up"), (12288, 4096, "down"), (4096, 6144, "qkv"), (4096, 151936, "lm_head"))
 W12_TOKENS = (1, 16, 64)
+SKINNY_SHAPES = ((4096, 6144, "qkv"), (4096, 4096, "o"), (4096, 24576, "gate_up"), (12288, 4096, "down"),
+                 (4096, 151936, "lm_head"))
 TREE_BATCHES, TREE_NODES, TREE_PREFIX = (1, 8), (16, 64, 256), 2048
 QUICK = dict(w12_shapes=((512, 256, "quick"),), w12_tokens=(1,), tree_batches=(1,), tree_nodes=(16,),
              tree_prefix=64, trials=2, calls=2, max_copies=2, ceiling_mib=32)
@@ -109,17 +117,36 @@ def w12_sweep():
     )
 
 
+def skinny_sweep():
+    import dataclasses
+
+    from pallas_kernels.skinny_matmul.mosaic_gpu import DEFAULT_CONFIG
+
+    replace = dataclasses.replace
+    return (
+        DEFAULT_CONFIG,
+        replace(DEFAULT_CONFIG, blocks_per_sm=1),
+        replace(DEFAULT_CONFIG, blocks_per_sm=4, max_concurrent_steps=2),
+        replace(DEFAULT_CONFIG, max_concurrent_steps=6),
+        replace(DEFAULT_CONFIG, tile_k=256, max_concurrent_steps=3, blocks_per_sm=1),
+        replace(DEFAULT_CONFIG, tile_k=256, max_concurrent_steps=2),
+        replace(DEFAULT_CONFIG, tile_k=64, max_concurrent_steps=8),
+    )
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", help="output folder (or a path ending in .json)")
-    ap.add_argument("--only", choices=("w12", "tree_attention"), help="one kernel only (the ceiling always runs)")
+    ap.add_argument("--only", choices=("w12", "skinny", "tree_attention"), help="one kernel only (the ceiling always runs)")
     ap.add_argument("--quick", action="store_true", help="one small shape per kernel, few calls: a CPU smoke run")
     ap.add_argument("--sweep", action="store_true",
-                    help="also time the alternative TuningConfigs (w12_sweep(), tree_attention.bench.SWEEP)")
+                    help="also time the alternative TuningConfigs (w12_sweep(), skinny_sweep(), "
+                         "tree_attention.bench.SWEEP)")
     ap.add_argument("--shapes", nargs="+", default=None, metavar="KxN",
-                    help="W12 weight shapes (default: " + " ".join(f"{k}x{n}" for k, n, _ in W12_SHAPES) + ")")
-    ap.add_argument("--tokens", type=int, nargs="+", default=None, help=f"W12 M values (default {W12_TOKENS})")
+                    help="W12 and skinny weight shapes (default: W12 " + " ".join(f"{k}x{n}" for k, n, _ in W12_SHAPES)
+                         + "; skinny " + " ".join(f"{k}x{n}" for k, n, _ in SKINNY_SHAPES) + ")")
+    ap.add_argument("--tokens", type=int, nargs="+", default=None, help=f"W12 / skinny M values (default {W12_TOKENS})")
     ap.add_argument("--trials", type=int, default=None, help="timed trials per method (default 30)")
     ap.add_argument("--calls", type=int, default=None, help="back-to-back calls per trial (default 32)")
     ap.add_argument("--ceiling-mib", type=int, default=None, help="buffer of the ceiling measurement (2048)")
@@ -329,6 +356,64 @@ def case_w12(case: dict, result: Result) -> None:
         result.add_row(row)
 
 
+def case_skinny(case: dict, result: Result) -> None:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    from pallas_kernels import skinny_matmul
+    from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
+    from pallas_kernels.tree_attention.bench import device_time_per_call, time_per_call
+
+    k, n, m, copies = case["k"], case["n"], case["m"], case["copies"]
+    interpret = _interpret(case["interpret"])
+    gpu = jax.devices()[0].platform == "gpu" and not interpret
+    rng = np.random.default_rng(case["seed"] + m)
+    w0 = (rng.standard_normal((k, n), np.float32) * 0.02).astype(jnp.bfloat16)
+    x0 = rng.standard_normal((m, k), np.float32).astype(jnp.bfloat16)
+    expected = x0.astype(np.float32) @ w0.astype(np.float32)
+    scale = float(np.abs(expected).max()) or 1.0
+    w_sets = [jnp.asarray(w0)] + [jnp.asarray(w0) * (1 + i) for i in range(1, copies)]  # distinct buffers
+    xs = [jnp.asarray(x0)] + [jnp.asarray(rng.standard_normal((m, k), np.float32), jnp.bfloat16)
+                              for _ in range(copies - 1)]
+    result.update(k=k, n=n, m=m, copies=copies, interpret=interpret, bf16_bytes=2 * k * n)
+
+    def kernel(config: dict):
+        config = skinny_matmul.TuningConfig(**config)
+        if interpret:
+            return jax.jit(lambda x, w: skinny_mosaic_gpu.skinny_matmul(x, w, config=config,
+                                                                        interpret=plgpu.InterpretGPUParams()))
+        return jax.jit(lambda x, w: skinny_matmul.matmul(x, w, implementation="mosaic_gpu", config=config))
+
+    methods = [(f"skinny[{i}]", lambda c=c: kernel(c), c) for i, c in enumerate(case["configs"])]
+    methods.append(("xla_bf16", lambda: jax.jit(lambda x, w: skinny_matmul.matmul(x, w, implementation="xla")), None))
+    for name, build, config in methods:
+        row = dict(method=name, k=k, n=n, m=m, copies=copies, format="bf16", weight_bytes=2 * k * n)
+        if config is not None:
+            row |= dict(config=config, mode="interpret" if interpret else "mosaic_gpu")
+        try:
+            fn = build()
+            out = np.asarray(fn(xs[0], w_sets[0]), np.float32)
+            err = float(np.abs(out - expected).max())
+            row |= dict(max_abs_err=err, rel_err=err / scale, exact=float(np.mean(out == expected.astype(
+                jnp.bfloat16).astype(np.float32))), ok=bool(err <= REL_TOL * scale))
+            arg_sets = list(zip(xs, w_sets))
+            row["median_us"], row["min_us"] = time_per_call(fn, arg_sets, case["trials"], case["calls"])
+            row["TBps"] = row["weight_bytes"] / row["median_us"] / 1e6
+            if gpu:
+                try:
+                    row["device_us"] = device_time_per_call(fn, arg_sets)
+                    row["TBps_device"] = row["weight_bytes"] / row["device_us"] / 1e6 if row["device_us"] else None
+                except Exception as e:  # CUPTI missing or taken
+                    row["device_us"], row["device_error"] = None, _error(e)
+        except Exception as e:  # report and go on
+            row["error"] = _error(e)
+            traceback.print_exc()
+        print(f"{name}: {json.dumps(row, default=float)}", flush=True)
+        result.add_row(row)
+
+
 def case_tree_attention(case: dict, result: Result) -> None:
     import dataclasses
 
@@ -348,7 +433,7 @@ def case_tree_attention(case: dict, result: Result) -> None:
         result.add_row(row)
 
 
-CASES = {"ceiling": case_ceiling, "w12_prepare": case_w12_prepare, "w12": case_w12,
+CASES = {"ceiling": case_ceiling, "w12_prepare": case_w12_prepare, "w12": case_w12, "skinny": case_skinny,
          "tree_attention": case_tree_attention}
 
 
@@ -394,6 +479,16 @@ def plan(args) -> list[dict]:
             for m in args.tokens or quick.get("w12_tokens", W12_TOKENS):
                 cases.append(dict(kind="w12", name=f"w12_{shape}_m{m}", k=k, n=n, m=m, label=label, copies=copies,
                                   planes=f"{shape}.npz", configs=configs, needs=f"w12_prepare_{shape}", **common))
+    if args.only in (None, "skinny"):
+        configs = [dataclasses.asdict(c) for c in (skinny_sweep() if args.sweep else skinny_sweep()[:1])]
+        shapes = quick.get("w12_shapes", SKINNY_SHAPES)
+        if args.shapes:
+            shapes = [(k, n, "") for k, n in (map(int, s.lower().split("x")) for s in args.shapes)]
+        for k, n, label in shapes:
+            copies = max(2, min(max_copies, math.ceil(ROTATE_L2_MULTIPLE * L2_BYTES / (2 * k * n))))
+            for m in args.tokens or quick.get("w12_tokens", W12_TOKENS):
+                cases.append(dict(kind="skinny", name=f"skinny_{k}x{n}_m{m}", k=k, n=n, m=m, label=label,
+                                  copies=copies, configs=configs, **common))
     return cases
 
 
@@ -459,6 +554,19 @@ def _row(head: str, r: dict, n_cells: int, cells) -> str:
     return f"{head} {' | '.join(values)} |"
 
 
+def matmul_table(rows: list, c_bps) -> list[str]:
+    """The W12 and skinny tables: one line per (shape, M, method)."""
+    if not rows:
+        return []
+    lines = [("| K x N | M | method | weight MiB | median us | min us | device us | TB/s | % ceil | "
+              "max abs err | rel err | exact | ok |"), "|" + "---|" * 13]
+    for r in rows:
+        lines.append(_row(f"| {r['k']}x{r['n']} | {r['m']} | {method(r)} | {r['weight_bytes'] / 2**20:.1f} |", r, 9,
+                          lambda r: [*_timings(r, "TBps", c_bps), f"{r['max_abs_err']:.3g}", f"{r['rel_err']:.2g}",
+                                     f"{r['exact']:.3f}", "yes" if r["ok"] else "NO"]))
+    return [*lines, ""]
+
+
 def markdown(res: dict) -> str:
     ceiling = res.get("ceiling") or {}
     c_bps = ceiling.get("ceiling_Bps")
@@ -471,7 +579,7 @@ def markdown(res: dict) -> str:
                           for r in ceiling.get("rows", []))
         lines += [f"Ceiling ({ceiling.get('mib')} MiB buffer): {rates}; `% ceil` divides by {c_bps / 1e12:.3f} TB/s.",
                   ""]
-    rows = res["w12"]["rows"] + res["tree_attention"]["rows"]
+    rows = res["w12"]["rows"] + res["skinny"]["rows"] + res["tree_attention"]["rows"]
     if any(r.get("mode") == "interpret" for r in rows):
         lines += [("Rows marked (interpret) ran a kernel in Pallas GPU-interpret mode: a correctness check, "
                    "their times mean nothing."), ""]
@@ -481,14 +589,9 @@ def markdown(res: dict) -> str:
             lines.append(f"| {shape} | {s.get('label', '')} | {_fmt(s.get('bits_per_weight'), '.4f')} | "
                          f"{_fmt(s.get('escapes'), ',')} | {_fmt(s.get('pack_s'), '.1f')} |")
         lines += [""]
-        if res["w12"]["rows"]:
-            lines += [("| K x N | M | method | weight MiB | median us | min us | device us | TB/s | % ceil | "
-                       "max abs err | rel err | exact | ok |"), "|" + "---|" * 13]
-        for r in res["w12"]["rows"]:
-            lines.append(_row(f"| {r['k']}x{r['n']} | {r['m']} | {method(r)} | {r['weight_bytes'] / 2**20:.1f} |", r, 9,
-                              lambda r: [*_timings(r, "TBps", c_bps), f"{r['max_abs_err']:.3g}", f"{r['rel_err']:.2g}",
-                                         f"{r['exact']:.3f}", "yes" if r["ok"] else "NO"]))
-        lines.append("")
+        lines += matmul_table(res["w12"]["rows"], c_bps)
+    if res["skinny"]["rows"]:
+        lines += ["## Few-token bf16 matmul (skinny_matmul)", ""] + matmul_table(res["skinny"]["rows"], c_bps)
     if res["tree_attention"]["rows"]:
         lines += ["## Tree attention", "", ("| B | n | prefix | method | median us | min us | device us | KV TB/s | "
                                             "% ceil | floor us | max abs err |"), "|" + "---|" * 11]
@@ -504,7 +607,7 @@ def markdown(res: dict) -> str:
 
 
 def failures(res: dict) -> int:
-    rows = res["w12"]["rows"] + res["tree_attention"]["rows"]
+    rows = res["w12"]["rows"] + res["skinny"]["rows"] + res["tree_attention"]["rows"]
     return (sum(c["status"] != "ok" for c in res["cases"]) + sum("error" in r for r in rows)
             + sum(r.get("ok") is False for r in rows))
 
@@ -526,7 +629,7 @@ def main(argv=None) -> int:
     res = dict(date=time.strftime("%Y-%m-%d %H:%M:%S"), command=command,
                args={k: v for k, v in vars(args).items() if k not in ("case", "case_result")}, quick=args.quick,
                l2_bytes=L2_BYTES, rotate_l2_multiple=ROTATE_L2_MULTIPLE, ceiling=None,
-               w12=dict(shapes={}, rows=[]), tree_attention=dict(rows=[]), cases=[])
+               w12=dict(shapes={}, rows=[]), skinny=dict(rows=[]), tree_attention=dict(rows=[]), cases=[])
     start = time.perf_counter()
     print(f"{len(cases)} cases, each in its own process, at most {args.case_timeout:.0f}s each", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench_kernels_") as scratch:
@@ -551,8 +654,8 @@ def main(argv=None) -> int:
             elif case["kind"] == "w12_prepare":
                 res["w12"]["shapes"][f"{case['k']}x{case['n']}"] = {
                     "label": case["label"], **{k: v for k, v in r.items() if k not in ("rows", "log", "name", "kind")}}
-            elif case["kind"] == "w12":
-                res["w12"]["rows"] += r["rows"]
+            elif case["kind"] in ("w12", "skinny"):
+                res[case["kind"]]["rows"] += r["rows"]
             else:
                 res["tree_attention"]["rows"] += r["rows"]
             status = r["status"] + (f" ({r['error'][:300]})" if r.get("error") else "")

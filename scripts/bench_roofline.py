@@ -46,6 +46,9 @@ Roofline of a row = bytes of weights + KV read (`specpilot.costmodel.counts`: ta
 read bandwidth measured by `specpilot.costmodel.hardware` (a jitted reduction over 2 GiB), and ÷ 4.3 TB/s, the
 H200's device copy rate.
 
+`--matmul xla|mosaic_gpu`: what multiplies the bf16 linear layers in every JAX job (`skinny_matmul.ops.DEFAULT`):
+XLA's dot or the few-token Mosaic GPU kernel (`pallas_kernels/skinny_matmul`); the report's `matmul` says which.
+
 `--kernel-split`: after its timing, one more call of each AR forward (the W12 rows' bf16 forward included), each
 verify and the drafter pass runs under CUPTI, and the row gets GPU µs and launches per kernel name (the 15 largest), printed as one
 table per row: where a step's time goes, kernel by kernel.
@@ -640,6 +643,11 @@ def worker_main(spec_path: str) -> int:
     except Exception as e:
         write_json(Path(spec["result"]), {"job": spec["job"], "rows": {}, "error": f"{type(e).__name__}: {e}"})
         raise
+    if spec.get("matmul"):
+        from pallas_kernels.skinny_matmul import ops as skinny_ops
+
+        skinny_ops.DEFAULT = spec["matmul"]
+    worker.res["matmul"] = spec.get("matmul") or "default"
     try:
         if spec.get("calibrate"):
             from specpilot.costmodel.hardware import load_or_calibrate
@@ -689,6 +697,9 @@ def parse_args(argv=None):
                     help="an extra xla_flags variant: the decode loop under XLA_FLAGS=FLAGS (repeatable)")
     ap.add_argument("--nodes", nargs="+", type=int, default=None, help="verify_nodes tree sizes (default 16 64 256)")
     ap.add_argument("--verify-attention", default="xla", choices=("xla", "cudnn", "pallas_tree"))
+    ap.add_argument("--matmul", choices=("xla", "mosaic_gpu"), default=None,
+                    help="bf16 linear layers in every JAX job: XLA's dot or the skinny_matmul kernel (sets "
+                         "skinny_matmul.ops.DEFAULT; default: leave it as it is)")
     ap.add_argument("--kernel-split", action="store_true",
                     help="after timing, one more call of each forward / verify / drafter pass under CUPTI: GPU time "
                          "per kernel name")
@@ -730,6 +741,7 @@ def settings(args) -> dict:
         "nodes": args.nodes or ([4, 8] if q else [16, 64, 256]),
         "verify_attention": args.verify_attention,
         "kernel_split": args.kernel_split,
+        "matmul": args.matmul,
         "drafter_layers": 1 if q else 5,
         "block_size": 4 if q else 16,
         "seed": 0,

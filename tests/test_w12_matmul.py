@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels import w12
+from pallas_kernels import split_k, w12
 from pallas_kernels.w12 import mosaic_gpu as w12_mosaic_gpu
 from pallas_kernels.w12 import ops as w12_ops
 
@@ -120,11 +120,11 @@ class TestMosaicGpuInterpret(W12MatmulSuite):
 
 
 def test_auto_split_k_fills_the_sms():
-  assert w12_mosaic_gpu.auto_split_k(n_blocks=64, k_steps=96, num_sms=132) == 3  # Qwen3-8B down, M <= 64
-  assert w12_mosaic_gpu.auto_split_k(n_blocks=192, k_steps=32, num_sms=132) == 1  # gate|up: enough blocks
-  assert w12_mosaic_gpu.auto_split_k(n_blocks=1, k_steps=6, num_sms=132) == 6  # capped at one step each
+  assert split_k.auto_split_k(n_blocks=64, k_steps=96, num_sms=132) == 3  # Qwen3-8B down, M <= 64
+  assert split_k.auto_split_k(n_blocks=192, k_steps=32, num_sms=132) == 1  # gate|up: enough blocks
+  assert split_k.auto_split_k(n_blocks=1, k_steps=6, num_sms=132) == 6  # capped at one step each
   # four blocks per SM: 64 x 12 = 768 >= 528 (12 divides 96; 9, 10 and 11 do not)
-  assert w12_mosaic_gpu.auto_split_k(n_blocks=64, k_steps=96, num_sms=132, blocks_per_sm=4) == 12
+  assert split_k.auto_split_k(n_blocks=64, k_steps=96, num_sms=132, blocks_per_sm=4) == 12
   with pytest.raises(ValueError, match="blocks_per_sm"):
     w12.TuningConfig(blocks_per_sm=0)
 

@@ -52,6 +52,15 @@ from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_kernels.split_k import (
+  auto_split_k,
+  num_sms,
+  partial_sums_kernel,
+  reduce_partial_sums,
+  round_up,
+  smem_transforms,
+  store_partial_sum,
+)
 from pallas_kernels.w12 import register_decode
 from pallas_kernels.w12.config import TuningConfig
 from pallas_kernels.w12.format import PAIR_SPAN, W12Array, add_escapes_transposed, decode_bits
@@ -66,10 +75,6 @@ DEFAULT_CONFIG = TuningConfig(decode="registers", blocks_per_sm=4, max_concurren
 SM. In the H200 sweeps (docs/results/2026-11-30-w12-registers-h200/) no setting won everywhere; this one
 was within 13 % of the best at every shape and M timed. Interpret mode runs ``TuningConfig()`` (SMEM
 decode)."""
-
-
-def _round_up(a: int, b: int) -> int:
-  return -(-a // b) * b
 
 
 def _check_supported(x: jax.Array, packed: W12Array, config: TuningConfig, interpret) -> None:
@@ -95,46 +100,6 @@ def _check_supported(x: jax.Array, packed: W12Array, config: TuningConfig, inter
     raise NotImplementedError(f"split_k={config.split_k} does not divide the {kp // config.tile_k} K steps")
 
 
-def _smem_transforms(minor_dim: int, dtype) -> tuple:
-  """Tiling + swizzle that wgmma descriptors and conflict-free SMEM access need."""
-  bits = jnp.dtype(dtype).itemsize * 8
-  swizzle = plgpu.find_swizzle(minor_dim * bits)
-  if swizzle < 32:  # a 16-byte row has nothing to swizzle
-    return ()
-  return (plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle))
-
-
-def auto_split_k(n_blocks: int, k_steps: int, num_sms: int, blocks_per_sm: int = 1) -> int:
-  """The fewest K splits (a divisor of ``k_steps``) that give every SM ``blocks_per_sm`` blocks: narrow
-  layers such as Qwen3-8B's down projection (N = 4096: 64 channel blocks) would otherwise leave half the
-  H200 idle."""
-  for split in range(1, k_steps + 1):
-    if k_steps % split == 0 and n_blocks * split >= num_sms * blocks_per_sm:
-      return split
-  return k_steps
-
-
-def _num_sms() -> int:
-  return int(getattr(jax.devices()[0], "core_count", 0) or 132)  # 132: H100 / H200 SXM
-
-
-def _store_partial_sum(accumulate, out_smem, out_block, tile, out_dtype):
-  """Both kernels' epilogue: ``accumulate(acc_ref)`` on a fresh f32 wgmma accumulator of shape ``tile``,
-  its result cast to ``out_dtype`` and copied through ``out_smem`` to this block's ``out_block`` in GMEM."""
-  acc = pl.run_scoped(accumulate, plgpu.ACC(tile, jnp.float32))
-  out_smem[...] = acc.astype(out_dtype)
-  plgpu.commit_smem()
-  plgpu.copy_smem_to_gmem(out_smem, out_block)
-  plgpu.wait_smem_to_gmem(0)
-
-
-def _partial_sums_kernel(kernel, *, n, mp, tile_n, tile_m, split_k, out_dtype, **kernel_kwargs):
-  """Both kernels' launch: one block per (``tile_n`` channels, ``tile_m`` tokens, K split), grid axes named
-  ``n``, ``m``, ``s``, writing ``[split_k, N, Mp]`` partial sums."""
-  return plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((split_k, n, mp), out_dtype),
-                      grid=(n // tile_n, mp // tile_m, split_k), grid_names=("n", "m", "s"), **kernel_kwargs)
-
-
 def _smem_decode_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_m, tile_k,
                       max_concurrent_steps, split_k, overlap_decode, out_dtype, interpret):
   """One block per (tile_n channels, tile_m tokens, K split); a TMA pipeline over its K steps.
@@ -155,9 +120,9 @@ def _smem_decode_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_
   pieces = tile_k // _HALF  # 32-wide K pieces per step; nibble chunks are pieces // 2
   chunks = pieces // 2
 
-  byte_transforms = _smem_transforms(_HALF, jnp.uint8)
-  x_transforms = _smem_transforms(_HALF, jnp.bfloat16)
-  out_transforms = _smem_transforms(tile_m, out_dtype)
+  byte_transforms = smem_transforms(_HALF, jnp.uint8)
+  x_transforms = smem_transforms(_HALF, jnp.bfloat16)
+  out_transforms = smem_transforms(tile_m, out_dtype)
 
   steps = k_steps // split_k  # K steps per split
   depth = min(max_concurrent_steps, steps)
@@ -213,9 +178,9 @@ def _smem_decode_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_
         plgpu.wgmma_wait(0)
       return acc_ref[...]
 
-    _store_partial_sum(accumulate, out_smem, out_gmem.at[split, n_slice, m_slice], (tile_n, tile_m), out_dtype)
+    store_partial_sum(accumulate, out_smem, out_gmem.at[split, n_slice, m_slice], (tile_n, tile_m), out_dtype)
 
-  call = _partial_sums_kernel(
+  call = partial_sums_kernel(
       kernel, n=n, mp=mp, tile_n=tile_n, tile_m=tile_m, split_k=split_k, out_dtype=out_dtype,
       scratch_types=dict(
           w_smem=plgpu.SMEM((slots, pieces, tile_n, _HALF), jnp.bfloat16, transforms=x_transforms),
@@ -306,10 +271,10 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, group_
   chunks = tile_k // register_decode.CHUNK
   steps = kp // tile_k // split_k
   depth = min(max_concurrent_steps, steps)
-  byte_transforms = _smem_transforms(tile_k, jnp.uint8)
-  nibble_transforms = _smem_transforms(tile_k // 2, jnp.uint8)
-  x_transforms = _smem_transforms(register_decode.CHUNK, jnp.bfloat16)
-  out_transforms = _smem_transforms(tile_m, out_dtype)
+  byte_transforms = smem_transforms(tile_k, jnp.uint8)
+  nibble_transforms = smem_transforms(tile_k // 2, jnp.uint8)
+  x_transforms = smem_transforms(register_decode.CHUNK, jnp.bfloat16)
+  out_transforms = smem_transforms(tile_m, out_dtype)
   decoders = [_decode_chunk_to_registers(c, tile_k, byte_transforms, nibble_transforms) for c in range(chunks)]
 
   def kernel(byte_gmem, nibble_gmem, base_gmem, x_gmem, out_gmem, out_smem):
@@ -338,9 +303,9 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, group_
       pipeline(byte_gmem.at[n_slice], nibble_gmem.at[n_slice], *[x_gmem.at[m_slice]] * chunks)
       return acc_ref[...]
 
-    _store_partial_sum(accumulate, out_smem, out_gmem.at[split, n_slice, m_slice], (tile_n, tile_m), out_dtype)
+    store_partial_sum(accumulate, out_smem, out_gmem.at[split, n_slice, m_slice], (tile_n, tile_m), out_dtype)
 
-  call = _partial_sums_kernel(
+  call = partial_sums_kernel(
       kernel, n=n, mp=mp, tile_n=tile_n, tile_m=tile_m, split_k=split_k, out_dtype=out_dtype,
       scratch_types=dict(out_smem=plgpu.SMEM((tile_n, tile_m), out_dtype, transforms=out_transforms)),
   )
@@ -365,13 +330,13 @@ def w12_matmul(
   kp = packed.sign_mantissa.shape[1]
   lead = x.shape[:-1]
   m = math.prod(lead)
-  tile_m = min(config.tile_m, _round_up(max(m, 1), 8))
-  mp = _round_up(max(m, 1), tile_m)
+  tile_m = min(config.tile_m, round_up(max(m, 1), 8))
+  mp = round_up(max(m, 1), tile_m)
   x2 = jnp.pad(x.reshape(m, k), ((0, mp - m), (0, kp - k)))
 
   has_escapes = packed.num_escapes > 0
   k_steps = kp // config.tile_k
-  split_k = config.split_k or auto_split_k((n // config.tile_n) * (mp // tile_m), k_steps, _num_sms(),
+  split_k = config.split_k or auto_split_k((n // config.tile_n) * (mp // tile_m), k_steps, num_sms(),
                                            config.blocks_per_sm)
   out_dtype = jnp.float32 if has_escapes or split_k > 1 else x.dtype
   if config.decode == "registers":
@@ -394,5 +359,4 @@ def w12_matmul(
   # kernel's output, so the split-K sum, the transpose and the cast after it are one XLA fusion.
   if has_escapes:
     y_t = add_escapes_transposed(y_t, x2[:m], packed)
-  y = y_t.sum(0)[:, :m].T
-  return y.astype(x.dtype).reshape(*lead, n)
+  return reduce_partial_sums(y_t, m, x.dtype).reshape(*lead, n)

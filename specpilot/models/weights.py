@@ -3,7 +3,8 @@
 Linear weights are stored `[in_features, out_features]` and used as `x @ w`. Q/K/V and gate/up are
 fused at load time (one weight read per step instead of three / two). A linear leaf is one of:
 
-- a plain `jax.Array` (bf16 or f32),
+- a plain `jax.Array` (bf16 or f32), multiplied by `pallas_kernels.skinny_matmul`: XLA's dot, or (opt-in,
+  `skinny_matmul.ops.DEFAULT`) a Hopper kernel for few token rows,
 - a `QuantArray` (int8 or fp8 weight-only, per-output-column scale; TLV's cheap level-1 target;
   multiplied by `pallas_kernels.quant_matmul`: its jnp reference, or an opt-in Hopper int8 kernel),
 - a `pallas_kernels.w12.W12Array` (lossless 12-bit bf16).
@@ -72,7 +73,9 @@ def linear(x: jax.Array, w: Any) -> jax.Array:
         from pallas_kernels import w12
 
         return w12.matmul(x, w)
-    return jnp.einsum("...k,kn->...n", x, w.astype(x.dtype), preferred_element_type=jnp.float32).astype(x.dtype)
+    from pallas_kernels import skinny_matmul
+
+    return skinny_matmul.matmul(x, w)
 
 
 @jax.tree_util.register_dataclass

@@ -1,0 +1,36 @@
+"""Tuning knobs of the few-token bf16 matmul kernel (static: each value is one compile)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class TuningConfig:
+  """Tiles of ``y.T = W.T @ x.T``: weight columns (output channels) on the wgmma M side, tokens on N.
+
+  tile_m: tokens per block (wgmma N: a multiple of 8 up to 256); the token count is padded to a
+    multiple of ``min(tile_m, M rounded up to 8)``, so one token costs an 8-wide tile, not a 64-wide one.
+  tile_k: reduction depth per pipeline step (a multiple of 64). A step moves a ``[tile_k, 64]`` bf16
+    weight tile (16 KB at 128) with one TMA.
+  max_concurrent_steps: TMA pipeline depth: weight bytes in flight per block.
+  split_k: K ranges reduced afterwards (f32 partial sums); 0 = ``split_k.auto_split_k`` aiming at
+    ``blocks_per_sm`` blocks per SM. A decode step is memory-bound, so what matters is the bytes in
+    flight per SM: ``blocks_per_sm * max_concurrent_steps * tile_k * 128`` bytes.
+  """
+
+  tile_m: int = 64
+  tile_k: int = 128
+  max_concurrent_steps: int = 4
+  split_k: int = 0
+  blocks_per_sm: int = 2
+
+  def __post_init__(self):
+    if self.tile_m % 8 or not 8 <= self.tile_m <= 256:
+      raise ValueError(f"tile_m must be a multiple of 8 in [8, 256], got {self.tile_m}")
+    if self.tile_k <= 0 or self.tile_k % 64:
+      raise ValueError(f"tile_k must be a positive multiple of 64, got {self.tile_k}")
+    if self.max_concurrent_steps < 1 or self.split_k < 0 or self.blocks_per_sm < 1:
+      raise ValueError(
+          f"max_concurrent_steps and blocks_per_sm must be >= 1 and split_k >= 0, got "
+          f"{self.max_concurrent_steps}, {self.blocks_per_sm}, {self.split_k}")

@@ -1,0 +1,117 @@
+"""A bf16 matmul for few tokens (decode and verify: M = 1..256) on Hopper, written with Mosaic GPU.
+
+Why: a decode step reads every weight once and is bound by HBM bandwidth, but XLA's bf16 dot at M = 1
+reaches 56-77 % of the read ceiling on Qwen3-8B's projections (docs/results/2026-11-30-w12-registers-h200/),
+so the AR step sits at 1.4x its roofline. This is the W12 kernel (``pallas_kernels/w12``) without the
+decode: same split-K grid (``pallas_kernels/split_k.py``), weights on the wgmma M side, tokens on N.
+
+Shape of the call. ``y.T = W.T @ x.T`` for ``W`` ``[K, N]`` stored as the model stores it (no per-call
+transpose): each pipeline step TMA-loads a ``[tile_k, 64]`` weight tile (128-byte rows, 128-byte swizzle)
+and hands it to wgmma as a transposed (M-major) A operand, which wgmma supports for 16-bit types; the
+``[tile_m, tile_k]`` activation tile is the B operand. One block owns 64 output channels and ``tile_m``
+tokens and walks ``K / split_k`` of the reduction; partial sums ``[split_k, N, Mp]`` (f32 when split,
+else bf16) are added, sliced and transposed by one XLA fusion after the kernel.
+
+Runs in Pallas GPU-interpret mode (both wgmma operands come from SMEM), so the CPU tests run the kernel.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels.skinny_matmul.config import TuningConfig
+from pallas_kernels.split_k import (
+  auto_split_k,
+  num_sms,
+  partial_sums_kernel,
+  reduce_partial_sums,
+  round_up,
+  smem_transforms,
+  store_partial_sum,
+)
+
+TILE_N = 64  # output channels per block: one wgmma M
+
+DEFAULT_CONFIG = TuningConfig()
+"""What ``skinny_matmul`` runs without a config (untimed: the H200 sweep in bench_kernels picks it)."""
+
+
+def check_supported(x: jax.Array, w: jax.Array, config: TuningConfig) -> None:
+  """Raises ValueError for inconsistent inputs, NotImplementedError (the caller falls back) for what the
+  kernel does not tile."""
+  k, n = w.shape
+  if x.shape[-1] != k:
+    raise ValueError(f"skinny matmul: x has {x.shape[-1]} features, the weight expects {k}")
+  if x.dtype != jnp.bfloat16 or w.dtype != jnp.bfloat16:
+    raise NotImplementedError(f"the skinny kernel takes bf16 x and W, got {x.dtype} and {w.dtype}")
+  if n % TILE_N:
+    raise NotImplementedError(f"N={n} is not a multiple of {TILE_N}")
+  if k % config.tile_k:
+    raise NotImplementedError(f"K={k} is not a multiple of tile_k={config.tile_k}")
+  if config.split_k and (k // config.tile_k) % config.split_k:
+    raise NotImplementedError(f"split_k={config.split_k} does not divide the {k // config.tile_k} K steps")
+
+
+def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, out_dtype, interpret):
+  k, n = w.shape
+  mp = x2.shape[0]
+  steps = k // tile_k // split_k
+  depth = min(max_concurrent_steps, steps)
+  w_transforms = smem_transforms(TILE_N, jnp.bfloat16)
+  x_transforms = smem_transforms(tile_k, jnp.bfloat16)
+
+  def kernel(w_gmem, x_gmem, out_gmem, out_smem):
+    n_slice = pl.ds(lax.axis_index("n") * TILE_N, TILE_N)
+    m_slice = pl.ds(lax.axis_index("m") * tile_m, tile_m)
+    split = lax.axis_index("s")
+    first = split * steps
+
+    in_specs = [plgpu.BlockSpec((tile_k, TILE_N), lambda s: (first + s, 0), transforms=w_transforms),
+                plgpu.BlockSpec((tile_m, tile_k), lambda s: (0, first + s), transforms=x_transforms)]
+
+    def accumulate(acc_ref):
+      def step(_, w_smem, x_smem):
+        plgpu.wgmma(acc_ref, w_smem.T, x_smem.T)
+        plgpu.wgmma_wait(0)
+
+      pipeline = plgpu.emit_pipeline(step, grid=(steps,), in_specs=in_specs, max_concurrent_steps=depth)
+      pipeline(w_gmem.at[:, n_slice], x_gmem.at[m_slice])
+      return acc_ref[...]
+
+    store_partial_sum(accumulate, out_smem, out_gmem.at[split, n_slice, m_slice], (TILE_N, tile_m), out_dtype)
+
+  call = partial_sums_kernel(
+      kernel, n=n, mp=mp, tile_n=TILE_N, tile_m=tile_m, split_k=split_k, out_dtype=out_dtype,
+      scratch_types=dict(out_smem=plgpu.SMEM((TILE_N, tile_m), out_dtype,
+                                             transforms=smem_transforms(tile_m, out_dtype))),
+      interpret=interpret,
+  )
+  return call(w, x2)
+
+
+def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = None,
+                  interpret: plgpu.InterpretGPUParams | None = None) -> jax.Array:
+  """``x @ w`` for bf16 ``x`` ``[..., K]`` and ``w`` ``[K, N]``, f32 accumulation, bf16 result.
+
+  ``interpret=plgpu.InterpretGPUParams()`` runs it on CPU for tests. Unsupported shapes raise
+  NotImplementedError (at trace time) so ``skinny_matmul.matmul`` can fall back loudly.
+  """
+  config = config or DEFAULT_CONFIG
+  check_supported(x, w, config)
+  k, n = w.shape
+  lead = x.shape[:-1]
+  m = math.prod(lead)
+  tile_m = min(config.tile_m, round_up(max(m, 1), 8))
+  mp = round_up(max(m, 1), tile_m)
+  x2 = jnp.pad(x.reshape(m, k), ((0, mp - m), (0, 0)))
+  k_steps = k // config.tile_k
+  split_k = config.split_k or auto_split_k((n // TILE_N) * (mp // tile_m), k_steps, num_sms(), config.blocks_per_sm)
+  y_t = _call(x2, w, tile_m=tile_m, tile_k=config.tile_k, max_concurrent_steps=config.max_concurrent_steps,
+              split_k=split_k, out_dtype=jnp.float32 if split_k > 1 else x.dtype, interpret=interpret)
+  return reduce_partial_sums(y_t, m, x.dtype).reshape(*lead, n)

@@ -1,0 +1,53 @@
+"""The public few-token bf16 matmul: one entry point, the implementation picked per backend and size.
+
+What runs when (``implementation=None``):
+- ``DEFAULT == "mosaic_gpu"``, a Hopper GPU, at most ``MAX_TOKENS`` token rows, bf16 ``x`` and ``w``,
+  ``N`` a multiple of 64 and ``K`` of ``tile_k``: the Mosaic GPU kernel (``mosaic_gpu.py``);
+- anything else (CPU, prefill-sized M, f32, odd shapes): XLA's dot (``reference.py``); on a Hopper an
+  unsupported shape logs a warning at trace time, so a fallback is never silent.
+Naming an implementation disables the fallback, which is what tests and benchmarks want.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Literal
+
+import jax
+
+from pallas_kernels.device import on_hopper as _on_hopper  # a module name tests can patch
+from pallas_kernels.skinny_matmul.config import TuningConfig
+from pallas_kernels.skinny_matmul.reference import skinny_matmul_reference
+
+_log = logging.getLogger(__name__)
+
+Implementation = Literal["xla", "mosaic_gpu"]
+_IMPLEMENTATIONS = ("xla", "mosaic_gpu")
+DEFAULT: Implementation = "xla"
+"""``"xla"`` until an H200 run shows the kernel faster inside the decode step (docs/results/)."""
+MAX_TOKENS = 64
+"""Above this many token rows XLA's GEMM: at 256 (a big verify tree) a Qwen3-8B pass is ~4 TFLOP, compute-bound on
+the H200, and this kernel (one warpgroup, 64-row wgmmas, waited each step) is built for streaming, not for peak FLOPs."""
+
+
+def _mosaic_gpu(x, w, config):
+  from pallas_kernels.skinny_matmul import mosaic_gpu  # lazy: needs a Mosaic GPU capable jaxlib
+
+  return mosaic_gpu.skinny_matmul(x, w, config=config)
+
+
+def matmul(x: jax.Array, w: jax.Array, *, implementation: Implementation | None = None,
+           config: TuningConfig | None = None) -> jax.Array:
+  """``x @ w`` for ``x`` ``[..., K]`` and ``w`` ``[K, N]``, f32 accumulation, returned in ``x.dtype``."""
+  if implementation not in (None, *_IMPLEMENTATIONS):
+    raise ValueError(f"unknown skinny_matmul implementation {implementation!r}; expected one of {_IMPLEMENTATIONS}")
+  if implementation == "mosaic_gpu":
+    return _mosaic_gpu(x, w, config)
+  if implementation == "xla" or DEFAULT == "xla" or math.prod(x.shape[:-1]) > MAX_TOKENS or not _on_hopper():
+    return skinny_matmul_reference(x, w)
+  try:
+    return _mosaic_gpu(x, w, config)
+  except (NotImplementedError, ImportError) as e:
+    _log.warning("skinny matmul falls back to XLA for x%s %s, W%s %s: %s", x.shape, x.dtype, w.shape, w.dtype, e)
+    return skinny_matmul_reference(x, w)

@@ -1,0 +1,138 @@
+"""The few-token bf16 matmul kernel against XLA's dot: in Pallas GPU-interpret mode on CPU, cross-lowered
+for Hopper on CPU, and on a real Hopper when one is present."""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels import skinny_matmul
+from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
+from pallas_kernels.skinny_matmul import ops as skinny_ops
+
+BF16 = ml_dtypes.bfloat16
+Config = skinny_matmul.TuningConfig
+
+
+def random_pair(lead, k, n, seed):
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(*lead, k)).astype(BF16)
+  # per-channel scales over four decades, so a wrong column or a lost split shows up
+  w = (rng.normal(0.0, 0.02, size=(k, n)) * np.exp(rng.uniform(np.log(1e-2), np.log(1e2), n))).astype(BF16)
+  return jnp.asarray(x), jnp.asarray(w)
+
+
+def assert_matches_f32(y, x, w):
+  expected = np.asarray(x, np.float32) @ np.asarray(w, np.float32)
+  assert y.dtype == jnp.bfloat16 and y.shape == expected.shape
+  # per column: f32 accumulation orders differ, the bf16 output rounds at 2^-8 relative
+  scale = np.abs(expected).max(axis=tuple(range(expected.ndim - 1)), keepdims=True)
+  err = np.abs(np.asarray(y, np.float32) - expected)
+  bad = err > 1e-2 * np.abs(expected) + 1e-2 * scale
+  assert not bad.any(), f"{bad.sum()} of {bad.size} outputs off, first at {np.argwhere(bad)[0]}"
+
+
+
+class SkinnyMatmulSuite:
+  """Cases every implementation must pass; subclasses say how to run one."""
+
+  def run(self, x, w, config):
+    raise NotImplementedError
+
+  @pytest.mark.parametrize(
+      "lead,k,n,config",
+      [
+          ((5,), 256, 128, Config(tile_m=8)),  # 2 channel blocks x 2 K steps
+          ((1,), 512, 64, Config(tile_m=64, split_k=2)),  # decode-sized M, two K splits added after
+          ((3,), 512, 64, Config(tile_k=64, blocks_per_sm=4)),  # the automatic split: one step per split
+          ((20,), 256, 192, Config(tile_m=8, tile_k=64, max_concurrent_steps=2)),  # 3 token blocks
+          ((2, 7), 384, 64, Config(tile_k=128, split_k=1)),  # leading dims, 3 steps, no split: bf16 out
+          ((4,), 512, 64, Config(tile_k=256, split_k=2, max_concurrent_steps=1)),
+      ],
+  )
+  def test_matches_f32_matmul(self, lead, k, n, config):
+    x, w = random_pair(lead, k, n, seed=k + n)
+    assert_matches_f32(self.run(x, w, config), x, w)
+
+
+class TestXla(SkinnyMatmulSuite):
+
+  def run(self, x, w, config):
+    return skinny_matmul.matmul(x, w, implementation="xla")
+
+
+class TestMosaicGpuInterpret(SkinnyMatmulSuite):
+
+  def run(self, x, w, config):
+    return skinny_mosaic_gpu.skinny_matmul(x, w, config=config, interpret=plgpu.InterpretGPUParams())
+
+  def test_unsupported_inputs_raise(self):
+    x = jnp.ones((1, 128), jnp.bfloat16)
+    with pytest.raises(NotImplementedError, match="multiple of 64"):
+      self.run(x, jnp.ones((128, 48), jnp.bfloat16), Config())
+    with pytest.raises(NotImplementedError, match="split_k=2"):
+      self.run(jnp.ones((1, 384), jnp.bfloat16), jnp.ones((384, 64), jnp.bfloat16), Config(split_k=2))
+    with pytest.raises(NotImplementedError, match="bf16"):
+      self.run(x.astype(jnp.float32), jnp.ones((128, 64), jnp.bfloat16), Config())
+    with pytest.raises(ValueError, match="x has 128 features, the weight expects 256"):
+      self.run(x, jnp.ones((256, 64), jnp.bfloat16), Config())
+
+
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_hopper_lowering_at_qwen3_shapes(m):
+  """Mosaic GPU lowers the kernel for sm_90 on a CPU-only jaxlib: the transposed weight operand and the
+  split-K grid are legal wgmma/TMA at the real tile sizes (4096 x 12288 gate|up, default config)."""
+  x = jnp.ones((m, 4096), jnp.bfloat16)
+  w = jnp.ones((4096, 12288), jnp.bfloat16)
+  lowered = jax.jit(skinny_mosaic_gpu.skinny_matmul).trace(x, w).lower(lowering_platforms=("cuda",))
+  assert "mosaic_gpu" in lowered.as_text()
+
+
+def test_tuning_config_rejects_bad_tiles():
+  with pytest.raises(ValueError, match="tile_m"):
+    Config(tile_m=12)
+  with pytest.raises(ValueError, match="tile_k"):
+    Config(tile_k=96)
+  with pytest.raises(ValueError, match="blocks_per_sm"):
+    Config(blocks_per_sm=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not skinny_ops._on_hopper(), reason="needs an H100/H200")
+class TestMosaicGpu(SkinnyMatmulSuite):
+
+  def run(self, x, w, config):
+    return jax.jit(lambda x, w: skinny_matmul.matmul(x, w, implementation="mosaic_gpu", config=config))(x, w)
+
+  @pytest.mark.parametrize("m", [1, 16, 64])
+  def test_qwen3_down_projection(self, m):
+    x, w = random_pair((m,), 12288, 4096, seed=m)
+    assert_matches_f32(self.run(x, w, None), x, w)
+
+
+def test_dispatch(monkeypatch, caplog):
+  """XLA unless DEFAULT says the kernel and the device is a Hopper; prefill-sized M and unsupported
+  inputs fall back to XLA, the latter with a warning."""
+  calls = []
+  monkeypatch.setattr(skinny_ops, "_mosaic_gpu", lambda x, w, c: calls.append(x.shape) or skinny_matmul.skinny_matmul_reference(x, w))
+  x, w = random_pair((3,), 128, 64, seed=0)
+  skinny_matmul.matmul(x, w)
+  monkeypatch.setattr(skinny_ops, "DEFAULT", "mosaic_gpu")
+  skinny_matmul.matmul(x, w)  # not a Hopper
+  assert calls == []
+  monkeypatch.setattr(skinny_ops, "_on_hopper", lambda: True)
+  skinny_matmul.matmul(x, w)
+  skinny_matmul.matmul(jnp.ones((skinny_ops.MAX_TOKENS + 1, 128), jnp.bfloat16), w)  # prefill: XLA
+  assert calls == [(3, 128)]
+  monkeypatch.undo()
+  monkeypatch.setattr(skinny_ops, "DEFAULT", "mosaic_gpu")
+  monkeypatch.setattr(skinny_ops, "_on_hopper", lambda: True)
+  with caplog.at_level(logging.WARNING, logger=skinny_ops.__name__):
+    y = skinny_matmul.matmul(x.astype(jnp.float32), w)  # the kernel wants bf16
+  assert "falls back to XLA" in caplog.text and y.dtype == jnp.float32
+  with pytest.raises(ValueError, match="unknown skinny_matmul implementation"):
+    skinny_matmul.matmul(x, w, implementation="cublas")

@@ -26,7 +26,8 @@ def test_quick_run_on_cpu(tmp_path):
 
     res = json.loads((out / "kernels_bench.json").read_text())
     assert [(c["name"], c["status"]) for c in res["cases"]] == [
-        ("ceiling", "ok"), ("tree_attention_b1_n16", "ok"), ("w12_prepare_512x256", "ok"), ("w12_512x256_m1", "ok")]
+        ("ceiling", "ok"), ("tree_attention_b1_n16", "ok"), ("w12_prepare_512x256", "ok"), ("w12_512x256_m1", "ok"),
+        ("skinny_512x256_m1", "ok")]
     assert res["platform"] == "cpu" and res["ceiling"]["ceiling_Bps"] > 0
     assert {r["method"] for r in res["ceiling"]["rows"]} == {"read", "read_write", "d2d_copy"}
     shape = res["w12"]["shapes"]["512x256"]
@@ -41,6 +42,12 @@ def test_quick_run_on_cpu(tmp_path):
     assert w12_rows["xla_bf16"]["weight_bytes"] == 2 * 512 * 256
     for name in ("kernel[0]", "xla_decode"):
         assert w12_rows[name]["weight_bytes"] < 0.8 * 2 * 512 * 256  # charged the compressed bytes
+
+    skinny_rows = {r["method"]: r for r in res["skinny"]["rows"]}
+    assert set(skinny_rows) == {"skinny[0]", "xla_bf16"} and skinny_rows["skinny[0]"]["mode"] == "interpret"
+    for r in skinny_rows.values():
+        assert "error" not in r and r["ok"] and r["weight_bytes"] == 2 * 512 * 256 and r["median_us"] > 0
+    assert "## Few-token bf16 matmul" in (out / "kernels_bench.md").read_text()
 
     tree_rows = {r["method"]: r for r in res["tree_attention"]["rows"]}
     assert set(tree_rows) == {"xla_einsum", "xla_dpa", "kernel[0]"}

@@ -57,5 +57,5 @@ def test_quick_run_on_cpu(tmp_path):
 
     md = (out / "kernels_bench.md").read_text()
     assert "## W12 matmul" in md and "## Tree attention" in md and "(interpret)" in md
-    assert "4 of 4 ok" in md and md.strip().splitlines()[-1] in proc.stdout
+    assert "5 of 5 ok" in md and md.strip().splitlines()[-1] in proc.stdout
     assert sorted(p.name for p in (out / "logs").iterdir()) == sorted(f"{c['name']}.log" for c in res["cases"])

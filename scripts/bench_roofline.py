@@ -50,7 +50,7 @@ H200's device copy rate.
 XLA's dot or the few-token Mosaic GPU kernel (`pallas_kernels/skinny_matmul`); the report's `matmul` says which.
 
 `--kernel-split`: after its timing, one more call of each AR forward (the W12 rows' bf16 forward included), each
-verify and the drafter pass runs under CUPTI, and the row gets GPU µs and launches per kernel name (the 15 largest), printed as one
+verify and the drafter pass runs under CUPTI, and the row gets GPU µs and launches per kernel name (the 25 largest) and the matmul / rest split, printed as one
 table per row: where a step's time goes, kernel by kernel.
 
 Every job runs in its own subprocess with its own timeout, one at a time on the GPU; an error or a timeout is
@@ -94,6 +94,10 @@ XLA_FLAG_VARIANTS = {  # names checked against jax 0.11.2's XLA (`strings` on ja
     # bandwidth on the H200 (docs/results/2026-11-30-kernels-h200), where a GEMV is usually near the limit
     "xla_flags_no_triton_gemm": "--xla_gpu_enable_triton_gemm=false",
 }
+KERNELS_LISTED = 25  # --kernel-split: kernel names kept per row, the largest first
+MATMUL_KERNEL_NAMES = ("gemm", "nvjet", "gemv", "cublas", "cutlass", "xmma", "mosaic_gpu")
+"""--kernel-split's split of a call into matmul-like kernels (XLA/cuBLAS GEMMs, and every Mosaic GPU kernel: the
+skinny and W12 matmuls, the tree-attention kernel too, since CUPTI names them all alike) and the rest."""
 TORCH_MODES = {
     "torch_peer_eager": "eager",
     "torch_peer_cudagraphs": "reduce-overhead",
@@ -273,7 +277,8 @@ class Worker:
 
     def kernel_split(self, name: str, call, state) -> None:
         """With --kernel-split: one more ``call(state)`` under CUPTI, its kernels grouped by name (GPU µs and
-        launches, the 15 largest) into the row as ``kernels``, and their sum as ``kernels_ms``. Uses the CUPTI
+        launches, the ``KERNELS_LISTED`` largest) into the row as ``kernels``, their sum as ``kernels_ms``, and the
+        matmul-like share (``MATMUL_KERNEL_NAMES``) as ``matmul_kernels_ms`` / ``matmul_launches``. Uses the CUPTI
         hooks of jax's Mosaic GPU profiler directly: ``profiler.measure`` calls a function twice with the same
         arguments, which a program that donates its cache cannot take."""
         if not self.spec.get("kernel_split"):
@@ -297,8 +302,11 @@ class Worker:
             entry = by_name.setdefault(kernel, [0.0, 0])
             entry[0] += 1e3 * ms
             entry[1] += 1
-        top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:15]
+        top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:KERNELS_LISTED]
+        heavy = [v for k, v in by_name.items() if any(p in k.lower() for p in MATMUL_KERNEL_NAMES)]
         self.row(name, kernels_ms=sum(us for us, _ in by_name.values()) / 1e3,
+                 kernel_launches=sum(n for _, n in by_name.values()),
+                 matmul_kernels_ms=sum(us for us, _ in heavy) / 1e3, matmul_launches=sum(n for _, n in heavy),
                  kernels=[{"name": k[:120], "us": round(us, 1), "launches": n} for k, (us, n) in top])
         log(f"{name}: {len(timings or [])} kernels, {sum(us for us, _ in by_name.values()) / 1e3:.3f} ms GPU time")
 
@@ -1147,8 +1155,13 @@ def markdown(rep: dict) -> str:
                                       (f"{r['variant']}: its bf16 forward", r.get("bf16_kernels"),
                                        r.get("bf16_kernels_ms"))):
             if kernels:
-                lines += ["", f"Kernels of one call of {label} (CUPTI, {total:.3f} ms GPU time in all, the 15 largest "
-                          "names):", "", "| kernel | µs | launches |", "|---|---|---|"]
+                split = ""
+                if label == r["variant"] and r.get("kernel_launches") is not None:
+                    split = (f", {r['kernel_launches']} launches; matmul-like {r['matmul_kernels_ms']:.3f} ms in "
+                             f"{r['matmul_launches']} launches, the rest {total - r['matmul_kernels_ms']:.3f} ms in "
+                             f"{r['kernel_launches'] - r['matmul_launches']}")
+                lines += ["", f"Kernels of one call of {label} (CUPTI, {total:.3f} ms GPU time in all{split}; the "
+                          f"{len(kernels)} largest names):", "", "| kernel | µs | launches |", "|---|---|---|"]
                 lines += [f"| `{k['name']}` | {k['us']:.1f} | {k['launches']} |" for k in kernels]
     lines += ["", "| job | status | wall s | timeout s |", "|---|---|---|---|"]
     lines += [f"| {j['job']} | {j['status']} | {fmt(j.get('wall_s'), 1)} | {fmt(j.get('timeout_s'), 0)} |"

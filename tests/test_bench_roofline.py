@@ -151,11 +151,13 @@ def test_kernel_split_renders_in_the_report():
     kernels = [{"name": "kernel_mosaic_gpu_kernel", "us": 24.4, "launches": 1}]
     row = {"variant": "xla_forward_w12_kernel", "what": "W12", "ms": 9.5, "roofline": {"ms_measured_bw": 3.0,
            "ms_nominal": 2.7}, "x_roofline_nominal": 3.5, "kernels": kernels, "kernels_ms": 0.0244,
+           "kernel_launches": 3, "matmul_kernels_ms": 0.0244, "matmul_launches": 1,
            "bf16_kernels": [{"name": "gemv", "us": 29.4, "launches": 1}], "bf16_kernels_ms": 0.0294}
     rep = {"provenance": {"date": "d", "device": "H200", "jax": "0.11.2", "torch": None, "commit": "c",
                           "command": "cmd", "wall_s": 1.0, "hardware": None},
            "settings": {"model": "m", "dtype": "bfloat16", "context": 1}, "rows": [row], "targets": [], "jobs": []}
     md = br.markdown(rep)
-    assert "Kernels of one call of xla_forward_w12_kernel (CUPTI, 0.024 ms" in md
+    assert ("Kernels of one call of xla_forward_w12_kernel (CUPTI, 0.024 ms GPU time in all, 3 launches; "
+            "matmul-like 0.024 ms in 1 launches, the rest 0.000 ms in 2; the 1 largest names)") in md
     assert "| `kernel_mosaic_gpu_kernel` | 24.4 | 1 |" in md
     assert "Kernels of one call of xla_forward_w12_kernel: its bf16 forward" in md and "| `gemv` | 29.4 | 1 |" in md

@@ -136,3 +136,14 @@ def test_dispatch(monkeypatch, caplog):
   assert "falls back to XLA" in caplog.text and y.dtype == jnp.float32
   with pytest.raises(ValueError, match="unknown skinny_matmul implementation"):
     skinny_matmul.matmul(x, w, implementation="cublas")
+
+
+def test_f32_from_halves_is_exact_for_every_bit_pattern():
+  """Split partial sums travel as their high and low 16 bits; joining them must give the f32 back bit for bit
+  (NaN payloads, -0.0, subnormals included)."""
+  bits = np.random.default_rng(0).integers(0, 2**32, size=(3, 8, 64), dtype=np.uint64).astype(np.uint32)
+  bits[0, 0, :4] = [0x80000000, 0x00000001, 0x7FC00001, 0xFF800000]
+  halves = np.stack([(bits >> 16).astype(np.uint16), (bits & 0xFFFF).astype(np.uint16)], axis=1).view(BF16)
+  joined = jax.jit(skinny_mosaic_gpu.f32_from_halves)(jnp.asarray(halves))
+  assert joined.shape == (3, 8, 64) and joined.dtype == jnp.float32
+  np.testing.assert_array_equal(np.asarray(joined).view(np.uint32), bits)

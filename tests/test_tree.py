@@ -139,12 +139,20 @@ def test_best_first_with_a_chunked_vocab_top_k_builds_the_same_tree(monkeypatch)
     logp = jax.nn.log_softmax(jnp.asarray(rng.standard_normal((5, 1000)) * 3.0, jnp.float32), axis=-1)
     build = lambda: jax.jit(lambda lp: trees.best_first(lp, 64))(logp)  # noqa: E731  a fresh trace each time
     top_ks = lambda: str(jax.make_jaxpr(lambda lp: trees.best_first(lp, 64))(logp)).count("top_k")  # noqa: E731
+    monkeypatch.setattr(trees, "VOCAB_TOPK_CHUNKS", {64: None})
+    monkeypatch.setattr(trees, "VOCAB_TOPK_CHUNK_LARGE", None)
     want, direct = build(), top_ks()
-    monkeypatch.setattr(trees, "VOCAB_TOPK_CHUNK", 128)
+    monkeypatch.setattr(trees, "VOCAB_TOPK_CHUNKS", {64: 128})
     got = build()
     assert top_ks() == direct + 1  # the chunked path really ran: one more top_k
     for a, b in zip(got, want):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_vocab_topk_chunk_follows_the_measured_table():
+    assert trees.vocab_topk_chunk(8) is None and trees.vocab_topk_chunk(16) is None
+    assert trees.vocab_topk_chunk(17) == trees.vocab_topk_chunk(64) == 1024
+    assert trees.vocab_topk_chunk(256) == 2048
 
 
 # ---- ancestor_mask ---------------------------------------------------------------------------------

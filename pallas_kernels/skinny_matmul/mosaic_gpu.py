@@ -9,8 +9,11 @@ Shape of the call. ``y.T = W.T @ x.T`` for ``W`` ``[K, N]`` stored as the model 
 transpose): each pipeline step TMA-loads a ``[tile_k, 64]`` weight tile (128-byte rows, 128-byte swizzle)
 and hands it to wgmma as a transposed (M-major) A operand, which wgmma supports for 16-bit types; the
 ``[tile_m, tile_k]`` activation tile is the B operand. One block owns 64 output channels and ``tile_m``
-tokens and walks ``K / split_k`` of the reduction; partial sums ``[split_k, N, Mp]`` (f32 when split,
-else bf16) are added, sliced and transposed by one XLA fusion after the kernel.
+tokens and walks ``K / split_k`` of the reduction; its accumulator is stored transposed, so the partial sums
+are ``[split_k, Mp, N]`` (f32 when split, as two 16-bit halves, else bf16) and XLA's sum, slice and cast after
+the kernel are elementwise: they fuse into the consumer (the residual add, SiLU) where a transpose would cost
+a kernel of its own (at 16 tokens, 9.7 us per Qwen3-8B layer on the H200 with the channel-major first
+version: docs/results/2026-11-30-skinny-matmul-h200/).
 
 Runs in Pallas GPU-interpret mode (both wgmma operands come from SMEM), so the CPU tests run the kernel.
 """
@@ -26,15 +29,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.skinny_matmul.config import TuningConfig
-from pallas_kernels.split_k import (
-  auto_split_k,
-  num_sms,
-  partial_sums_kernel,
-  reduce_partial_sums,
-  round_up,
-  smem_transforms,
-  store_partial_sum,
-)
+from pallas_kernels.split_k import auto_split_k, num_sms, round_up, smem_transforms
 
 TILE_N = 64  # output channels per block: one wgmma M
 
@@ -58,7 +53,10 @@ def check_supported(x: jax.Array, w: jax.Array, config: TuningConfig) -> None:
     raise NotImplementedError(f"split_k={config.split_k} does not divide the {k // config.tile_k} K steps")
 
 
-def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, out_dtype, interpret):
+def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, interpret):
+  """``[split_k, halves, Mp, N]`` bf16: each block's accumulator stored transposed (tokens-major). With
+  ``halves`` = 1 the bf16 result; with 2 the f32 partial sum's high and low 16 bits (``f32_from_halves``):
+  Mosaic GPU stores a transposed wgmma accumulator into swizzled SMEM for 16-bit types only."""
   k, n = w.shape
   mp = x2.shape[0]
   steps = k // tile_k // split_k
@@ -84,15 +82,33 @@ def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, out_dtype, in
       pipeline(w_gmem.at[:, n_slice], x_gmem.at[m_slice])
       return acc_ref[...]
 
-    store_partial_sum(accumulate, out_smem, out_gmem.at[split, n_slice, m_slice], (TILE_N, tile_m), out_dtype)
+    acc = pl.run_scoped(accumulate, plgpu.ACC((TILE_N, tile_m), jnp.float32))
+    if halves == 1:
+      out_smem.at[0].T[...] = acc.astype(jnp.bfloat16)
+    else:
+      bits = lax.bitcast_convert_type(acc, jnp.uint32)
+      for half, part in enumerate((bits >> 16, bits & 0xFFFF)):
+        out_smem.at[half].T[...] = lax.bitcast_convert_type(part.astype(jnp.uint16), jnp.bfloat16)
+    plgpu.commit_smem()
+    for half in range(halves):  # one 2-D copy each: TMA strides at most 5 tiled dimensions
+      plgpu.copy_smem_to_gmem(out_smem.at[half], out_gmem.at[split, half, m_slice, n_slice])
+    plgpu.wait_smem_to_gmem(0)
 
-  call = partial_sums_kernel(
-      kernel, n=n, mp=mp, tile_n=TILE_N, tile_m=tile_m, split_k=split_k, out_dtype=out_dtype,
-      scratch_types=dict(out_smem=plgpu.SMEM((TILE_N, tile_m), out_dtype,
-                                             transforms=smem_transforms(tile_m, out_dtype))),
+  call = plgpu.kernel(
+      kernel, out_type=jax.ShapeDtypeStruct((split_k, halves, mp, n), jnp.bfloat16),
+      grid=(n // TILE_N, mp // tile_m, split_k), grid_names=("n", "m", "s"),
+      scratch_types=dict(out_smem=plgpu.SMEM((halves, tile_m, TILE_N), jnp.bfloat16,
+                                             transforms=smem_transforms(TILE_N, jnp.bfloat16))),
       interpret=interpret,
   )
   return call(w, x2)
+
+
+def f32_from_halves(halves: jax.Array) -> jax.Array:
+  """``[..., 2, Mp, N]`` bf16 bit patterns (high, low 16 bits) -> the f32 values they split, exactly."""
+  hi, lo = (lax.bitcast_convert_type(h, jnp.uint16).astype(jnp.uint32) for h in (halves[..., 0, :, :],
+                                                                                  halves[..., 1, :, :]))
+  return lax.bitcast_convert_type((hi << 16) | lo, jnp.float32)
 
 
 def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = None,
@@ -112,6 +128,8 @@ def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = N
   x2 = jnp.pad(x.reshape(m, k), ((0, mp - m), (0, 0)))
   k_steps = k // config.tile_k
   split_k = config.split_k or auto_split_k((n // TILE_N) * (mp // tile_m), k_steps, num_sms(), config.blocks_per_sm)
-  y_t = _call(x2, w, tile_m=tile_m, tile_k=config.tile_k, max_concurrent_steps=config.max_concurrent_steps,
-              split_k=split_k, out_dtype=jnp.float32 if split_k > 1 else x.dtype, interpret=interpret)
-  return reduce_partial_sums(y_t, m, x.dtype).reshape(*lead, n)
+  partial = _call(x2, w, tile_m=tile_m, tile_k=config.tile_k, max_concurrent_steps=config.max_concurrent_steps,
+                  split_k=split_k, halves=2 if split_k > 1 else 1, interpret=interpret)
+  # elementwise from here on (no transpose), so XLA fuses it into the consumer
+  y = partial[0, 0] if split_k == 1 else f32_from_halves(partial).sum(0).astype(x.dtype)
+  return y[:m].reshape(*lead, n)

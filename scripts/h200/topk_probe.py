@@ -1,6 +1,6 @@
 """The vocabulary top-k of DDTree's tree build on the GPU: ``jax.lax.top_k`` against the two-stage
 ``specpilot.decoding.tree.vocab_top_k`` at each chunk, same inputs, outputs checked equal; CUPTI time per
-call (issue #8's tree-build share). Pick ``tree.VOCAB_TOPK_CHUNK`` from this table.
+call (issue #8's tree-build share). ``tree.VOCAB_TOPK_CHUNKS`` is read from this table.
 
     PYTHONPATH=$PWD python3 scripts/h200/topk_probe.py > $OUT/topk.txt
 """

@@ -55,9 +55,20 @@ def _undominated_pairs(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     return i.astype(np.int32), j.astype(np.int32)
 
 
-VOCAB_TOPK_CHUNK: int | None = None
-"""Chunk of ``vocab_top_k`` in ``best_first`` (None: one ``jax.lax.top_k`` over the vocabulary). Unmeasured on a
-GPU as of 2026-11-30: ``scripts/h200/topk_probe.py`` times both; set it to the winner."""
+VOCAB_TOPK_CHUNKS: dict[int, int | None] = {16: None, 64: 1024}
+"""``vocab_top_k``'s chunk in ``best_first`` by top-k size: the entry of the smallest key >= k, and
+``VOCAB_TOPK_CHUNK_LARGE`` above the largest key (None: one ``jax.lax.top_k`` over the vocabulary).
+
+Measured on the H200 over [B, 15, 151,936] log-probs (``scripts/h200/topk_probe.py``,
+docs/results/2026-11-30-skinny-matmul-h200/topk.txt), device us, ``lax.top_k`` -> the chosen chunk:
+k = 64: 553 -> 167 (B = 1), 1,266 -> 919 (B = 8); k = 256: 556 -> 206 (B = 1), 1,266 -> 1,119 (B = 8).
+At k = 16 ``lax.top_k`` stays: two stages win at B = 1 (297 -> 159 at chunk 512) but lose 2.2x at B = 8."""
+VOCAB_TOPK_CHUNK_LARGE: int | None = 2048
+
+
+def vocab_topk_chunk(k: int) -> int | None:
+    """The chunk ``best_first`` uses for a top-``k`` over the vocabulary (``VOCAB_TOPK_CHUNKS``)."""
+    return next((chunk for limit, chunk in sorted(VOCAB_TOPK_CHUNKS.items()) if k <= limit), VOCAB_TOPK_CHUNK_LARGE)
 
 
 def vocab_top_k(x: jax.Array, k: int, chunk: int | None = None) -> tuple[jax.Array, jax.Array]:
@@ -88,7 +99,7 @@ def best_first(logp: jax.Array, budget: int, depth_limit: jax.Array | int | None
     d_max, vocab = logp.shape
     n = budget
     k = min(budget, vocab)
-    top_lp, top_id = vocab_top_k(logp.astype(jnp.float32), k, VOCAB_TOPK_CHUNK)  # [D, K], descending
+    top_lp, top_id = vocab_top_k(logp.astype(jnp.float32), k, vocab_topk_chunk(k))  # [D, K], descending
     neg = jnp.float32(-jnp.inf)
     allowed = jnp.ones((d_max,), bool) if depth_limit is None else jnp.arange(d_max) < depth_limit
 

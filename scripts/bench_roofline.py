@@ -25,6 +25,8 @@ beyond the 60 MB L2, so no step reads them from cache:
   host round trip per step (block_until_ready) — the project's plain-XLA path;
 - `xla_decode_loop`: `--loop-steps` decode steps inside one jitted `lax.fori_loop` (no host sync per step);
   ms = loop time ÷ steps;
+- `skinny_forward` / `skinny_decode_loop`: `xla_forward` / `xla_decode_loop` again, in a process of their own with the
+  bf16 linears on `pallas_kernels/skinny_matmul`'s Mosaic GPU kernel (`--matmul` sets the same thing for every job);
 - `xla_flags_*`: `xla_decode_loop` in a process with extra XLA_FLAGS (command buffers off / on for while loops,
   autotuning off; `--xla-flags NAME=FLAGS` adds more); every flag used exists in jax 0.11.2's XLA (an unknown
   flag aborts the process, and the CPU smoke run parses them all);
@@ -86,6 +88,9 @@ XLA_JOB = ("xla_forward", "xla_decode_loop", "verify_nodes", "drafter")
 W12_JOB = ("xla_forward_w12", "xla_forward_w12_xla_decode", "xla_forward_w12_kernel")
 W12_IMPLEMENTATION = {"xla_forward_w12": "reference", "xla_forward_w12_xla_decode": "xla_decode",
                       "xla_forward_w12_kernel": "mosaic_gpu"}
+SKINNY_VARIANTS = {"skinny_forward": "xla_forward", "skinny_decode_loop": "xla_decode_loop"}
+"""Rows measured again in a process of their own with the bf16 linears on ``skinny_matmul``'s Mosaic GPU kernel
+(``skinny_matmul.ops.DEFAULT = "mosaic_gpu"``): the kernel and XLA's dot side by side in one run."""
 XLA_FLAG_VARIANTS = {  # names checked against jax 0.11.2's XLA (`strings` on jaxlib); all parse on the CPU too
     "xla_flags_no_cmdbuf": "--xla_gpu_enable_command_buffer=",
     "xla_flags_cmdbuf_while": "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL --xla_gpu_graph_min_graph_size=1",
@@ -109,6 +114,8 @@ WHAT = {
     "xla_forward_w12": "XLA forward, W12 weights (reference unpack + dot)",
     "xla_forward_w12_xla_decode": "XLA forward, W12 weights (decode as elementwise ops + one dot)",
     "xla_forward_w12_kernel": "XLA forward, W12 weights (Mosaic GPU kernel)",
+    "skinny_forward": "xla_forward, bf16 linears on the skinny_matmul kernel",
+    "skinny_decode_loop": "xla_decode_loop, bf16 linears on the skinny_matmul kernel",
     "torch_peer_eager": "PyTorch gpt-fast style, eager",
     "torch_peer_cudagraphs": "PyTorch, compile reduce-overhead (CUDA graphs)",
     "torch_peer_compile": "PyTorch, compile max-autotune-no-cudagraphs",
@@ -452,9 +459,9 @@ class Worker:
         if "xla_forward" in compiled:
             exe, secs = compiled["xla_forward"]
             try:
-                self.measure_ar("xla_forward", exe, w, dtype, {"compile_s": secs})
+                self.measure_ar(s.get("forward_label") or "xla_forward", exe, w, dtype, {"compile_s": secs})
             except Exception as e:
-                self.fail("xla_forward", e)
+                self.fail(s.get("forward_label") or "xla_forward", e)
         if "xla_decode_loop" in compiled:
             exe, secs = compiled["xla_decode_loop"]
             try:
@@ -699,7 +706,8 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", default=None, help="bfloat16 | float32 (default bfloat16; --quick: float32)")
     ap.add_argument("--context", type=int, default=None, help="committed tokens (default 1024; --quick: 32)")
     ap.add_argument("--variants", nargs="+", default=None,
-                    help="subset of: " + ", ".join([*XLA_JOB, *W12_JOB, "xla_flags", *XLA_FLAG_VARIANTS, "torch_peer",
+                    help="subset of: " + ", ".join([*XLA_JOB, *SKINNY_VARIANTS, *W12_JOB, "xla_flags", *XLA_FLAG_VARIANTS,
+                                                    "torch_peer",
                                                     *TORCH_MODES]))
     ap.add_argument("--xla-flags", action="append", default=[], metavar="NAME=FLAGS",
                     help="an extra xla_flags variant: the decode loop under XLA_FLAGS=FLAGS (repeatable)")
@@ -760,7 +768,7 @@ def settings(args) -> dict:
 
 
 def selected_variants(args) -> list[str]:
-    known = [*XLA_JOB, *W12_JOB, *XLA_FLAG_VARIANTS, *TORCH_MODES]
+    known = [*XLA_JOB, *SKINNY_VARIANTS, *W12_JOB, *XLA_FLAG_VARIANTS, *TORCH_MODES]
     extra = [kv.split("=", 1)[0] for kv in args.xla_flags]
     if args.variants is None:
         return known + extra
@@ -838,6 +846,11 @@ def plan_jobs(args, s: dict, run: Path, chosen: list[str]) -> tuple[list[Job], J
             jobs.append(jax_job(name, ["xla_decode_loop"], t["xla_flags"], [name],
                                 env={"XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " " + f).strip()},
                                 loop_label=name, flags=f))
+    skinny = [v for v in SKINNY_VARIANTS if v in chosen]
+    if skinny:
+        labels = {("forward_label" if SKINNY_VARIANTS[v] == "xla_forward" else "loop_label"): v for v in skinny}
+        jobs.append(jax_job("skinny", [SKINNY_VARIANTS[v] for v in skinny], t["xla"], skinny, matmul="mosaic_gpu",
+                            **labels))
     torch_job("torch_peer_compile")
     first_jax = next((j for j in jobs if j.kind == "jax"), None)
     if first_jax:  # measures the read bandwidth (a few seconds, cached per device kind) before its weights exist
@@ -999,7 +1012,7 @@ def roofline_costs(s: dict) -> dict:
     cfg = model_config(s["model"])
     act = 4 if s["dtype"] == "float32" else 2
     ar = counts.target_pass(cfg, 1, 1, s["context"], "bf16", act)
-    costs = {v: ar for v in ("xla_forward", "xla_decode_loop", *TORCH_MODES)}
+    costs = {v: ar for v in ("xla_forward", "xla_decode_loop", *SKINNY_VARIANTS, *TORCH_MODES)}
     costs.update({v: counts.target_pass(cfg, 1, 1, s["context"], "w12", 2) for v in W12_JOB})
     costs.update({f"verify_nodes@{t}": counts.target_pass(cfg, 1, t, s["context"], "bf16", act) for t in s["nodes"]})
     dcfg = synthetic_drafter_config(cfg, s["drafter_layers"], s["block_size"])
@@ -1064,7 +1077,7 @@ def build_report(s: dict, results: dict, records: list, order: list[str], args, 
         if r.get("ratio_vs_ar") is not None:
             targets.append({"what": f"verify {t} nodes / AR step", "value": r["ratio_vs_ar"], "target": f"≤ {lim}",
                             "ok": r["ratio_vs_ar"] <= lim})
-    for name in ("xla_forward", "xla_decode_loop"):
+    for name in ("xla_forward", "xla_decode_loop", *SKINNY_VARIANTS):
         r = by.get(name) or {}
         if r.get("x_roofline_nominal"):
             targets.append({"what": f"{name} / roofline at 4.3 TB/s", "value": r["x_roofline_nominal"],
@@ -1275,7 +1288,7 @@ def row_rank(name: str) -> int:
     return ROW_ORDER.index(key) if key in ROW_ORDER else len(ROW_ORDER)
 
 
-ROW_ORDER = ["xla_forward", "xla_decode_loop", "xla_flags", *W12_JOB, "torch_peer_eager",
+ROW_ORDER = ["xla_forward", "xla_decode_loop", *SKINNY_VARIANTS, "xla_flags", *W12_JOB, "torch_peer_eager",
              "torch_peer_compile", "torch_peer_cudagraphs", "verify_nodes", "drafter_b16"]
 
 

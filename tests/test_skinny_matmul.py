@@ -126,7 +126,7 @@ def test_dispatch(monkeypatch, caplog):
   assert calls == []
   monkeypatch.setattr(skinny_ops, "_on_hopper", lambda: True)
   skinny_matmul.matmul(x, w)
-  skinny_matmul.matmul(jnp.ones((skinny_ops.MAX_TOKENS + 1, 128), jnp.bfloat16), w)  # prefill: XLA
+  skinny_matmul.matmul(jnp.ones((skinny_ops.MAX_TOKENS + 1, 128), jnp.bfloat16), w)  # above MAX_TOKENS: XLA
   assert calls == [(3, 128)]
   monkeypatch.undo()
   monkeypatch.setattr(skinny_ops, "DEFAULT", "mosaic_gpu")

@@ -25,10 +25,15 @@ _log = logging.getLogger(__name__)
 Implementation = Literal["xla", "mosaic_gpu"]
 _IMPLEMENTATIONS = ("xla", "mosaic_gpu")
 DEFAULT: Implementation = "xla"
-"""``"xla"`` until an H200 run shows the kernel faster inside the decode step (docs/results/)."""
-MAX_TOKENS = 64
-"""Above this many token rows XLA's GEMM: at 256 (a big verify tree) a Qwen3-8B pass is ~4 TFLOP, compute-bound on
-the H200, and this kernel (one warpgroup, 64-row wgmmas, waited each step) is built for streaming, not for peak FLOPs."""
+"""``"xla"``, measured (docs/results/2026-11-30-skinny-matmul-h200/): the kernel makes the fused decode loop ~5 %
+faster, but a 36-layer forward then compiles in 45 s instead of 7 s (Mosaic GPU compiles each of its ~145 call
+sites), which the search loop pays per candidate. Benchmarks and deployments that want it set it
+(``bench_roofline.py --matmul mosaic_gpu``)."""
+MAX_TOKENS = 8
+"""Above this many token rows, XLA's dot: on the H200 the kernel beats it at M = 1 (Qwen3-8B's five layer shapes,
+4.06 against 4.30 ms per step of matmuls) and only ties at M = 16 and 64
+(docs/results/2026-11-30-skinny-matmul-h200/); at 256 a verify pass is compute-bound and this kernel (one
+warpgroup, 64-row wgmmas, waited each step) is built for streaming, not for peak FLOPs."""
 
 
 def _mosaic_gpu(x, w, config):

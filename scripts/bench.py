@@ -38,6 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 ENGINES = ("ar", "stock", "ddtree", "tlv", "specpilot")
 
 
+COMMAND_BUFFER_FLAGS = "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -61,6 +64,12 @@ def parse_args(argv=None):
     ap.add_argument("--formats", nargs="+", default=["bf16"], choices=("bf16", "w12"), help="weight formats")
     ap.add_argument("--attentions", nargs="+", default=["xla"], choices=("xla", "pallas_tree"),
                     help="verify attention implementations (pallas_tree: the tree-attention kernel on Hopper)")
+    ap.add_argument("--matmul", choices=("xla", "mosaic_gpu"), default=None,
+                    help="bf16 linears with at most skinny_matmul.ops.MAX_TOKENS rows: XLA's dot or the skinny_matmul "
+                         "Mosaic GPU kernel (sets skinny_matmul.ops.DEFAULT; default: as it is)")
+    ap.add_argument("--command-buffers", action="store_true",
+                    help=f"add {COMMAND_BUFFER_FLAGS!r} to XLA_FLAGS before the backend starts: the fused decode loop "
+                         "went 5.87 -> 5.29 ms on the H200 (docs/results/2026-11-30-skinny-matmul-h200/)")
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     ap.add_argument("--context", type=int, default=1024, help="committed tokens per request")
     ap.add_argument("--rounds", type=int, default=6,
@@ -171,8 +180,14 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
+    if args.command_buffers:  # read when the backend starts, i.e. at the first jax.devices() below
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {COMMAND_BUFFER_FLAGS}".strip()
     import jax
 
+    if args.matmul:
+        from pallas_kernels.skinny_matmul import ops as skinny_ops
+
+        skinny_ops.DEFAULT = args.matmul
     from specpilot.costmodel import leave_one_out, load_or_calibrate
     from specpilot.costmodel import measure as M
     from specpilot.costmodel.predict import StepTimeModel, TauProfile, project
@@ -194,7 +209,8 @@ def main(argv=None) -> int:
         f"{dep.drafter_cfg.layers.num_layers} layers, block {dep.block} [{time.perf_counter() - t_start:.1f}s]")
     configs = engine_configs(args)
     res = {"provenance": provenance(hw), "deployment": dep.describe(), "context": args.context, "rounds": args.rounds,
-           "configs": configs, "rows": [], "skipped": []}
+           "configs": configs, "rows": [], "skipped": [], "xla_flags": os.environ.get("XLA_FLAGS", ""),
+           "matmul": args.matmul or "default"}
 
     def save(rows, skipped):
         res["rows"], res["skipped"] = rows, skipped

@@ -30,8 +30,8 @@ def random_tree_mask(b: int, n: int, rng) -> jnp.ndarray:
     return jnp.asarray(mask)
 
 
-def step(cfg, weights, dtype, attention, lengths, n, seed=0):
-    """One tree-verify forward over a filled cache; returns logits and the hidden of layer 0."""
+def step(cfg, weights, dtype, attention, lengths, n, seed=0, with_cache=False):
+    """One tree-verify forward over a filled cache; returns logits and the hidden of layer 0 (and the cache)."""
     rng = np.random.default_rng(seed)
     b, cap = len(lengths), 128
     kv = rng.normal(size=(2, cfg.num_layers, b, cap, cfg.num_kv_heads, cfg.head_dim))
@@ -40,7 +40,7 @@ def step(cfg, weights, dtype, attention, lengths, n, seed=0):
     mask = random_tree_mask(b, n, rng)
     depth = jnp.sum(mask, -1) - 1
     out = target.forward(weights, cfg, tokens, cache.lengths[:, None] + depth, cache, mask, (0,), attention=attention)
-    return out.logits, out.hidden
+    return (out.logits, out.hidden, out.cache) if with_cache else (out.logits, out.hidden)
 
 
 def test_pallas_tree_reference_path_equals_xla_attention():
@@ -50,6 +50,28 @@ def test_pallas_tree_reference_path_equals_xla_attention():
     got = step(cfg, w, jnp.float32, "pallas_tree", [5, 40, 0], 9)
     for a, b in zip(want, got):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-5, atol=2e-5)
+
+
+def test_pallas_tree_writes_the_same_cache_after_the_last_layer():
+    """pallas_tree writes every layer's new K/V in one scatter after the layers: the cache it returns equals the
+    XLA path's per-layer writes (layer 0 bit for bit; later layers up to the two attentions' f32 rounding), the
+    new slots past capacity are dropped (lengths 125 + 9 > 128) and every other slot is untouched."""
+    cfg = tm.target_config(vocab=32, hidden=64, layers=3, heads=4, kv_heads=2, head_dim=16)
+    w = init_random_target(cfg, 0, jnp.float32)
+    lengths, n = [5, 125, 0], 9
+    *_, want = step(cfg, w, jnp.float32, "xla", lengths, n, with_cache=True)
+    *_, got = step(cfg, w, jnp.float32, "pallas_tree", lengths, n, with_cache=True)
+    *_, before = step(cfg, w, jnp.float32, "xla", lengths, 0, with_cache=True)  # n = 0 writes nothing
+    new = np.zeros(got.k.shape[1:3], bool)  # [B, S]: the slots this step wrote
+    for r, length in enumerate(lengths):
+        new[r, length:length + n] = True
+    for a, b, old in ((want.k, got.k, before.k), (want.v, got.v, before.v)):
+        a, b, old = np.asarray(a), np.asarray(b), np.asarray(old)
+        np.testing.assert_array_equal(b[0], a[0])
+        np.testing.assert_allclose(b, a, rtol=2e-5, atol=2e-5)
+        np.testing.assert_array_equal(b[:, ~new], old[:, ~new])
+        assert not np.allclose(b[:, new], old[:, new])
+    np.testing.assert_array_equal(np.asarray(got.lengths), np.asarray(want.lengths))
 
 
 def test_pallas_tree_kernel_in_interpret_mode_inside_the_model(monkeypatch):

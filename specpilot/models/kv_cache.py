@@ -46,6 +46,14 @@ def write_layer(buf: jax.Array, layer: int | jax.Array, new: jax.Array, lengths:
     return buf.at[layer, jnp.arange(b)[:, None], slots].set(new.astype(buf.dtype), mode="drop")
 
 
+def write_layers(buf: jax.Array, new: jax.Array, lengths: jax.Array) -> jax.Array:
+    """`write_layer` for every layer at once: `new` [L, B, T, Hkv, D] into `buf` [L, B, S, Hkv, D] at slots
+    lengths[b] + t. One scatter instead of L (on the H200 each per-layer write is a 2.3 us copy)."""
+    b, t = new.shape[1:3]
+    slots = lengths[:, None] + jnp.arange(t)[None, :]
+    return buf.at[:, jnp.arange(b)[:, None], slots].set(new.astype(buf.dtype), mode="drop")
+
+
 def advance(cache: KVCache, n: jax.Array) -> KVCache:
     """Commit the first `n[b]` freshly written tokens of each request."""
     return dataclasses.replace(cache, lengths=cache.lengths + n.astype(jnp.int32))

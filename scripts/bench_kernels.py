@@ -27,6 +27,8 @@ w12        ``x @ W`` for bf16 ``x`` [M, K] and a W12 weight [K, N], at the Qwen3
                         XLA dot, escapes patched after (does XLA fuse the decode into the dot?);
              reference  ``w12_matmul_reference``: unpack to bf16, then an f32-accumulated dot;
              xla_bf16   XLA's bf16 dot (f32 accumulation) on the unpacked bf16 weight;
+             skinny_bf16 (GPU only) ``skinny_matmul``'s Mosaic GPU kernel on that bf16 weight, the other bf16
+                        matmul the must-show compares with;
              int8       (GPU only) the TLV level-1 matmul: the same weight quantized to int8 per output
                         column, ``quant_matmul.matmul(implementation="mosaic_gpu")`` (jax's Hopper
                         mixed-type kernel, default TuningConfig); ``int8_ref`` is its jnp reference. Both
@@ -316,6 +318,11 @@ def case_w12(case: dict, result: Result) -> None:
                 ("reference", lambda: reference, w12_args, "w12", None),
                 ("xla_bf16", xla_bf16, list(zip(xs, w_sets)), "bf16", None)]
     expected_of = {"w12": expected, "bf16": expected}
+    if gpu and m <= 64:  # the other bf16 matmul of the must-show's "best bf16" (issue #4): skinny_matmul's kernel
+        from pallas_kernels import skinny_matmul
+
+        methods.append(("skinny_bf16", lambda: jax.jit(
+            lambda x, w: skinny_matmul.matmul(x, w, implementation="mosaic_gpu")), list(zip(xs, w_sets)), "bf16", None))
     if gpu:  # the int8 kernel cannot run in interpret mode
         from pallas_kernels import quant_matmul
         from specpilot.models.weights import quantize
@@ -567,6 +574,38 @@ def matmul_table(rows: list, c_bps) -> list[str]:
     return [*lines, ""]
 
 
+def w12_must_show(rows: list, c_bps) -> list[str]:
+    """Issue #4's check per (shape, M): the fastest W12 kernel against the fastest bf16 matmul (XLA's dot or
+    skinny_matmul), on device µs where CUPTI gave them (else median wall µs), and the W12 kernel's share of the
+    ceiling in compressed bytes. Targets: ratio <= 0.80 and >= 75 %."""
+    def us(r):
+        return r.get("device_us") or r.get("median_us")
+
+    cases = {}
+    for r in rows:
+        if "error" not in r and r.get("ok") and us(r):
+            cases.setdefault((r["k"], r["n"], r["m"]), []).append(r)
+    lines = []
+    for (k, n, m), group in cases.items():
+        w12_rows = [r for r in group if r["method"].startswith("kernel")]
+        bf16_rows = [r for r in group if r["format"] == "bf16"]
+        if not w12_rows or not bf16_rows:
+            continue
+        w, b = min(w12_rows, key=us), min(bf16_rows, key=us)
+        ratio = us(w) / us(b)
+        pct = 100 * w["weight_bytes"] / (us(w) * 1e-6) / c_bps if c_bps else None
+        met = ratio <= 0.80 and pct is not None and pct >= 75
+        basis = "device" if w.get("device_us") and b.get("device_us") else "wall"
+        lines.append(f"| {k}x{n} | {m} | {method(w)} {us(w):.1f} | {b['method']} {us(b):.1f} | {basis} | {ratio:.2f} | "
+                     f"{_fmt(pct, '.0f')} | {'yes' if met else 'no'} |")
+    if not lines:
+        return []
+    head = ["W12 must-show (issue #4): fastest W12 kernel against the fastest bf16 matmul; targets ratio <= 0.80 and "
+            ">= 75 % of the ceiling in compressed bytes.", "",
+            "| K x N | M | W12 us | best bf16 us | timing | ratio | % ceil | met |", "|" + "---|" * 8]
+    return [*head, *lines, ""]
+
+
 def markdown(res: dict) -> str:
     ceiling = res.get("ceiling") or {}
     c_bps = ceiling.get("ceiling_Bps")
@@ -589,7 +628,7 @@ def markdown(res: dict) -> str:
             lines.append(f"| {shape} | {s.get('label', '')} | {_fmt(s.get('bits_per_weight'), '.4f')} | "
                          f"{_fmt(s.get('escapes'), ',')} | {_fmt(s.get('pack_s'), '.1f')} |")
         lines += [""]
-        lines += matmul_table(res["w12"]["rows"], c_bps)
+        lines += matmul_table(res["w12"]["rows"], c_bps) + w12_must_show(res["w12"]["rows"], c_bps)
     if res["skinny"]["rows"]:
         lines += ["## Few-token bf16 matmul (skinny_matmul)", ""] + matmul_table(res["skinny"]["rows"], c_bps)
     if res["tree_attention"]["rows"]:

@@ -1,19 +1,23 @@
-"""A bf16 matmul for few tokens (decode and verify: M = 1..256) on Hopper, written with Mosaic GPU.
+"""A bf16 matmul for few token rows (decode) on Hopper, written with Mosaic GPU.
 
 Why: a decode step reads every weight once and is bound by HBM bandwidth, but XLA's bf16 dot at M = 1
-reaches 56-77 % of the read ceiling on Qwen3-8B's projections (docs/results/2026-11-30-w12-registers-h200/),
-so the AR step sits at 1.4x its roofline. This is the W12 kernel (``pallas_kernels/w12``) without the
-decode: same split-K grid (``pallas_kernels/split_k.py``), weights on the wgmma M side, tokens on N.
+reached 56-77 % of the read ceiling on Qwen3-8B's projections (docs/results/2026-11-30-w12-registers-h200/).
+This is the W12 kernel (``pallas_kernels/w12``) without the decode: the same split-K grid
+(``pallas_kernels/split_k.py``), weights on the wgmma M side, tokens on N.
+
+Measured on the H200 (docs/results/2026-11-30-skinny-matmul-h200/): at M = 1 a step's matmuls take 4.06 ms
+against XLA's 4.30 (large weights stream at 4.2-4.4 TB/s; every call, XLA's too, loses ~4.5 us to the
+pipeline's ramp and tail); at M = 16 and 64 it ties XLA. Inside the decode loop it helps only with XLA's
+command buffers (5.03 against 5.29 ms a step), which is why ``ops`` uses it for M <= 8 and only when asked.
 
 Shape of the call. ``y.T = W.T @ x.T`` for ``W`` ``[K, N]`` stored as the model stores it (no per-call
 transpose): each pipeline step TMA-loads a ``[tile_k, 64]`` weight tile (128-byte rows, 128-byte swizzle)
 and hands it to wgmma as a transposed (M-major) A operand, which wgmma supports for 16-bit types; the
 ``[tile_m, tile_k]`` activation tile is the B operand. One block owns 64 output channels and ``tile_m``
 tokens and walks ``K / split_k`` of the reduction; its accumulator is stored transposed, so the partial sums
-are ``[split_k, Mp, N]`` (f32 when split, as two 16-bit halves, else bf16) and XLA's sum, slice and cast after
-the kernel are elementwise: they fuse into the consumer (the residual add, SiLU) where a transpose would cost
-a kernel of its own (at 16 tokens, 9.7 us per Qwen3-8B layer on the H200 with the channel-major first
-version: docs/results/2026-11-30-skinny-matmul-h200/).
+are ``[split_k, Mp, N]`` (f32 when split, as two 16-bit halves, else bf16): after the kernel XLA adds the
+split slabs, slices the padding off and casts, with no transpose. The channel-major first version needed
+one, a kernel of its own (at 16 tokens, 9.7 us per Qwen3-8B layer).
 
 Runs in Pallas GPU-interpret mode (both wgmma operands come from SMEM), so the CPU tests run the kernel.
 """
@@ -34,7 +38,9 @@ from pallas_kernels.split_k import auto_split_k, num_sms, round_up, smem_transfo
 TILE_N = 64  # output channels per block: one wgmma M
 
 DEFAULT_CONFIG = TuningConfig()
-"""What ``skinny_matmul`` runs without a config (untimed: the H200 sweep in bench_kernels picks it)."""
+"""What ``skinny_matmul`` runs without a config: in the H200 sweep (``bench_kernels.skinny_sweep``) the best
+single config at M = 1, where ``ops`` uses the kernel (4.06 ms a step; blocks_per_sm=1 is better at M = 16,
+tile_k=256 at 64)."""
 
 
 def check_supported(x: jax.Array, w: jax.Array, config: TuningConfig) -> None:
@@ -97,8 +103,8 @@ def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, inter
   call = plgpu.kernel(
       kernel, out_type=jax.ShapeDtypeStruct((split_k, halves, mp, n), jnp.bfloat16),
       grid=(n // TILE_N, mp // tile_m, split_k), grid_names=("n", "m", "s"),
-      scratch_types=dict(out_smem=plgpu.SMEM((halves, tile_m, TILE_N), jnp.bfloat16,
-                                             transforms=smem_transforms(TILE_N, jnp.bfloat16))),
+      scratch_types={"out_smem": plgpu.SMEM((halves, tile_m, TILE_N), jnp.bfloat16,
+                                            transforms=smem_transforms(TILE_N, jnp.bfloat16))},
       interpret=interpret,
   )
   return call(w, x2)
@@ -130,6 +136,5 @@ def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = N
   split_k = config.split_k or auto_split_k((n // TILE_N) * (mp // tile_m), k_steps, num_sms(), config.blocks_per_sm)
   partial = _call(x2, w, tile_m=tile_m, tile_k=config.tile_k, max_concurrent_steps=config.max_concurrent_steps,
                   split_k=split_k, halves=2 if split_k > 1 else 1, interpret=interpret)
-  # elementwise from here on (no transpose), so XLA fuses it into the consumer
   y = partial[0, 0] if split_k == 1 else f32_from_halves(partial).sum(0).astype(x.dtype)
   return y[:m].reshape(*lead, n)

@@ -27,6 +27,7 @@ beyond the 60 MB L2, so no step reads them from cache:
   ms = loop time ÷ steps;
 - `skinny_forward` / `skinny_decode_loop`: `xla_forward` / `xla_decode_loop` again, in a process of their own with the
   bf16 linears on `pallas_kernels/skinny_matmul`'s Mosaic GPU kernel (`--matmul` sets the same thing for every job);
+  `skinny_cmdbuf_while`: `skinny_decode_loop` under `xla_flags_cmdbuf_while`'s XLA_FLAGS;
 - `xla_flags_*`: `xla_decode_loop` in a process with extra XLA_FLAGS (command buffers off / on for while loops,
   autotuning off; `--xla-flags NAME=FLAGS` adds more); every flag used exists in jax 0.11.2's XLA (an unknown
   flag aborts the process, and the CPU smoke run parses them all);
@@ -91,6 +92,9 @@ W12_IMPLEMENTATION = {"xla_forward_w12": "reference", "xla_forward_w12_xla_decod
 SKINNY_VARIANTS = {"skinny_forward": "xla_forward", "skinny_decode_loop": "xla_decode_loop"}
 """Rows measured again in a process of their own with the bf16 linears on ``skinny_matmul``'s Mosaic GPU kernel
 (``skinny_matmul.ops.DEFAULT = "mosaic_gpu"``): the kernel and XLA's dot side by side in one run."""
+SKINNY_FLAG_VARIANTS = {"skinny_cmdbuf_while": "xla_flags_cmdbuf_while"}
+"""The decode loop with the kernel and an ``XLA_FLAG_VARIANTS`` entry's flags: on the H200 the best AR step so far
+(5.03 ms: docs/results/2026-11-30-skinny-matmul-h200/)."""
 XLA_FLAG_VARIANTS = {  # names checked against jax 0.11.2's XLA (`strings` on jaxlib); all parse on the CPU too
     "xla_flags_no_cmdbuf": "--xla_gpu_enable_command_buffer=",
     "xla_flags_cmdbuf_while": "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL --xla_gpu_graph_min_graph_size=1",
@@ -116,6 +120,7 @@ WHAT = {
     "xla_forward_w12_kernel": "XLA forward, W12 weights (Mosaic GPU kernel)",
     "skinny_forward": "xla_forward, bf16 linears on the skinny_matmul kernel",
     "skinny_decode_loop": "xla_decode_loop, bf16 linears on the skinny_matmul kernel",
+    "skinny_cmdbuf_while": "skinny_decode_loop with xla_flags_cmdbuf_while's command buffers",
     "torch_peer_eager": "PyTorch gpt-fast style, eager",
     "torch_peer_cudagraphs": "PyTorch, compile reduce-overhead (CUDA graphs)",
     "torch_peer_compile": "PyTorch, compile max-autotune-no-cudagraphs",
@@ -706,7 +711,8 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", default=None, help="bfloat16 | float32 (default bfloat16; --quick: float32)")
     ap.add_argument("--context", type=int, default=None, help="committed tokens (default 1024; --quick: 32)")
     ap.add_argument("--variants", nargs="+", default=None,
-                    help="subset of: " + ", ".join([*XLA_JOB, *SKINNY_VARIANTS, *W12_JOB, "xla_flags", *XLA_FLAG_VARIANTS,
+                    help="subset of: " + ", ".join([*XLA_JOB, *SKINNY_VARIANTS, *SKINNY_FLAG_VARIANTS, *W12_JOB, "xla_flags",
+                                                    *XLA_FLAG_VARIANTS,
                                                     "torch_peer",
                                                     *TORCH_MODES]))
     ap.add_argument("--xla-flags", action="append", default=[], metavar="NAME=FLAGS",
@@ -768,7 +774,7 @@ def settings(args) -> dict:
 
 
 def selected_variants(args) -> list[str]:
-    known = [*XLA_JOB, *SKINNY_VARIANTS, *W12_JOB, *XLA_FLAG_VARIANTS, *TORCH_MODES]
+    known = [*XLA_JOB, *SKINNY_VARIANTS, *SKINNY_FLAG_VARIANTS, *W12_JOB, *XLA_FLAG_VARIANTS, *TORCH_MODES]
     extra = [kv.split("=", 1)[0] for kv in args.xla_flags]
     if args.variants is None:
         return known + extra
@@ -841,11 +847,13 @@ def plan_jobs(args, s: dict, run: Path, chosen: list[str]) -> tuple[list[Job], J
     # the order they run in: the budget cuts from the end (max-autotune compiles longest, tells least)
     torch_job("torch_peer_eager")
     torch_job("torch_peer_cudagraphs")
-    for name, f in flags.items():
+    flag_jobs = [(name, f, {}) for name, f in flags.items()]
+    flag_jobs += [(name, XLA_FLAG_VARIANTS[of], {"matmul": "mosaic_gpu"}) for name, of in SKINNY_FLAG_VARIANTS.items()]
+    for name, f, extra in flag_jobs:
         if name in chosen:
-            jobs.append(jax_job(name, ["xla_decode_loop"], t["xla_flags"], [name],
+            jobs.append(jax_job(name, ["xla_decode_loop"], t["xla_flags"] * (2 if extra else 1), [name],
                                 env={"XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " " + f).strip()},
-                                loop_label=name, flags=f))
+                                loop_label=name, flags=f, **extra))
     skinny = [v for v in SKINNY_VARIANTS if v in chosen]
     if skinny:
         labels = {("forward_label" if SKINNY_VARIANTS[v] == "xla_forward" else "loop_label"): v for v in skinny}
@@ -1012,7 +1020,7 @@ def roofline_costs(s: dict) -> dict:
     cfg = model_config(s["model"])
     act = 4 if s["dtype"] == "float32" else 2
     ar = counts.target_pass(cfg, 1, 1, s["context"], "bf16", act)
-    costs = {v: ar for v in ("xla_forward", "xla_decode_loop", *SKINNY_VARIANTS, *TORCH_MODES)}
+    costs = {v: ar for v in ("xla_forward", "xla_decode_loop", *SKINNY_VARIANTS, *SKINNY_FLAG_VARIANTS, *TORCH_MODES)}
     costs.update({v: counts.target_pass(cfg, 1, 1, s["context"], "w12", 2) for v in W12_JOB})
     costs.update({f"verify_nodes@{t}": counts.target_pass(cfg, 1, t, s["context"], "bf16", act) for t in s["nodes"]})
     dcfg = synthetic_drafter_config(cfg, s["drafter_layers"], s["block_size"])
@@ -1077,7 +1085,7 @@ def build_report(s: dict, results: dict, records: list, order: list[str], args, 
         if r.get("ratio_vs_ar") is not None:
             targets.append({"what": f"verify {t} nodes / AR step", "value": r["ratio_vs_ar"], "target": f"≤ {lim}",
                             "ok": r["ratio_vs_ar"] <= lim})
-    for name in ("xla_forward", "xla_decode_loop", *SKINNY_VARIANTS):
+    for name in ("xla_forward", "xla_decode_loop", *SKINNY_VARIANTS, *SKINNY_FLAG_VARIANTS):
         r = by.get(name) or {}
         if r.get("x_roofline_nominal"):
             targets.append({"what": f"{name} / roofline at 4.3 TB/s", "value": r["x_roofline_nominal"],
@@ -1288,7 +1296,7 @@ def row_rank(name: str) -> int:
     return ROW_ORDER.index(key) if key in ROW_ORDER else len(ROW_ORDER)
 
 
-ROW_ORDER = ["xla_forward", "xla_decode_loop", *SKINNY_VARIANTS, "xla_flags", *W12_JOB, "torch_peer_eager",
+ROW_ORDER = ["xla_forward", "xla_decode_loop", *SKINNY_VARIANTS, *SKINNY_FLAG_VARIANTS, "xla_flags", *W12_JOB, "torch_peer_eager",
              "torch_peer_compile", "torch_peer_cudagraphs", "verify_nodes", "drafter_b16"]
 
 

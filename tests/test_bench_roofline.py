@@ -42,7 +42,8 @@ def quick(tmp_path_factory):
     if HAS_TORCH_PYTHON:
         cmd += ["--torch-python", str(REF_PYTHON), "--torch-compile-backend", "aot_eager"]
     else:
-        cmd += ["--variants", "xla_forward", "xla_decode_loop", "skinny_forward", "skinny_decode_loop", "xla_flags",
+        cmd += ["--variants", "xla_forward", "xla_decode_loop", "skinny_forward", "skinny_decode_loop",
+                "skinny_cmdbuf_while", "xla_flags",
                 "xla_forward_w12",
                 "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "verify_nodes", "drafter"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp, check=False)
@@ -56,7 +57,7 @@ def test_every_variant_has_a_time_or_an_error_and_a_roofline(quick):
     expected = {"xla_forward", "xla_decode_loop", "xla_flags_no_cmdbuf", "xla_flags_cmdbuf_while",
                 "xla_flags_autotune0", "xla_flags_no_triton_gemm", "xla_forward_w12", "xla_forward_w12_xla_decode",
                 "xla_forward_w12_kernel", "verify_nodes@4", "verify_nodes@8", "drafter_b16", "skinny_forward",
-                "skinny_decode_loop"}
+                "skinny_decode_loop", "skinny_cmdbuf_while"}
     if HAS_TORCH_PYTHON:
         expected |= {"torch_peer_eager", "torch_peer_compile", "torch_peer_cudagraphs"}
     assert set(names) == expected
@@ -87,12 +88,15 @@ def test_jax_variants_ran_and_agree(quick):
             assert r.get("ms", 0) > 0 and not r.get("error"), r
     ref = by["xla_forward"]["tokens"]
     assert len(ref) == rep["settings"]["check_steps"]
-    for name in ("xla_decode_loop", "skinny_forward", "skinny_decode_loop", "xla_flags_no_cmdbuf",
+    for name in ("xla_decode_loop", "skinny_forward", "skinny_decode_loop", "skinny_cmdbuf_while", "xla_flags_no_cmdbuf",
                  "xla_flags_cmdbuf_while", "xla_flags_autotune0", "xla_flags_no_triton_gemm"):
         assert by[name]["tokens"] == ref and by[name]["tokens_match"] is True, name
     assert by["xla_flags_autotune0"]["xla_flags"].endswith("--xla_gpu_autotune_level=0")
     skinny_job = next(j for j in rep["jobs"] if j["job"] == "skinny")
     assert sorted(skinny_job["rows"]) == ["skinny_decode_loop", "skinny_forward"]
+    both = by["skinny_cmdbuf_while"]
+    assert both["xla_flags"] == by["xla_flags_cmdbuf_while"]["xla_flags"]
+    assert json.loads((quick[3] / "jobs" / "skinny_cmdbuf_while.spec.json").read_text())["matmul"] == "mosaic_gpu"
     for name in ("xla_forward_w12", "xla_forward_w12_xla_decode", "xla_forward_w12_kernel"):
         w = by[name]
         assert w["tokens"] == w["bf16_tokens"] and w["tokens_match"] is True and w["tokens_equal_bf16"] is True

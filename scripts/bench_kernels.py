@@ -265,7 +265,6 @@ def case_w12(case: dict, result: Result) -> None:
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     from pallas_kernels import w12
-    from pallas_kernels.tree_attention.bench import device_time_per_call, time_per_call
     from pallas_kernels.w12 import mosaic_gpu as w12_mosaic_gpu
     from pallas_kernels.w12.reference import w12_matmul_reference
 
@@ -339,28 +338,39 @@ def case_w12(case: dict, result: Result) -> None:
     for name, build, arg_sets, fmt, config in methods:
         weight_bytes = {"w12": w12_stored_bytes(packed), "bf16": 2 * k * n, "int8": k * n + 4 * n}[fmt]
         row = dict(method=name, k=k, n=n, m=m, copies=copies, format=fmt, weight_bytes=weight_bytes)
-        if config is not None:
-            row |= dict(config=config, mode="interpret" if interpret else "mosaic_gpu")
-        try:
-            fn = build()
-            out = np.asarray(fn(*arg_sets[0]), np.float32)
-            want = expected_of[fmt]
-            err = float(np.abs(out - want).max())
-            row |= dict(max_abs_err=err, rel_err=err / scale, exact=float(np.mean(out == want)),
-                        ok=bool(err <= REL_TOL * scale))
-            row["median_us"], row["min_us"] = time_per_call(fn, arg_sets, case["trials"], case["calls"])
-            row["TBps"] = weight_bytes / row["median_us"] / 1e6
-            if gpu:
-                try:
-                    row["device_us"] = device_time_per_call(fn, arg_sets)
-                    row["TBps_device"] = weight_bytes / row["device_us"] / 1e6 if row["device_us"] else None
-                except Exception as e:  # CUPTI missing or taken
-                    row["device_us"], row["device_error"] = None, _error(e)
-        except Exception as e:  # report and go on: the reference and XLA rows still matter
-            row["error"] = _error(e)
-            traceback.print_exc()
-        print(f"{name}: {json.dumps(row, default=float)}", flush=True)
-        result.add_row(row)
+        result.add_row(measure_matmul(row, build, arg_sets, expected_of[fmt], scale, config, interpret, gpu, case))
+
+
+def measure_matmul(row: dict, build, arg_sets, want, scale: float, config, interpret: bool, gpu: bool,
+                   case: dict) -> dict:
+    """One method's row of a matmul case: ``build()`` jitted, its output on the first argument set against
+    ``want`` (``ok``: max error <= REL_TOL x ``scale``; ``exact``: the bit-equal fraction), then its time per call
+    over every set (wall, and CUPTI device time on a GPU). An error is reported on the row; the case goes on."""
+    import numpy as np
+
+    from pallas_kernels.tree_attention.bench import device_time_per_call, time_per_call
+
+    if config is not None:
+        row |= dict(config=config, mode="interpret" if interpret else "mosaic_gpu")
+    try:
+        fn = build()
+        out = np.asarray(fn(*arg_sets[0]), np.float32)
+        err = float(np.abs(out - want).max())
+        row |= dict(max_abs_err=err, rel_err=err / scale, exact=float(np.mean(out == want)),
+                    ok=bool(err <= REL_TOL * scale))
+        row["median_us"], row["min_us"] = time_per_call(fn, arg_sets, case["trials"], case["calls"])
+        row["TBps"] = row["weight_bytes"] / row["median_us"] / 1e6
+        if gpu:
+            try:
+                row["device_us"] = device_time_per_call(fn, arg_sets)
+                row["TBps_device"] = row["weight_bytes"] / row["device_us"] / 1e6 if row["device_us"] else None
+            except Exception as e:  # CUPTI missing or taken
+                row["device_us"], row["device_error"] = None, _error(e)
+    except Exception as e:  # report and go on: the other methods' rows still matter
+        row["error"] = _error(e)
+        traceback.print_exc()
+    print(f"{row['method']}: {json.dumps(row, default=float)}", flush=True)
+    return row
 
 
 def case_skinny(case: dict, result: Result) -> None:
@@ -371,7 +381,6 @@ def case_skinny(case: dict, result: Result) -> None:
 
     from pallas_kernels import skinny_matmul
     from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
-    from pallas_kernels.tree_attention.bench import device_time_per_call, time_per_call
 
     k, n, m, copies = case["k"], case["n"], case["m"], case["copies"]
     interpret = _interpret(case["interpret"])
@@ -395,30 +404,11 @@ def case_skinny(case: dict, result: Result) -> None:
 
     methods = [(f"skinny[{i}]", lambda c=c: kernel(c), c) for i, c in enumerate(case["configs"])]
     methods.append(("xla_bf16", lambda: jax.jit(lambda x, w: skinny_matmul.matmul(x, w, implementation="xla")), None))
+    # `exact` counts outputs equal to the f32 product rounded to bf16, as the W12 case does against its reference
+    want = expected.astype(jnp.bfloat16).astype(np.float32)
     for name, build, config in methods:
         row = dict(method=name, k=k, n=n, m=m, copies=copies, format="bf16", weight_bytes=2 * k * n)
-        if config is not None:
-            row |= dict(config=config, mode="interpret" if interpret else "mosaic_gpu")
-        try:
-            fn = build()
-            out = np.asarray(fn(xs[0], w_sets[0]), np.float32)
-            err = float(np.abs(out - expected).max())
-            row |= dict(max_abs_err=err, rel_err=err / scale, exact=float(np.mean(out == expected.astype(
-                jnp.bfloat16).astype(np.float32))), ok=bool(err <= REL_TOL * scale))
-            arg_sets = list(zip(xs, w_sets))
-            row["median_us"], row["min_us"] = time_per_call(fn, arg_sets, case["trials"], case["calls"])
-            row["TBps"] = row["weight_bytes"] / row["median_us"] / 1e6
-            if gpu:
-                try:
-                    row["device_us"] = device_time_per_call(fn, arg_sets)
-                    row["TBps_device"] = row["weight_bytes"] / row["device_us"] / 1e6 if row["device_us"] else None
-                except Exception as e:  # CUPTI missing or taken
-                    row["device_us"], row["device_error"] = None, _error(e)
-        except Exception as e:  # report and go on
-            row["error"] = _error(e)
-            traceback.print_exc()
-        print(f"{name}: {json.dumps(row, default=float)}", flush=True)
-        result.add_row(row)
+        result.add_row(measure_matmul(row, build, list(zip(xs, w_sets)), want, scale, config, interpret, gpu, case))
 
 
 def case_tree_attention(case: dict, result: Result) -> None:

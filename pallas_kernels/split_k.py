@@ -1,6 +1,7 @@
 """What the split-K Mosaic GPU matmuls (``w12`` and ``skinny_matmul``) share: weights on the wgmma M side
-(64 output channels per block), tokens on N, the K range cut into ``split_k`` pieces that each write an
-f32 partial sum ``[split_k, N, Mp]``, added by XLA afterwards."""
+(64 output channels per block), tokens on N, the K range cut into ``split_k`` pieces (``auto_split_k``) whose
+partial sums XLA adds afterwards. ``store_partial_sum`` / ``partial_sums_kernel`` / ``reduce_partial_sums`` are
+W12's channel-major ``[split_k, N, Mp]`` epilogue; ``skinny_matmul`` stores tokens-major (its module says why)."""
 
 from __future__ import annotations
 

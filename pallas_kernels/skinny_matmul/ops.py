@@ -25,10 +25,11 @@ _log = logging.getLogger(__name__)
 Implementation = Literal["xla", "mosaic_gpu"]
 _IMPLEMENTATIONS = ("xla", "mosaic_gpu")
 DEFAULT: Implementation = "xla"
-"""``"xla"``, measured (docs/results/2026-11-30-skinny-matmul-h200/): the kernel makes the fused decode loop ~5 %
-faster, but a 36-layer forward then compiles in 45 s instead of 7 s (Mosaic GPU compiles each of its ~145 call
-sites), which the search loop pays per candidate. Benchmarks and deployments that want it set it
-(``bench_roofline.py --matmul mosaic_gpu``)."""
+"""``"xla"``, measured (docs/results/2026-11-30-skinny-matmul-h200/). Alone the kernel leaves the fused decode loop
+where it was (5.85 against 5.87 ms a step); with XLA command buffers it gives the best step so far (5.03 against
+5.29). A 36-layer forward then compiles in 45 s instead of 7 (Mosaic GPU compiles each of its ~145 call sites),
+which the search loop would pay per candidate. Benchmarks and deployments that want it set it
+(``bench.py --matmul mosaic_gpu --command-buffers``, ``bench_roofline.py --matmul mosaic_gpu``)."""
 MAX_TOKENS = 8
 """Above this many token rows, XLA's dot: on the H200 the kernel beats it at M = 1 (Qwen3-8B's five layer shapes,
 4.06 against 4.30 ms per step of matmuls) and only ties at M = 16 and 64

@@ -160,6 +160,23 @@ def _pool_init():
     os.environ["JAX_PLATFORMS"] = "cpu"  # pack() ends in jnp.asarray: never touch the GPU from a pool process
 
 
+def kernel_fields(timings: list) -> dict:
+    """CUPTI's ``(kernel name, ms)`` per launch -> a row's ``kernels`` (GPU µs and launches per name, the
+    ``KERNELS_LISTED`` largest), ``kernels_ms`` and ``kernel_launches`` in all, and the matmul-like share
+    (``MATMUL_KERNEL_NAMES``) as ``matmul_kernels_ms`` / ``matmul_launches``."""
+    by_name: dict[str, list] = {}
+    for kernel, ms in timings:
+        entry = by_name.setdefault(kernel, [0.0, 0])
+        entry[0] += 1e3 * ms
+        entry[1] += 1
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:KERNELS_LISTED]
+    heavy = [v for k, v in by_name.items() if any(p in k.lower() for p in MATMUL_KERNEL_NAMES)]
+    return {"kernels_ms": sum(us for us, _ in by_name.values()) / 1e3,
+            "kernel_launches": sum(n for _, n in by_name.values()),
+            "matmul_kernels_ms": sum(us for us, _ in heavy) / 1e3, "matmul_launches": sum(n for _, n in heavy),
+            "kernels": [{"name": k[:120], "us": round(us, 1), "launches": n} for k, (us, n) in top]}
+
+
 class Worker:
     """Builds the deployment of a spec and measures the spec's variants, saving after each one."""
 
@@ -309,18 +326,9 @@ class Worker:
         except Exception as e:  # no CUPTI (a CPU run), or it is taken
             self.row(name, kernels_error=f"{type(e).__name__}: {str(e)[:200]}")
             return
-        by_name: dict[str, list] = {}
-        for kernel, ms in timings or []:
-            entry = by_name.setdefault(kernel, [0.0, 0])
-            entry[0] += 1e3 * ms
-            entry[1] += 1
-        top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:KERNELS_LISTED]
-        heavy = [v for k, v in by_name.items() if any(p in k.lower() for p in MATMUL_KERNEL_NAMES)]
-        self.row(name, kernels_ms=sum(us for us, _ in by_name.values()) / 1e3,
-                 kernel_launches=sum(n for _, n in by_name.values()),
-                 matmul_kernels_ms=sum(us for us, _ in heavy) / 1e3, matmul_launches=sum(n for _, n in heavy),
-                 kernels=[{"name": k[:120], "us": round(us, 1), "launches": n} for k, (us, n) in top])
-        log(f"{name}: {len(timings or [])} kernels, {sum(us for us, _ in by_name.values()) / 1e3:.3f} ms GPU time")
+        fields = kernel_fields(timings or [])
+        self.row(name, **fields)
+        log(f"{name}: {fields['kernel_launches']} kernels, {fields['kernels_ms']:.3f} ms GPU time")
 
     def greedy(self, step, w, cache, steps: int):
         """Greedy tokens of `steps` AR steps from the spec's start token (the cache advances)."""

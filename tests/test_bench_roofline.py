@@ -154,6 +154,19 @@ def test_kernel_split_is_opt_in_and_says_why_it_is_missing(tmp_path):
             assert ("kernels" in row) != ("kernels_error" in row), row
 
 
+def test_kernel_fields_group_by_name_and_split_matmuls_from_the_rest():
+    br = _load_script()
+    timings = [("gemm_fusion_dot_1", 0.020), ("kernel_mosaic_gpu_kernel", 0.025), ("gemm_fusion_dot_1", 0.010),
+               ("loop_add_fusion", 0.0015), ("memcpy128", 0.0023), ("nvjet_sm90_tss", 0.1)]
+    f = br.kernel_fields(timings)
+    assert f["kernel_launches"] == 6 and f["matmul_launches"] == 4
+    assert f["kernels_ms"] == pytest.approx(0.1588) and f["matmul_kernels_ms"] == pytest.approx(0.155)
+    assert f["kernels"][0] == {"name": "nvjet_sm90_tss", "us": 100.0, "launches": 1}
+    assert {"name": "gemm_fusion_dot_1", "us": 30.0, "launches": 2} in f["kernels"]
+    many = br.kernel_fields([(f"k{i}", 0.001 * (i + 1)) for i in range(br.KERNELS_LISTED + 5)])
+    assert len(many["kernels"]) == br.KERNELS_LISTED and many["kernel_launches"] == br.KERNELS_LISTED + 5
+
+
 def test_kernel_split_renders_in_the_report():
     br = _load_script()
     kernels = [{"name": "kernel_mosaic_gpu_kernel", "us": 24.4, "launches": 1}]

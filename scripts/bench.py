@@ -70,6 +70,8 @@ def parse_args(argv=None):
     ap.add_argument("--command-buffers", action="store_true",
                     help=f"add {COMMAND_BUFFER_FLAGS!r} to XLA_FLAGS before the backend starts: the fused decode loop "
                          "went 5.87 -> 5.29 ms on the H200 (docs/results/2026-11-30-skinny-matmul-h200/)")
+    ap.add_argument("--gpu-time", action="store_true",
+                    help="also time each stage's kernels with CUPTI (stage_gpu_ms: no host dispatch, no launch gaps)")
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     ap.add_argument("--context", type=int, default=1024, help="committed tokens per request")
     ap.add_argument("--rounds", type=int, default=6,
@@ -220,7 +222,8 @@ def main(argv=None) -> int:
     budget = None if args.budget_s is None else args.budget_s - (time.perf_counter() - t_start)
     workers = args.compile_workers or (4 if accel else 1)
     rows, skipped = M.sweep(dep, configs, args.batches, args.context, args.rounds, hw, budget, log, args.seed,
-                            eager, on_row=save, calibration=calibration_configs(args), compile_workers=workers)
+                            eager, on_row=save, calibration=calibration_configs(args), compile_workers=workers,
+                            gpu_time=args.gpu_time)
     res["rows"], res["skipped"] = rows, skipped
     res["fit"] = StepTimeModel.fit(rows).to_json() if rows else {}
     res["validation"] = leave_one_out(rows, dep.block) if len(rows) > 1 else []

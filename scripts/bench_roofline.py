@@ -307,26 +307,19 @@ class Worker:
     def kernel_split(self, name: str, call, state) -> None:
         """With --kernel-split: one more ``call(state)`` under CUPTI, its kernels grouped by name (GPU µs and
         launches, the ``KERNELS_LISTED`` largest) into the row as ``kernels``, their sum as ``kernels_ms``, and the
-        matmul-like share (``MATMUL_KERNEL_NAMES``) as ``matmul_kernels_ms`` / ``matmul_launches``. Uses the CUPTI
-        hooks of jax's Mosaic GPU profiler directly: ``profiler.measure`` calls a function twice with the same
-        arguments, which a program that donates its cache cannot take."""
+        matmul-like share (``MATMUL_KERNEL_NAMES``) as ``matmul_kernels_ms`` / ``matmul_launches``
+        (``specpilot.costmodel.cupti``: one call, where jax's ``profiler.measure`` calls a function twice with the
+        same arguments, which a program that donates its cache cannot take)."""
         if not self.spec.get("kernel_split"):
             return
-        import jax
+        from specpilot.costmodel.cupti import kernel_timings
 
         try:
-            from jax._src.lib import mosaic_gpu as mosaic_gpu_lib
-
-            ext = mosaic_gpu_lib._mosaic_gpu_ext
-            ext._cupti_init()
-            try:
-                jax.block_until_ready(call(state))
-            finally:
-                timings = ext._cupti_get_timings(True)
+            timings = kernel_timings(lambda: call(state))
         except Exception as e:  # no CUPTI (a CPU run), or it is taken
             self.row(name, kernels_error=f"{type(e).__name__}: {str(e)[:200]}")
             return
-        fields = kernel_fields(timings or [])
+        fields = kernel_fields(timings)
         self.row(name, **fields)
         log(f"{name}: {fields['kernel_launches']} kernels, {fields['kernels_ms']:.3f} ms GPU time")
 

@@ -338,3 +338,29 @@ def test_warm_up_threads_fit_the_device_memory():
     assert warm_up_workers(3, kv_b32 // 32, free_bytes=120 * 2**30) == 3  # batch 1: no limit in sight
     assert warm_up_workers(3, kv_b32, free_bytes=10 * 2**30) == 1  # never fewer than one
     assert warm_up_workers(4, kv_b32, free_bytes=None) == 4  # a CPU reports no limit
+
+
+def test_gpu_time_table_shows_tree_and_commit_share():
+    from specpilot.costmodel.report import gpu_time_lines
+
+    rows = [{"label": "ddtree@64", "batch": 1, "stage_gpu_ms": {"draft": 0.9, "tree": 0.1, "verify": 8.8, "commit": 0.2}},
+            {"label": "ar", "batch": 1, "role": "calibration", "stage_gpu_ms": {"verify": 5.0, "commit": 0.05}},
+            {"label": "stock", "batch": 8, "stage_ms": {"verify": 9.0}}]  # no --gpu-time: not listed
+    md = "\n".join(gpu_time_lines(rows))
+    assert "| ddtree@64 | 1 | 0.900 | 0.100 | 8.800 | 0.200 | 10.000 | 3.0 % |" in md
+    assert "| ar (calibration) | 1 | – | – | 5.000 | 0.050 | 5.050 | 1.0 % |" in md
+    assert "stock" not in md
+    assert gpu_time_lines([{"label": "ar", "batch": 1, "stage_ms": {}}]) == []
+    assert gpu_time_lines([{"label": "ar", "batch": 1, "stage_gpu_error": "no CUPTI"}])[-2] == "- not measured: no CUPTI"
+
+
+def test_cupti_says_why_it_cannot_time_here():
+    import jax
+
+    from specpilot.costmodel.cupti import gpu_ms
+
+    if jax.devices()[0].platform == "gpu":
+        assert gpu_ms(lambda: jax.numpy.ones(1024) + 1) > 0
+    else:
+        with pytest.raises(RuntimeError, match="need an NVIDIA GPU; this backend is 'cpu'"):
+            gpu_ms(lambda: jax.numpy.ones(4) + 1)

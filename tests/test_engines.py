@@ -10,6 +10,7 @@ rounds often commit several tokens and often reject. Engines compile once per mo
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
@@ -203,3 +204,8 @@ def test_profile_times_stages_and_reports_the_budgets_specpilot_chose(pair, prom
     assert all(1 <= v <= 24 for v in prof["verified_nodes"])
     ar = engine("ar", dict(name="ar"), tcfg, pair).profile(prompts[:2], 8, rounds=2, repeats=1)
     assert ar["verified_nodes"] == [] and list(ar["stage_ms"]) == ["verify", "commit"]
+    timed = engine("ar", dict(name="ar"), tcfg, pair).profile(prompts[:2], 8, rounds=2, repeats=1, gpu_time=True)
+    if jax.devices()[0].platform == "gpu":  # CUPTI: every stage's kernel time
+        assert list(timed["stage_gpu_ms"]) == ["verify", "commit"] and timed["stage_gpu_ms"]["verify"] > 0
+    else:
+        assert "stage_gpu_ms" not in timed and "need an NVIDIA GPU" in timed["stage_gpu_error"]

@@ -159,7 +159,7 @@ def enable_compile_cache(path: str | Path | None, min_compile_s: float = 0.5) ->
 
 
 def profile_engine(engine, prompts, max_new_tokens: int, rounds: int = 8, seed: int = 0,
-                   eager_prefill: bool | None = None) -> dict:
+                   eager_prefill: bool | None = None, gpu_time: bool = False) -> dict:
     """`Engine.profile`, with the prefill run op by op on an accelerator (None = auto): it is not
     timed, and for a 36-layer target skipping its compile saves ~30-60 s per (engine, batch)."""
     import jax
@@ -168,7 +168,7 @@ def profile_engine(engine, prompts, max_new_tokens: int, rounds: int = 8, seed: 
         eager_prefill = jax.devices()[0].platform != "cpu"
     if not hasattr(engine, "stages"):  # FakeEngine
         return engine.profile(prompts, max_new_tokens, rounds, seed)
-    return engine.profile(prompts, max_new_tokens, rounds, seed, eager_prefill=eager_prefill)
+    return engine.profile(prompts, max_new_tokens, rounds, seed, eager_prefill=eager_prefill, gpu_time=gpu_time)
 
 
 def slack_of(engine_cfg: dict, block: int) -> int:
@@ -192,7 +192,8 @@ def build_engine(dep: Deployment, engine_cfg: dict, capacity: int, sampling=None
 
 
 def measure_row(dep: Deployment, engine_cfg: dict, batch: int, context: int, capacity: int, rounds: int, hw,
-                seed: int = 0, eager_prefill: bool | None = None, max_new: int | None = None) -> dict:
+                seed: int = 0, eager_prefill: bool | None = None, max_new: int | None = None,
+                gpu_time: bool = False) -> dict:
     """Profile one (engine, batch) on `batch` random prompts of `context` tokens; attach the ceilings
     and the gap report. `max_new` (default: room for `rounds` + 2 full rounds) sizes the output buffers,
     so it is part of every stage's compiled shapes."""
@@ -200,7 +201,7 @@ def measure_row(dep: Deployment, engine_cfg: dict, batch: int, context: int, cap
     max_new = max_new or (rounds + 2) * block
     prompts = random_prompts(batch, context, dep.target_cfg.vocab_size, seed, exclude=(dep.drafter_cfg.mask_token_id,))
     engine = build_engine(dep, engine_cfg, capacity)
-    prof = profile_engine(engine, prompts, max_new, rounds, seed, eager_prefill)
+    prof = profile_engine(engine, prompts, max_new, rounds, seed, eager_prefill, gpu_time)
     del engine
     # a specpilot engine that chose one budget in every timed round sits on the shared target-pass curve
     mix = observed_budgets(prof, engine_cfg)
@@ -274,12 +275,14 @@ def sweep(dep: Deployment, configs: list[dict], batches: Sequence[int], context:
           budget_s: float | None = None, log: Callable[[str], None] = print, seed: int = 0,
           eager_prefill: bool | None = None, capacity: int | None = None,
           on_row: Callable[[list[dict], list[dict]], None] | None = None,
-          calibration: Sequence[dict] = (), compile_workers: int = 1) -> tuple[list[dict], list[dict]]:
+          calibration: Sequence[dict] = (), compile_workers: int = 1,
+          gpu_time: bool = False) -> tuple[list[dict], list[dict]]:
     """Measure every (config, batch), batch by batch in the given order; at each batch the `calibration`
     configs come first (rows tagged role "calibration": the cost model fits them but they are not among
     the configurations it is checked on; the others are role "config"). `specpilot` configs get their
     verify-cost table from the rows measured before them at the same batch (the cost model's fit).
-    `compile_workers` > 1 compiles a batch's configs in parallel first (`warm_up`).
+    `compile_workers` > 1 compiles a batch's configs in parallel first (`warm_up`). `gpu_time`: rows also get
+    `stage_gpu_ms`, each stage's kernel time from CUPTI (`Engine.profile`).
     Returns (rows, skipped); a config is skipped when the time spent plus the slowest config so far would
     exceed `budget_s`. `on_row(rows, skipped)` runs after each measurement (to save partial results)."""
     block = dep.block
@@ -310,7 +313,7 @@ def sweep(dep: Deployment, configs: list[dict], batches: Sequence[int], context:
                 except (KeyError, ValueError):
                     pass  # nothing measured yet at this batch: keep the config's own table
             t0 = time.perf_counter()
-            row = measure_row(dep, cfg, batch, context, capacity, rounds, hw, seed, eager_prefill)
+            row = measure_row(dep, cfg, batch, context, capacity, rounds, hw, seed, eager_prefill, gpu_time=gpu_time)
             row["wall_s"] = time.perf_counter() - t0
             row["role"] = role
             slowest = max(slowest, row["wall_s"])

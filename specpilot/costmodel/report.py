@@ -71,6 +71,28 @@ def write_json(path: Path, obj) -> None:
 # ---- bench --------------------------------------------------------------------------------------------
 
 
+def gpu_time_lines(rows: list[dict]) -> list[str]:
+    """`bench.py --gpu-time`: each stage's kernel time (CUPTI) per round, and what tree build + commit (accept
+    and KV compaction) take of it (issue #8's target: <= 3 %)."""
+    timed = [r for r in rows if r.get("stage_gpu_ms")]
+    errors = sorted({r["stage_gpu_error"] for r in rows if r.get("stage_gpu_error")})
+    if not timed and not errors:
+        return []
+    out = ["## GPU time per stage (ms per round: the stage's kernels from CUPTI, no host dispatch, no launch gaps)", ""]
+    if timed:
+        stages = [s for s in STAGES if any(s in r["stage_gpu_ms"] for r in timed)]
+        table = []
+        for r in timed:
+            g = r["stage_gpu_ms"]
+            total = sum(g.values())
+            share = (g.get("tree", 0.0) + g.get("commit", 0.0)) / total if total else None
+            table.append([r["label"] + (" (calibration)" if r.get("role") == "calibration" else ""), r["batch"],
+                          *[g.get(s) for s in stages], total, f"{100 * share:.1f} %" if share is not None else None])
+        out += [md_table(["engine", "B", *stages, "sum", "tree + commit"], table), ""]
+    out += [f"- not measured: {e}" for e in errors] + ([""] if errors else [])
+    return out
+
+
 def bench_markdown(res: dict) -> str:
     dep = res["deployment"]
     rows = res["rows"]
@@ -92,6 +114,7 @@ def bench_markdown(res: dict) -> str:
         table.append([r["label"] + (" (calibration)" if r.get("role") == "calibration" else ""), r["batch"], *[r["stage_ms"].get(s) for s in stages], r["round_ms"], ceil,
                       r["round_ms"] / ceil if ceil else None])
     out += [md_table(["engine", "B", *stages, "round", "ceiling", "× ceiling"], table), ""]
+    out += gpu_time_lines(rows)
     out += ["## Components against their ceilings", "",
             "Ceiling = max(bytes ÷ measured bandwidth, FLOPs ÷ measured matmul peak) of the stage's necessary work "
             "(docs/costmodel.md). Ranked within each configuration by the gap's cost per committed token.", ""]

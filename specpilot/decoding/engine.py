@@ -111,7 +111,7 @@ class Engine:
         return carry["state"]
 
     def profile(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, rounds: int = 8, seed: int = 0,
-                eager_prefill: bool = False, repeats: int = 5) -> dict:
+                eager_prefill: bool = False, repeats: int = 5, gpu_time: bool = False) -> dict:
         """Device time per round of each stage (ms), each stage jitted alone, over up to `rounds` rounds
         after one warm-up round. Feeds the cost model's measured components.
 
@@ -127,7 +127,10 @@ class Engine:
         Both overcount (jitter, host time), so the minimum is the tighter one. `stage_ms` is the mean over
         rounds; `stage_ms_rounds` keeps each round's value (the spread). `verified_nodes` lists, per timed
         round, the most tree nodes a request verified (the budget a cost-aware `specpilot` round chose).
-        `eager_prefill` runs the (untimed) prefill op by op instead of compiling it."""
+        `eager_prefill` runs the (untimed) prefill op by op instead of compiling it. `gpu_time` adds
+        `stage_gpu_ms`: per stage, the summed run time of its kernels in one more call per timed round under CUPTI
+        (`specpilot.costmodel.cupti`; launch gaps and host time excluded), where CUPTI exists; without it the
+        result says why in `stage_gpu_error`."""
         import time
 
         check_prompts(prompts, self.cfg, max_new_tokens, self.max_prompt_plus_new())
@@ -138,6 +141,8 @@ class Engine:
         dispatch = self._dispatch_seconds(state)
         per_round = {name: [] for name, _ in stage_fns}
         timed_rounds, committed, nodes = 0, 0, []
+        per_round_gpu = {name: [] for name, _ in stage_fns} if gpu_time else None
+        gpu_error = None
         for r in range(rounds + 1):
             if bool(np.all(np.asarray(state.done))):
                 break
@@ -155,6 +160,13 @@ class Engine:
                     del again
                     pipelined = (time.perf_counter() - t0 - dispatch) / k
                     per_round[name].append(max(min(synced, pipelined), 0.0))
+                    if per_round_gpu is not None and gpu_error is None:
+                        from specpilot.costmodel.cupti import gpu_ms
+
+                        try:
+                            per_round_gpu[name].append(gpu_ms(lambda: fn(self.params, state, carry)))
+                        except RuntimeError as e:  # no CUPTI here
+                            gpu_error = str(e)
                     if "nodes" in out:
                         nodes.append(int(np.max(np.asarray(out["nodes"]))))
                 carry = out
@@ -164,11 +176,16 @@ class Engine:
                 committed += int(np.asarray(state.n_out).sum() - before)
         n = max(timed_rounds, 1)
         stage_ms = {k: 1e3 * sum(v) / n for k, v in per_round.items()}
+        gpu = {}
+        if gpu_time:
+            gpu = {"stage_gpu_error": gpu_error} if gpu_error else {
+                "stage_gpu_ms": {k: sum(v) / max(len(v), 1) for k, v in per_round_gpu.items()}}
         return {
             "engine": self.name,
             "batch": len(prompts),
             "rounds": timed_rounds,
             "stage_ms": stage_ms,
+            **gpu,
             "stage_ms_rounds": {k: [round(1e3 * x, 4) for x in v] for k, v in per_round.items()},
             "round_ms": sum(stage_ms.values()),
             "tokens_per_round": committed / n,

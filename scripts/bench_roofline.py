@@ -6,11 +6,11 @@ GPU command (one H200, repo root, one call of the device tool; ≤ 9 min: no job
 
     SPECPILOT_COMMIT=<hash> PYTHONPATH=$PWD timeout 540 python3 scripts/bench_roofline.py --out $OUT/roofline
 
-Expected timeline there (estimates: a 36-layer program compiles in 30-60 s): the W12 job moves its weights to
-the host (~25 s), then packs in the background; the xla job (calibration, 6 programs compiled in parallel,
-timings) ~2 min; the W12 GPU phase ~1 min once packed (~3 min in); torch eager ~25 s; torch CUDA graphs
-~1.5 min; three XLA-flag jobs ~50 s each; torch max-autotune gets what is left and is the first to be cut
-(`--variants torch_peer_compile` alone in a second call, if so).
+Expected timeline there (estimates: a 36-layer program compiles in 30-60 s, 45-70 s with the skinny kernel): the
+W12 job moves its weights to the host (~25 s), then packs in the background; the xla job (calibration, 6 programs
+compiled in parallel, timings) ~2 min; the skinny jobs ~1.5 min; the W12 GPU phase ~1 min once packed; torch CUDA
+graphs ~1.5 min; torch eager ~25 s; the XLA-flag jobs ~50 s each; the budget cuts from the end, torch
+max-autotune first (`--variants torch_peer_compile` alone in a second call, if so).
 
 CPU smoke run (tiny shapes, float32, a few steps; what tests/test_bench_roofline.py runs):
 
@@ -125,9 +125,9 @@ WHAT = {
     "torch_peer_cudagraphs": "PyTorch, compile reduce-overhead (CUDA graphs)",
     "torch_peer_compile": "PyTorch, compile max-autotune-no-cudagraphs",
 }
-# Per-job timeouts (s; --quick halves them, --timeout-scale multiplies them). Jobs run in the order xla,
-# torch_peer_eager, torch_peer_cudagraphs, xla_flags_*, torch_peer_compile (the budget cuts from the end); w12
-# gets the GPU between two jobs as soon as it is packed. "xla_flags" is per flag job; "w12" its GPU phase.
+# Per-job timeouts (s; --quick halves them, --timeout-scale multiplies them). Jobs run in the order xla, skinny,
+# skinny_cmdbuf_while, torch_peer_cudagraphs, torch_peer_eager, xla_flags_*, torch_peer_compile (the budget cuts
+# from the end); w12 gets the GPU between two jobs as soon as it is packed. "xla_flags" is per flag job; "w12" its GPU phase.
 DEFAULT_TIMEOUTS = {"xla": 240, "torch_peer_eager": 90, "torch_peer_cudagraphs": 180, "torch_peer_compile": 240,
                     "xla_flags": 120, "w12": 180}
 
@@ -845,21 +845,25 @@ def plan_jobs(args, s: dict, run: Path, chosen: list[str]) -> tuple[list[Job], J
             spec["coordinate_descent"] = True
         jobs.append(Job(name, "torch", [name], t[name], spec))
 
-    # the order they run in: the budget cuts from the end (max-autotune compiles longest, tells least)
-    torch_job("torch_peer_eager")
-    torch_job("torch_peer_cudagraphs")
-    flag_jobs = [(name, f, {}) for name, f in flags.items()]
-    flag_jobs += [(name, XLA_FLAG_VARIANTS[of], {"matmul": "mosaic_gpu"}) for name, of in SKINNY_FLAG_VARIANTS.items()]
-    for name, f, extra in flag_jobs:
+    def flag_job(name, f, **extra):  # the decode loop under extra XLA_FLAGS (the kernel's compile: twice the time)
         if name in chosen:
             jobs.append(jax_job(name, ["xla_decode_loop"], t["xla_flags"] * (2 if extra else 1), [name],
                                 env={"XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " " + f).strip()},
                                 loop_label=name, flags=f, **extra))
+
+    # the order they run in: the budget cuts from the end (max-autotune compiles longest, tells least); the AR
+    # comparison (XLA, the kernel, both under command buffers, PyTorch with CUDA graphs) comes first
     skinny = [v for v in SKINNY_VARIANTS if v in chosen]
     if skinny:
         labels = {("forward_label" if SKINNY_VARIANTS[v] == "xla_forward" else "loop_label"): v for v in skinny}
         jobs.append(jax_job("skinny", [SKINNY_VARIANTS[v] for v in skinny], t["xla"], skinny, matmul="mosaic_gpu",
                             **labels))
+    for name, of in SKINNY_FLAG_VARIANTS.items():
+        flag_job(name, XLA_FLAG_VARIANTS[of], matmul="mosaic_gpu")
+    torch_job("torch_peer_cudagraphs")
+    torch_job("torch_peer_eager")
+    for name, f in flags.items():
+        flag_job(name, f)
     torch_job("torch_peer_compile")
     first_jax = next((j for j in jobs if j.kind == "jax"), None)
     if first_jax:  # measures the read bandwidth (a few seconds, cached per device kind) before its weights exist

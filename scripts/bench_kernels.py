@@ -262,7 +262,6 @@ def case_w12(case: dict, result: Result) -> None:
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from jax.experimental.pallas import mosaic_gpu as plgpu
 
     from pallas_kernels import w12
     from pallas_kernels.w12 import mosaic_gpu as w12_mosaic_gpu
@@ -297,11 +296,7 @@ def case_w12(case: dict, result: Result) -> None:
                   w12_bytes=w12_stored_bytes(packed), bf16_bytes=2 * k * n)
 
     def kernel(config: dict):
-        config = w12.TuningConfig(**config)
-        if interpret:
-            return jax.jit(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config,
-                                                                  interpret=plgpu.InterpretGPUParams()))
-        return jax.jit(lambda x, p: w12.matmul(x, p, implementation="mosaic_gpu", config=config))
+        return mosaic_kernel(w12_mosaic_gpu.w12_matmul, w12.matmul, w12.TuningConfig(**config), interpret)
 
     def xla_bf16():
         return jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype))
@@ -341,6 +336,17 @@ def case_w12(case: dict, result: Result) -> None:
         result.add_row(measure_matmul(row, build, arg_sets, expected_of[fmt], scale, config, interpret, gpu, case))
 
 
+def mosaic_kernel(direct, dispatch, config, interpret: bool):
+    """A matmul kernel with ``config``, jitted on ``(x, weight)``: ``direct(x, weight, config=, interpret=)`` in
+    Pallas GPU-interpret mode, else the public ``dispatch(x, weight, implementation="mosaic_gpu", config=)``."""
+    import jax
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    if interpret:
+        return jax.jit(lambda x, w: direct(x, w, config=config, interpret=plgpu.InterpretGPUParams()))
+    return jax.jit(lambda x, w: dispatch(x, w, implementation="mosaic_gpu", config=config))
+
+
 def measure_matmul(row: dict, build, arg_sets, want, scale: float, config, interpret: bool, gpu: bool,
                    case: dict) -> dict:
     """One method's row of a matmul case: ``build()`` jitted, its output on the first argument set against
@@ -377,7 +383,6 @@ def case_skinny(case: dict, result: Result) -> None:
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from jax.experimental.pallas import mosaic_gpu as plgpu
 
     from pallas_kernels import skinny_matmul
     from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
@@ -396,11 +401,8 @@ def case_skinny(case: dict, result: Result) -> None:
     result.update(k=k, n=n, m=m, copies=copies, interpret=interpret, bf16_bytes=2 * k * n)
 
     def kernel(config: dict):
-        config = skinny_matmul.TuningConfig(**config)
-        if interpret:
-            return jax.jit(lambda x, w: skinny_mosaic_gpu.skinny_matmul(x, w, config=config,
-                                                                        interpret=plgpu.InterpretGPUParams()))
-        return jax.jit(lambda x, w: skinny_matmul.matmul(x, w, implementation="mosaic_gpu", config=config))
+        return mosaic_kernel(skinny_mosaic_gpu.skinny_matmul, skinny_matmul.matmul,
+                             skinny_matmul.TuningConfig(**config), interpret)
 
     methods = [(f"skinny[{i}]", lambda c=c: kernel(c), c) for i, c in enumerate(case["configs"])]
     methods.append(("xla_bf16", lambda: jax.jit(lambda x, w: skinny_matmul.matmul(x, w, implementation="xla")), None))

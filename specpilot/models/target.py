@@ -12,7 +12,7 @@ Attention implementations (`forward(..., attention=)`, the engines' `attention` 
   tokens' own K/V under the [B, T, T] mask packed as ancestor bits; its Mosaic GPU kernel on an H100/H200
   (16-bit weights, head_dim a multiple of 64; other shapes fall back to its jnp reference with a warning),
   the jnp reference elsewhere. It does not read the new tokens from the cache, so their K/V are written after the
-  last layer, for all layers at once (`kv_cache.write_layers`: 2 scatters a step instead of 2 per layer).
+  last layer, for all layers at once (`kv_cache.write_layer` with every layer: 2 scatters a step, not 2 per layer).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from specpilot.models.config import ModelConfig, rope_inv_freq
-from specpilot.models.kv_cache import KVCache, write_layer, write_layers
+from specpilot.models.kv_cache import KVCache, write_layer
 from specpilot.models.weights import Layer, TargetWeights, linear
 
 NEG_INF = -1e30
@@ -172,8 +172,9 @@ def forward(
             hidden[i] = x
     if tree_bits is not None:  # the kernel read the new K/V from k, v: write every layer's in one scatter each
         ks, vs = (jnp.stack(parts) for parts in zip(*new_kv))
-        cache = dataclasses.replace(cache, k=write_layers(cache.k, ks, cache.lengths),
-                                    v=write_layers(cache.v, vs, cache.lengths))
+        every = slice(None)
+        cache = dataclasses.replace(cache, k=write_layer(cache.k, every, ks, cache.lengths),
+                                    v=write_layer(cache.v, every, vs, cache.lengths))
     x = rms_norm(x, weights.final_norm, cfg.rms_norm_eps)
     if cfg.num_layers - 1 in hidden:
         hidden[cfg.num_layers - 1] = x

@@ -35,7 +35,9 @@ beyond the 60 MB L2, so no step reads them from cache:
   (`pack_w12`'s layout), through each `w12.matmul` implementation set as `w12.ops.DEFAULT`: the jnp reference
   (unpack + dot), `xla_decode` (decode as elementwise ops feeding one dot) and the Mosaic GPU kernel (Hopper
   only); greedy tokens and time against a bf16 forward in the same process
-  (issue target: W12 ≤ 0.80× bf16, identical tokens). Packing 7.6 B weights on the host takes minutes, so this
+  (issue target: W12 ≤ 0.80× bf16, identical tokens); `w12_kernel_decode_loop`: the decode loop on the W12 kernel
+  against the bf16 decode loop in the same process (`--w12-xla-flags` adds XLA_FLAGS to that process, e.g. command
+  buffers; `--matmul mosaic_gpu` puts its bf16 baseline on the skinny kernel). Packing 7.6 B weights on the host takes minutes, so this
   job starts first and packs in a process pool while the other jobs use the GPU; it gets the GPU when packed;
 - `torch_peer_eager` / `torch_peer_compile` (`torch.compile(mode="max-autotune-no-cudagraphs")`) /
   `torch_peer_cudagraphs` (`mode="reduce-overhead"`, static cache written with `index_copy_`):
@@ -86,9 +88,13 @@ sys.path.insert(0, str(REPO))
 
 NOMINAL_BYTES_PER_S = 4.3e12  # the H200's device-to-device copy rate (shared/GPU.md)
 XLA_JOB = ("xla_forward", "xla_decode_loop", "verify_nodes", "drafter")
-W12_JOB = ("xla_forward_w12", "xla_forward_w12_xla_decode", "xla_forward_w12_kernel")
+W12_JOB = ("xla_forward_w12", "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "w12_kernel_decode_loop")
 W12_IMPLEMENTATION = {"xla_forward_w12": "reference", "xla_forward_w12_xla_decode": "xla_decode",
-                      "xla_forward_w12_kernel": "mosaic_gpu"}
+                      "xla_forward_w12_kernel": "mosaic_gpu", "w12_kernel_decode_loop": "mosaic_gpu"}
+W12_LOOP = "w12_kernel_decode_loop"
+"""The W12 job's decode loop (the kernel), against the bf16 decode loop in the same process: with
+``--w12-xla-flags`` (command buffers) it is the W12 AR step in the best configuration, which a host-synced forward
+cannot show (a W12 forward's GPU time was below bf16's while its wall time was 1.5x: the launches)."""
 SKINNY_VARIANTS = {"skinny_forward": "xla_forward", "skinny_decode_loop": "xla_decode_loop"}
 """Rows measured again in a process of their own with the bf16 linears on ``skinny_matmul``'s Mosaic GPU kernel
 (``skinny_matmul.ops.DEFAULT = "mosaic_gpu"``): the kernel and XLA's dot side by side in one run."""
@@ -118,6 +124,7 @@ WHAT = {
     "xla_forward_w12": "XLA forward, W12 weights (reference unpack + dot)",
     "xla_forward_w12_xla_decode": "XLA forward, W12 weights (decode as elementwise ops + one dot)",
     "xla_forward_w12_kernel": "XLA forward, W12 weights (Mosaic GPU kernel)",
+    "w12_kernel_decode_loop": "xla_decode_loop, W12 weights (Mosaic GPU kernel), vs the bf16 loop in its process",
     "skinny_forward": "xla_forward, bf16 linears on the skinny_matmul kernel",
     "skinny_decode_loop": "xla_decode_loop, bf16 linears on the skinny_matmul kernel",
     "skinny_cmdbuf_while": "skinny_decode_loop with xla_flags_cmdbuf_while's command buffers",
@@ -235,7 +242,7 @@ class Worker:
         cfg = self.cfg
 
         def ar_step(w, tok, cache, adv):
-            out = forward(w, cfg, tok, cache.lengths[:, None], cache)
+            out = forward(w, cfg, tok, cache.lengths[:, None], cache, attention=self.spec["ar_attention"])
             nxt = jnp.argmax(out.logits[:, -1], axis=-1).astype(jnp.int32)[:, None]
             return nxt, dc.replace(out.cache, lengths=out.cache.lengths + adv)
 
@@ -594,7 +601,7 @@ class Worker:
         tok0 = jnp.full((1, 1), s["start_token"], jnp.int32)
         one = jnp.ones((), jnp.int32)
         lowered, kernel_note = {}, None
-        for name, tree in (("bf16", w), *((v, w12w) for v in W12_JOB)):
+        for name, tree in (("bf16", w), *((v, w12w) for v in W12_JOB if v != W12_LOOP)):
             if name != "bf16" and name not in s["variants"]:
                 continue
             default = w12_ops.DEFAULT
@@ -628,7 +635,7 @@ class Worker:
             if name not in compiled:
                 continue
             exe, secs = compiled[name]
-            extra = {"compile_s": secs, "implementation": implementation[name]}
+            extra = {"compile_s": secs, "implementation": implementation[name], "xla_flags": os.environ.get("XLA_FLAGS", "")}
             if base is not None:
                 extra.update(bf16_ms=base["ms"], bf16_tokens=base["tokens"])
                 if base.get("kernels"):
@@ -640,6 +647,44 @@ class Worker:
                              tokens_equal_bf16=row["tokens"] == base["tokens"])
             except Exception as e:
                 self.fail(name, e)
+        if W12_LOOP in s["variants"]:
+            self.w12_decode_loops(w, w12w, dtype, w12_ops)
+
+    def w12_decode_loops(self, w, w12w, dtype, w12_ops) -> None:
+        """``W12_LOOP``: the decode loop on the W12 kernel and on bf16 (the baseline of its ratio), one process."""
+        import jax
+        import jax.numpy as jnp
+
+        s = self.spec
+        loop = self.decode_loop_fn()
+        args = (jnp.full((1, 1), s["start_token"], jnp.int32), self.ar_cache(dtype), jnp.zeros((), jnp.int32),
+                jnp.ones((), jnp.int32))
+        lowered = {}
+        default = w12_ops.DEFAULT
+        for name, tree, implementation in (("bf16", w, default), (W12_LOOP, w12w, W12_IMPLEMENTATION[W12_LOOP])):
+            w12_ops.DEFAULT = implementation
+            try:
+                lowered[name] = jax.jit(loop, donate_argnums=(2,)).lower(tree, *args)
+            except Exception as e:
+                self.fail(W12_LOOP, e)
+                return
+            finally:
+                w12_ops.DEFAULT = default
+        compiled, errors = self.compile_all(lowered, "loop: ")
+        if errors:
+            name, e = next(iter(errors.items()))
+            self.row(W12_LOOP, error=f"compile {name}: {type(e).__name__}: {str(e)[:500]}")
+            return
+        try:
+            self.measure_loop("bf16 loop (w12 job)", compiled["bf16"][0], w, dtype, compiled["bf16"][1])
+            base = self.res["rows"].pop("bf16 loop (w12 job)")
+            self.res["bf16_loop"] = base
+            self.measure_loop(W12_LOOP, compiled[W12_LOOP][0], w12w, dtype, compiled[W12_LOOP][1])
+            row = self.res["rows"][W12_LOOP]
+            self.row(W12_LOOP, bf16_ms=base["ms"], bf16_tokens=base["tokens"], ratio_vs_bf16=row["ms"] / base["ms"],
+                     tokens_equal_bf16=row["tokens"] == base["tokens"])
+        except Exception as e:
+            self.fail(W12_LOOP, e)
 
 
 def random_tree(n: int, rng):
@@ -720,9 +765,15 @@ def parse_args(argv=None):
                     help="an extra xla_flags variant: the decode loop under XLA_FLAGS=FLAGS (repeatable)")
     ap.add_argument("--nodes", nargs="+", type=int, default=None, help="verify_nodes tree sizes (default 16 64 256)")
     ap.add_argument("--verify-attention", default="xla", choices=("xla", "cudnn", "pallas_tree"))
+    ap.add_argument("--ar-attention", default="xla", choices=("xla", "cudnn", "pallas_tree"),
+                    help="attention of the JAX AR rows (forward, decode loops, W12 job): pallas_tree runs the "
+                         "tree-attention kernel at one node, and the K/V writes after the last layer")
     ap.add_argument("--matmul", choices=("xla", "mosaic_gpu"), default=None,
                     help="bf16 linear layers in every JAX job: XLA's dot or the skinny_matmul kernel (sets "
                          "skinny_matmul.ops.DEFAULT; default: leave it as it is)")
+    ap.add_argument("--w12-xla-flags", default="", metavar="FLAGS",
+                    help="XLA_FLAGS added for the W12 job's process (its bf16 baselines run under them too), e.g. "
+                         "command buffers for w12_kernel_decode_loop")
     ap.add_argument("--kernel-split", action="store_true",
                     help="after timing, one more call of each forward / verify / drafter pass under CUPTI: GPU time "
                          "per kernel name")
@@ -763,6 +814,7 @@ def settings(args) -> dict:
         "loop_reps": 3 if q else 7,
         "nodes": args.nodes or ([4, 8] if q else [16, 64, 256]),
         "verify_attention": args.verify_attention,
+        "ar_attention": args.ar_attention,
         "kernel_split": args.kernel_split,
         "matmul": args.matmul,
         "drafter_layers": 1 if q else 5,
@@ -875,7 +927,8 @@ def plan_jobs(args, s: dict, run: Path, chosen: list[str]) -> tuple[list[Job], J
                 "result": str(run / "jobs" / "w12.json"),
                 "pack_workers": args.pack_workers or max(1, (os.cpu_count() or 2) // 2),
                 "go_timeout_s": (args.budget_s or 600) + 60}
-        w12 = Job("w12", "jax", w12_rows, t["w12"], spec)
+        env = {"XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " " + args.w12_xla_flags).strip()} if args.w12_xla_flags else {}
+        w12 = Job("w12", "jax", w12_rows, t["w12"], spec, env)
         if not any(j.kind == "jax" for j in jobs):
             spec["calibrate"] = True
     return jobs, w12
@@ -1140,6 +1193,7 @@ def markdown(rep: dict) -> str:
         "",
         f"- Date: {p['date']}. Device: {p['device']}. jax {p['jax']}, torch {p['torch']}. Commit `{p['commit']}`.",
         f"- Command: `{p['command']}` ({p['wall_s']:.0f} s).",
+        f"- Attention: AR rows `{s.get('ar_attention', 'xla')}`, verify rows `{s.get('verify_attention', 'xla')}`.",
         (f"- Roofline = bytes of weights + KV read ÷ measured read bandwidth ({bw}) and ÷ 4.3 TB/s (nominal copy "
          f"rate). ms = median of synchronised steps (decode loop: loop time ÷ steps)."),
         "",

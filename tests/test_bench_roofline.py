@@ -45,7 +45,8 @@ def quick(tmp_path_factory):
         cmd += ["--variants", "xla_forward", "xla_decode_loop", "skinny_forward", "skinny_decode_loop",
                 "skinny_cmdbuf_while", "xla_flags",
                 "xla_forward_w12",
-                "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "verify_nodes", "drafter"]
+                "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "w12_kernel_decode_loop", "verify_nodes",
+                "drafter"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp, check=False)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return json.loads((out / "roofline.json").read_text()), (out / "roofline.md").read_text(), proc.stdout, out
@@ -56,7 +57,7 @@ def test_every_variant_has_a_time_or_an_error_and_a_roofline(quick):
     names = [r["variant"] for r in rep["rows"]]
     expected = {"xla_forward", "xla_decode_loop", "xla_flags_no_cmdbuf", "xla_flags_cmdbuf_while",
                 "xla_flags_autotune0", "xla_flags_no_triton_gemm", "xla_forward_w12", "xla_forward_w12_xla_decode",
-                "xla_forward_w12_kernel", "verify_nodes@4", "verify_nodes@8", "drafter_b16", "skinny_forward",
+                "xla_forward_w12_kernel", "w12_kernel_decode_loop", "verify_nodes@4", "verify_nodes@8", "drafter_b16", "skinny_forward",
                 "skinny_decode_loop", "skinny_cmdbuf_while"}
     if HAS_TORCH_PYTHON:
         expected |= {"torch_peer_eager", "torch_peer_compile", "torch_peer_cudagraphs"}
@@ -97,7 +98,7 @@ def test_jax_variants_ran_and_agree(quick):
     both = by["skinny_cmdbuf_while"]
     assert both["xla_flags"] == by["xla_flags_cmdbuf_while"]["xla_flags"]
     assert json.loads((quick[3] / "jobs" / "skinny_cmdbuf_while.spec.json").read_text())["matmul"] == "mosaic_gpu"
-    for name in ("xla_forward_w12", "xla_forward_w12_xla_decode", "xla_forward_w12_kernel"):
+    for name in ("xla_forward_w12", "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "w12_kernel_decode_loop"):
         w = by[name]
         assert w["tokens"] == w["bf16_tokens"] and w["tokens_match"] is True and w["tokens_equal_bf16"] is True
         assert w["ratio_vs_bf16"] == pytest.approx(w["ms"] / w["bf16_ms"])
@@ -182,3 +183,26 @@ def test_kernel_split_renders_in_the_report():
             "matmul-like 0.024 ms in 1 launches, the rest 0.000 ms in 2; the 1 largest names)") in md
     assert "| `kernel_mosaic_gpu_kernel` | 24.4 | 1 |" in md
     assert "Kernels of one call of xla_forward_w12_kernel: its bf16 forward" in md and "| `gemv` | 29.4 | 1 |" in md
+
+
+def test_ar_rows_with_the_tree_attention_path_give_the_same_tokens(quick, tmp_path):
+    """--ar-attention pallas_tree: the AR forward and decode loop run the tree-attention path (its jnp reference on
+    a CPU) with the K/V written after the last layer, and reproduce the XLA-attention run's greedy tokens."""
+    hw = tmp_path / "cache" / "hw"
+    hw.mkdir(parents=True)
+    (hw / "cpu.json").write_text(json.dumps({"name": "cpu", "hbm_bytes_per_s": 2e10, "matmul_flops_per_s": 1e11,
+                                             "platform": "cpu", "matmul_dtype": "float32"}))
+    env = {**os.environ, "SPECPILOT_CACHE": str(tmp_path / "cache"), "JAX_DISABLE_MOST_OPTIMIZATIONS": "1",
+           "JAX_PLATFORMS": "cpu"}
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-c", BARE, str(REPO / "scripts" / "bench_roofline.py"), "--quick", "--out", str(out),
+           "--variants", "xla_forward", "xla_decode_loop", "--ar-attention", "pallas_tree"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    rep = json.loads((out / "roofline.json").read_text())
+    by = {r["variant"]: r for r in rep["rows"]}
+    assert rep["settings"]["ar_attention"] == "pallas_tree"
+    assert "AR rows `pallas_tree`" in (out / "roofline.md").read_text()
+    xla_tokens = {r["variant"]: r for r in quick[0]["rows"]}["xla_forward"]["tokens"]
+    assert by["xla_forward"]["tokens"] == xla_tokens
+    assert by["xla_decode_loop"]["tokens"] == xla_tokens and by["xla_decode_loop"]["tokens_match"] is True

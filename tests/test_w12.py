@@ -107,19 +107,23 @@ class TestLayout:
     assert packed.base_exponent.shape == (48, 2) and packed.base_exponent.dtype == jnp.uint8
     assert packed.escape_index.dtype == jnp.int32 and packed.escape_bits.dtype == jnp.uint16
 
-  def test_nibble_order_splits_each_64_chunk_into_halves(self):
-    # element k of a chunk: low nibble of byte k for k < 32, high nibble of byte k - 32 after
-    w = np.zeros((64, 1), BF16)
-    w[5, 0] = 1.0
-    w[37, 0] = 1.0
-    w[40, 0] = 2.0
+  def test_stored_k_order_and_nibble_halves(self):
+    # logical offsets 5, 37, 40 of a chunk are stored at 17, 49, 34 (the order the kernel's threads read);
+    # stored position j: low nibble of byte j for j < 32, high nibble of byte j - 32 after
+    assert w12_format.STORED_POSITION[[5, 37, 40]].tolist() == [17, 49, 34]
+    w = np.zeros((128, 1), BF16)
+    w[64 + 5, 0] = -1.0  # the second chunk: the order repeats per 64-chunk
+    w[64 + 37, 0] = 1.0
+    w[64 + 40, 0] = 2.0
     packed = w12.pack(w)
     base = int(packed.base_exponent[0, 0])
     nib = np.asarray(packed.exponent_codes[0])
     code_one = 127 - base  # 1.0 has exponent field 127
-    assert nib[5] == code_one | (code_one << 4)
-    assert nib[8] == (code_one + 1) << 4
+    assert nib[32 + 17] == code_one | (code_one << 4)
+    assert nib[32 + 2] == (code_one + 1) << 4
     assert np.count_nonzero(nib) == 2
+    byte = np.asarray(packed.sign_mantissa[0])
+    assert byte[64 + 17] == 0x80 and np.count_nonzero(byte) == 1  # sign of -1.0; the mantissas are 0
 
   def test_escapes_decode_to_zero_in_the_hot_loop(self):
     w = bits_to_bf16(np.arange(2**16, dtype=np.uint32).astype(np.uint16).reshape(256, 256))

@@ -13,7 +13,7 @@ import pytest
 from pallas_kernels import w12
 from pallas_kernels.w12 import mosaic_gpu as w12_mosaic_gpu
 from pallas_kernels.w12 import register_decode as rd
-from pallas_kernels.w12.format import MAX_BASE, decode_bits
+from pallas_kernels.w12.format import LOGICAL_OFFSET, MAX_BASE, STORED_POSITION, decode_bits
 
 BF16 = ml_dtypes.bfloat16
 
@@ -53,16 +53,18 @@ def test_numpy_prmt_follows_ptx():
   assert int(rd.NUMPY_OPS.prmt(a, b, 0x7654)) == int(b)
 
 
-def test_x_permutation_is_a_permutation_of_each_chunk():
-  assert sorted(rd.X_PERMUTATION.tolist()) == list(range(rd.CHUNK))
+def test_stored_k_order_is_a_permutation_of_each_chunk():
+  assert sorted(STORED_POSITION.tolist()) == list(range(rd.CHUNK))
   # wgmma K tile 0 of thread 0: positions 0, 1, 8, 9 read stored 0..3
-  assert rd.X_PERMUTATION[[0, 1, 8, 9]].tolist() == [0, 1, 2, 3]
+  assert STORED_POSITION[[0, 1, 8, 9]].tolist() == [0, 1, 2, 3]
+  assert (STORED_POSITION[LOGICAL_OFFSET] == np.arange(rd.CHUNK)).all()
 
 
 @pytest.mark.parametrize("step_k", [64, 128, 256])
 def test_every_thread_decodes_its_fragment_through_swizzled_smem(step_k):
   """The A fragment the 128 threads assemble (loads through the swizzle, decode, placement) is the
-  unpacked weight tile in ``X_PERMUTATION`` order, escapes as +0.0 (patched after the kernel)."""
+  unpacked weight tile in its logical K order (``pack`` stores the planes in the order the threads read them),
+  escapes as +0.0 (patched after the kernel)."""
   rng = np.random.default_rng(step_k)
   k, n = 4 * step_k, 64
   w = (rng.normal(0, 0.02, size=(k, n)) * np.exp(rng.uniform(-4, 4, n))).astype(BF16)
@@ -79,7 +81,7 @@ def test_every_thread_decodes_its_fragment_through_swizzled_smem(step_k):
     nibble_tile = planes[1][:, step * step_k // 2:(step + 1) * step_k // 2]
     step_bases = bases[:, step * step_k // 256]
     for chunk in range(step_k // rd.CHUNK):
-      cols = step * step_k + chunk * rd.CHUNK + rd.X_PERMUTATION
+      cols = step * step_k + chunk * rd.CHUNK + np.arange(rd.CHUNK)
       want = np.where(escaped[:, cols], np.uint16(0), decoded[:, cols])
       np.testing.assert_array_equal(rd.simulate_chunk(byte_tile, nibble_tile, step_bases, chunk), want)
 
@@ -108,3 +110,18 @@ def test_register_decode_refuses_interpret_mode_and_odd_tiles():
                               config=w12.TuningConfig(decode="registers", tile_k=512))
   with pytest.raises(ValueError, match="decode"):
     w12.TuningConfig(decode="shared")
+
+
+@pytest.mark.parametrize("row_bytes", [32, 64, 128, 256])
+def test_chunk_offset_is_the_swizzled_offset_for_every_thread_half_and_column(row_bytes):
+  """The kernel's per-load addressing (``swizzle_parts`` once, one XOR and one add per load) equals the full
+  swizzle formula at every thread's rows and every 32-aligned column constant of the tile."""
+  ops = rd.NUMPY_OPS
+  thread = np.arange(128, dtype=np.uint32)
+  row = (thread >> 5) * 16 + ((thread & 31) >> 2)
+  quad = thread & 3
+  parts = rd.swizzle_parts(ops, row, quad, row_bytes)
+  for half in range(2):
+    for col in range(0, row_bytes, 32):
+      want = rd.swizzled_offset(ops, row + 8 * half, quad * 8 + col, row_bytes)
+      np.testing.assert_array_equal(rd.chunk_offset(ops, parts, half, col, row_bytes), want, err_msg=f"{half}, {col}")

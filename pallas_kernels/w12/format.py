@@ -17,11 +17,18 @@ with int8 weights: a weight tile is then a plain ``[tile_n, tile_k]`` TMA box.
 ``Kp`` is K rounded up to a multiple of ``PAIR_SPAN`` (64); the padding is +0.0.
 For a bf16 word ``u`` write ``s = u >> 15``, ``e = (u >> 7) & 0xFF``, ``m = u & 0x7F``.
 
-``sign_mantissa``   uint8 ``[N, Kp]``     ``s << 7 | m`` of ``W[k, n]`` at ``[n, k]``
+Stored K order: inside every 64-chunk, logical offset ``p`` is stored at position
+``STORED_POSITION[p]`` (so stored ``[n, 64 c + STORED_POSITION[p]]`` is ``W[64 c + p, n]``).
+It is the order in which the register-decode kernel's threads read 4 consecutive stored
+weights per 32-bit word into wgmma's A fragment (``register_decode``): stored this way, the
+kernel multiplies by ``x`` as it is, where the natural order needed a permuted copy of ``x``
+per call (one more XLA kernel per matmul).
+
+``sign_mantissa``   uint8 ``[N, Kp]``     ``s << 7 | m`` of each weight, in stored order
                     (0 for escaped elements).
 ``exponent_codes``  uint8 ``[N, Kp // 2]``  one 4-bit code per element, two per byte.
-                    Nibble order: K is cut into chunks of ``PAIR_SPAN`` = 64; element
-                    ``k = 64 c + j`` lives in byte ``32 c + (j % 32)``, in the low
+                    Nibble order: stored K is cut into chunks of ``PAIR_SPAN`` = 64; stored
+                    position ``64 c + j`` lives in byte ``32 c + (j % 32)``, in the low
                     nibble when ``j < 32`` and the high nibble when ``j >= 32``. So one
                     byte tile ``[n0:n1, 32c:32c+32]`` holds two contiguous 32-wide K
                     runs: ``codes & 0xF`` and ``codes >> 4`` decode into two adjacent
@@ -67,12 +74,28 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-FORMAT_VERSION = 1
-"""Version of the layout above; bump it on any change, so stored packed weights (e.g. the
+FORMAT_VERSION = 2
+"""Version of the layout above (2: the stored K order); bump it on any change, so stored packed weights (e.g. the
 W12 weight cache of ``specpilot/models/hf.py``) are rebuilt rather than misread."""
 
 PAIR_SPAN = 64
 """K chunk whose two 32-wide halves share the bytes of the nibble plane."""
+
+def _stored_position(p: np.ndarray) -> np.ndarray:
+  """Stored position (in a 64-chunk) of logical offset ``p``: wgmma's A fragment gives thread ``q = t % 4`` the
+  positions ``2q, 2q + 1, 8 + 2q, 9 + 2q`` of every 16-wide K tile; a thread reads one 32-bit word of the byte
+  plane (4 stored weights) per tile, tile ``i`` of thread ``q`` at stored ``32 (i // 2) + 8 q + 4 (i % 2)``, and
+  tiles 0-1 / 2-3 take the low / high nibbles of one nibble-plane word."""
+  tile, within = p // 16, p % 16
+  second, quad, element = within // 8, (within % 8) // 2, within % 2
+  return 32 * (tile // 2) + 8 * quad + 4 * (tile % 2) + 2 * second + element
+
+
+STORED_POSITION = _stored_position(np.arange(PAIR_SPAN))
+"""Stored position of each logical offset of a 64-chunk (a permutation)."""
+
+LOGICAL_OFFSET = np.argsort(STORED_POSITION)
+"""Logical offset held at each stored position of a 64-chunk: the inverse of ``STORED_POSITION``."""
 
 NUM_WINDOW_CODES = 14
 """Codes 1..14 map to the exponent window ``[b + 1, b + 14]``."""
@@ -188,6 +211,7 @@ def pack(w, group_k: int = DEFAULT_GROUP_K) -> W12Array:
   escaped = ~(in_window | is_zero_field)
   code = np.where(in_window, offset, np.where(is_zero_field, ZERO_CODE, ESCAPE_CODE)).astype(np.uint8)
   byte = np.where(escaped, np.uint8(0), byte)
+  code, byte = to_stored_order(code), to_stored_order(byte)
 
   # nibble order: within each 64-chunk, j < 32 -> low nibble, j >= 32 -> high nibble
   chunks = code.reshape(n, kp // PAIR_SPAN, 2, PAIR_SPAN // 2)
@@ -208,6 +232,16 @@ def pack(w, group_k: int = DEFAULT_GROUP_K) -> W12Array:
       shape=(k, n),
       group_k=group_k,
   )
+
+
+def to_stored_order(a):
+  """``[..., Kp]`` in logical K order -> stored order (module docstring); numpy or jax arrays."""
+  return a.reshape(*a.shape[:-1], -1, PAIR_SPAN)[..., LOGICAL_OFFSET].reshape(a.shape)
+
+
+def to_logical_order(a):
+  """The inverse of ``to_stored_order``."""
+  return a.reshape(*a.shape[:-1], -1, PAIR_SPAN)[..., STORED_POSITION].reshape(a.shape)
 
 
 def decode_codes(exponent_codes: jax.Array) -> jax.Array:
@@ -232,11 +266,11 @@ def decode_bits(sign_mantissa: jax.Array, codes: jax.Array, base: jax.Array) -> 
 
 
 def unpack_transposed_bits(packed: W12Array) -> jax.Array:
-  """uint16 ``[N, Kp]`` decoded planes, escapes still +0.0 (no side table)."""
+  """uint16 ``[N, Kp]`` decoded planes in logical K order, escapes still +0.0 (no side table)."""
   n, kp = packed.sign_mantissa.shape
   codes = decode_codes(packed.exponent_codes)
-  base = jnp.repeat(packed.base_exponent, packed.group_k, axis=1)[:, :kp]
-  return decode_bits(packed.sign_mantissa, codes, base)
+  base = jnp.repeat(packed.base_exponent, packed.group_k, axis=1)[:, :kp]  # a base spans whole chunks
+  return to_logical_order(decode_bits(packed.sign_mantissa, codes, base))
 
 
 def add_escapes(y: jax.Array, x2: jax.Array, packed: W12Array) -> jax.Array:

@@ -16,9 +16,11 @@ Two decodes (``TuningConfig.decode``):
   turns 32-bit words of the planes into wgmma's register A fragment, 4 weights per ~15
   integer instructions. On the H200 (docs/results/2026-11-30-w12-registers-h200/): 1.0-1.06x
   a bf16 dot at M = 1 (0.73x on 4096x12288, where XLA's dot is slow), 1.1-1.3x at M = 16
-  and 64; the kernel alone is 0.84x at M = 1 and the XLA ops around it (x permutation,
-  escape scatter, split-K sum and transpose) are the rest. Needs a real Hopper: GPU
-  interpret mode's wgmma reads SMEM only.
+  and 64; the kernel alone is 0.84x at M = 1 and the XLA ops around it (then: x padding and
+  permutation, escape scatter, split-K sum and transpose) are the rest. Since format version 2
+  the planes are stored in the order the threads read them and the activation tiles are TMA
+  boxes that read past ``x``'s rows and columns as zeros, so ``x`` goes in as it is. Needs a
+  real Hopper: GPU interpret mode's wgmma reads SMEM only.
 - ``"smem"`` (``_smem_decode_call``): 16-bit element ops on SMEM tiles, written back as
   bf16 SMEM tiles for wgmma. 2.1-2.9x slower than the register decode; it runs in GPU
   interpret mode, so the CPU test suite runs it (``tests/test_w12_matmul.py``).
@@ -28,12 +30,12 @@ a 1-D uint8 SMEM row (the per-step bases) faults with a misaligned shared addres
 hence ``_BASE_DTYPE`` for the SMEM decode (the register decode reads bases from GMEM).
 
 Next (the W12 must-show is 0.80x bf16): the escape patch as a gather fused into the
-split-K sum (per-column escape lists at pack time), the split-K sum inside the kernel,
-the planes stored in the permuted K order so ``x`` needs no permutation; in the kernel,
-fewer instructions per word (Nsight Compute: ~28 per 4 weights, integer pipe 57 % busy,
-27 % occupancy): per-thread addressing hoisted out of the step, one base load per step
-(each chunk's decode loads it again today), bases <= 240 so the exponent add needs no
-carry mask, fewer registers for 8 blocks per SM.
+split-K sum (per-column escape lists at pack time), the split-K sum inside the kernel; in
+the kernel, fewer instructions per word (Nsight Compute: ~28 per 4 weights, integer pipe
+57 % busy, 27 % occupancy). The swizzled addressing is now one XOR and one add per load
+(``register_decode.swizzle_parts``, was ~10 instructions); left: one base load per step
+(each chunk's decode loads it again), bases <= 240 so the exponent add needs no carry
+mask, fewer registers for 8 blocks per SM.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ from pallas_kernels.split_k import (
 )
 from pallas_kernels.w12 import register_decode
 from pallas_kernels.w12.config import TuningConfig
-from pallas_kernels.w12.format import PAIR_SPAN, W12Array, add_escapes_transposed, decode_bits
+from pallas_kernels.w12.format import PAIR_SPAN, W12Array, add_escapes_transposed, decode_bits, to_stored_order
 
 _HALF = PAIR_SPAN // 2
 _BASE_DTYPE = jnp.uint16
@@ -257,17 +259,17 @@ def _decode_chunk_to_registers(chunk: int, step_k: int, byte_transforms, nibble_
   return decode
 
 
-def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, group_k, tile_m, tile_k,
+def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, group_k, tile_m, tile_k,
                           max_concurrent_steps, split_k, out_dtype):
   """One warpgroup per (64 channels, tile_m tokens, K split); each step's W12 tiles are decoded by
-  ``register_decode`` straight into wgmma's A registers, 64 stored K at a time, against the
-  activation chunk permuted the same way (``x2`` arrives permuted). Each thread reads its two rows'
-  base exponents for the step straight from ``base_exponent`` ``[N, groups]`` in GMEM (48 KB for a
-  12288x4096 weight: L2-resident), so no per-call XLA op rearranges them. Same output as
-  ``_smem_decode_call``: ``[split_k, N, Mp]``."""
+  ``register_decode`` straight into wgmma's A registers, 64 K at a time, in logical K order (the planes' stored
+  order is the order the threads read), against ``x2`` ``[m, K]`` as the caller has it: TMA fills the activation
+  tiles' rows past ``m`` (up to ``mp``) and columns past ``K`` (up to ``Kp``) with zeros, so no padded or
+  permuted copy of ``x`` is made. Each thread reads its two rows' base exponents for the step straight from
+  ``base_exponent`` ``[N, groups]`` in GMEM (48 KB for a 12288x4096 weight: L2-resident), so no per-call XLA op
+  rearranges them. Same output as ``_smem_decode_call``: ``[split_k, N, Mp]``."""
   tile_n = register_decode.ROWS
   n, kp = byte_plane.shape
-  mp = x2.shape[0]
   chunks = tile_k // register_decode.CHUNK
   steps = kp // tile_k // split_k
   depth = min(max_concurrent_steps, steps)
@@ -332,7 +334,7 @@ def w12_matmul(
   m = math.prod(lead)
   tile_m = min(config.tile_m, round_up(max(m, 1), 8))
   mp = round_up(max(m, 1), tile_m)
-  x2 = jnp.pad(x.reshape(m, k), ((0, mp - m), (0, kp - k)))
+  x2 = x.reshape(m, k)
 
   has_escapes = packed.num_escapes > 0
   k_steps = kp // config.tile_k
@@ -340,23 +342,23 @@ def w12_matmul(
                                            config.blocks_per_sm)
   out_dtype = jnp.float32 if has_escapes or split_k > 1 else x.dtype
   if config.decode == "registers":
-    chunks = x2.reshape(mp, kp // register_decode.CHUNK, register_decode.CHUNK)
-    x_permuted = chunks[:, :, register_decode.X_PERMUTATION].reshape(mp, kp)
     y_t = _register_decode_call(
-        x_permuted, packed.sign_mantissa, packed.exponent_codes, packed.base_exponent, group_k=packed.group_k,
+        x2, packed.sign_mantissa, packed.exponent_codes, packed.base_exponent, mp=mp, group_k=packed.group_k,
         tile_m=tile_m, tile_k=config.tile_k, max_concurrent_steps=config.max_concurrent_steps, split_k=split_k,
         out_dtype=out_dtype)
   else:
     # one base row per K step, [Kp / tile_k, N]: one small TMA box per step
     steps_per_group = packed.group_k // config.tile_k
     base_tiles = jnp.repeat(packed.base_exponent, steps_per_group, axis=1)[:, :kp // config.tile_k].T
+    # this kernel decodes the planes in their stored K order: x follows it (a padded, permuted copy)
+    x_stored = to_stored_order(jnp.pad(x2, ((0, mp - m), (0, kp - k))))
     y_t = _smem_decode_call(
-        x2, packed.sign_mantissa, packed.exponent_codes, base_tiles.astype(_BASE_DTYPE),
+        x_stored, packed.sign_mantissa, packed.exponent_codes, base_tiles.astype(_BASE_DTYPE),
         tile_n=config.tile_n, tile_m=tile_m, tile_k=config.tile_k,
         max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, overlap_decode=config.overlap_decode,
         out_dtype=out_dtype, interpret=interpret)
   # y_t: [split_k, N, Mp]. The escape patch is scattered into the first partial sum, in place on the
   # kernel's output, so the split-K sum, the transpose and the cast after it are one XLA fusion.
   if has_escapes:
-    y_t = add_escapes_transposed(y_t, x2[:m], packed)
+    y_t = add_escapes_transposed(y_t, x2, packed)
   return reduce_partial_sums(y_t, m, x.dtype).reshape(*lead, n)

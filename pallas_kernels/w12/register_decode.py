@@ -15,8 +15,8 @@ positions ``2q, 2q + 1, 8 + 2q, 9 + 2q`` with ``q = t % 4``. The *stored* K orde
 free as long as the activations use the same order, so a thread reads 4 consecutive stored weights
 (one byte-plane word) per K tile: in a 64-wide W12 chunk, K tile ``i`` of thread ``q`` holds stored
 offsets ``32 (i // 2) + 8 q + 4 (i % 2) + (0..3)``, whose codes sit in the low (``i < 2``) or high
-nibbles of one nibble-plane word. ``X_PERMUTATION`` is that order; the wrapper permutes ``x`` once
-per call (M x K elements, not the weight).
+nibbles of one nibble-plane word. ``pack`` stores the planes in that order (``format.STORED_POSITION``),
+so the A fragment holds the weights in their logical K order and ``x`` goes in as it is.
 
 SMEM: the planes arrive by TMA swizzled as wide as their rows allow (128 B, or 64 B for the nibbles of
 a 128-wide step), so the 8 rows a warp reads spread over all banks: 8-byte loads, two wavefronts per
@@ -32,17 +32,6 @@ CHUNK = 64
 
 ROWS = 64
 """Output channels per warpgroup: wgmma M."""
-
-
-def _stored_offset(position: np.ndarray) -> np.ndarray:
-  """Stored K offset (within a 64-chunk) that wgmma position ``position`` reads."""
-  tile, within = position // 16, position % 16
-  second, quad, element = within // 8, (within % 8) // 2, within % 2
-  return 32 * (tile // 2) + 8 * quad + 4 * (tile % 2) + 2 * second + element
-
-
-X_PERMUTATION = _stored_offset(np.arange(CHUNK))
-"""``x_permuted[..., 64 c + p] = x[..., 64 c + X_PERMUTATION[p]]`` for every chunk ``c``."""
 
 
 class NumpyOps:
@@ -140,6 +129,34 @@ def swizzled_offset(ops, row, col, row_bytes: int):
   return ops.xor(offset, ops.shl(group, 4))
 
 
+def swizzle_parts(ops, row, quad, row_bytes: int):
+  """A thread's share of ``swizzled_offset`` for its rows ``row`` and ``row + 8`` and columns ``8 quad + C``,
+  ``C`` a multiple of 32 known at trace time: ``(a, x)`` such that
+
+      swizzled_offset(row + 8 h, 8 quad + C) == a + 8 h row_bytes + (C >> log S) 8 S + ((C & (S - 1)) ^ x)
+
+  (``chunk_offset``). Why it holds, with ``S = min(row_bytes, 128)``: the swizzle XORs byte bits 4-6 with
+  ``((row & 7) S) >> 7``, which depends on neither ``h`` nor the column; the column's low part ``8 quad + C'``
+  has ``8 quad`` in bits 3-4 and ``C'`` in bits 5-6, so the XOR splits into ``8 quad ^ (x4)`` (bit 4, per
+  thread: folded into ``a``) and ``C' ^ x`` (bits 5-6). One XOR and one add per load, where the whole formula
+  (``swizzled_offset``) is about ten integer instructions."""
+  swizzle = min(row_bytes, 128)
+  r7 = ops.and_(row, 7)
+  bits = ops.shl(ops.shr(ops.mul(r7, swizzle), 7), 4)  # bits 4-6: the 16-byte chunk XOR of these rows
+  a = ops.add(ops.add(ops.mul(ops.shr(row, 3), 8 * row_bytes), ops.mul(r7, swizzle)),
+              ops.xor(ops.mul(quad, 8), ops.and_(bits, 0x10)))
+  return a, ops.and_(bits, 0x60)
+
+
+def chunk_offset(ops, parts, half: int, col: int, row_bytes: int):
+  """``swizzled_offset(row + 8 half, 8 quad + col)`` from ``swizzle_parts``; ``col`` a multiple of 32."""
+  a, x = parts
+  swizzle = min(row_bytes, 128)
+  log_swizzle = swizzle.bit_length() - 1
+  low = col & (swizzle - 1)
+  return ops.add(a, ops.add(ops.xor(x, low) if low else x, 8 * row_bytes * half + (col >> log_swizzle) * 8 * swizzle))
+
+
 def decode_chunk(ops, thread, load_words, load_base, chunk: int, step_k: int):
   """One thread's A fragment of stored K chunk ``chunk`` (64 wide) of a ``[64, step_k]`` step.
 
@@ -152,15 +169,14 @@ def decode_chunk(ops, thread, load_words, load_base, chunk: int, step_k: int):
   warp, lane = ops.shr(thread, 5), ops.and_(thread, 31)
   first_row = ops.add(ops.mul(warp, 16), ops.shr(lane, 2))
   quad = ops.and_(lane, 3)
-  col = ops.mul(quad, 8)
+  planes = {"bytes": step_k, "nibbles": step_k // 2}
+  parts = {plane: swizzle_parts(ops, first_row, quad, row_bytes) for plane, row_bytes in planes.items()}
   registers = {}
   for half in range(2):
-    row = ops.add(first_row, 8 * half)
-    base_word = ops.mul(load_base(row), 0x01010101)
-    nibbles = load_words("nibbles", swizzled_offset(ops, row, ops.add(col, 32 * chunk), step_k // 2))
+    base_word = ops.mul(load_base(ops.add(first_row, 8 * half)), 0x01010101)
+    nibbles = load_words("nibbles", chunk_offset(ops, parts["nibbles"], half, 32 * chunk, planes["nibbles"]))
     for high in range(2):
-      byte_col = ops.add(col, CHUNK * chunk + 32 * high)
-      words = load_words("bytes", swizzled_offset(ops, row, byte_col, step_k))
+      words = load_words("bytes", chunk_offset(ops, parts["bytes"], half, CHUNK * chunk + 32 * high, planes["bytes"]))
       for w in range(2):
         tile = 2 * high + w  # 16-wide K tile of the chunk
         pair01, pair23 = decode_word(ops, words[w], nibbles[w], base_word, bool(high))
@@ -173,9 +189,9 @@ def simulate_chunk(byte_tile: np.ndarray, nibble_tile: np.ndarray, bases: np.nda
   """What the kernel's A fragment holds, computed with numpy for all 128 threads at once.
 
   ``byte_tile`` uint8 ``[64, step_k]`` and ``nibble_tile`` uint8 ``[64, step_k // 2]`` are the logical
-  tiles; they are swizzled here as TMA would store them, then read through ``decode_chunk``. Returns
-  the uint16 bf16 bits ``[64, 64]`` in wgmma position order (the stored chunk permuted by
-  ``X_PERMUTATION``).
+  tiles (stored K order); they are swizzled here as TMA would store them, then read through
+  ``decode_chunk``. Returns the uint16 bf16 bits ``[64, 64]`` in wgmma position order: the chunk's logical K
+  order, for planes ``pack`` wrote.
   """
   step_k = byte_tile.shape[1]
   memories = {name: _swizzle_as_tma(tile) for name, tile in (("bytes", byte_tile), ("nibbles", nibble_tile))}

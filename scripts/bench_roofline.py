@@ -601,9 +601,8 @@ class Worker:
         tok0 = jnp.full((1, 1), s["start_token"], jnp.int32)
         one = jnp.ones((), jnp.int32)
         lowered, kernel_note = {}, None
-        for name, tree in (("bf16", w), *((v, w12w) for v in W12_JOB if v != W12_LOOP)):
-            if name != "bf16" and name not in s["variants"]:
-                continue
+        forwards = [v for v in W12_JOB if v != W12_LOOP and v in s["variants"]]
+        for name, tree in ((("bf16", w),) if forwards else ()) + tuple((v, w12w) for v in forwards):
             default = w12_ops.DEFAULT
             w12_ops.DEFAULT = W12_IMPLEMENTATION.get(name, "reference")  # read at trace time by w12.matmul
             try:

@@ -1,6 +1,7 @@
 """The few-token bf16 matmul kernel against XLA's dot: in Pallas GPU-interpret mode on CPU, cross-lowered
 for Hopper on CPU, and on a real Hopper when one is present."""
 
+import functools
 import logging
 
 import jax
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels import skinny_matmul
+from pallas_kernels import skinny_matmul, split_k
 from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
 from pallas_kernels.skinny_matmul import ops as skinny_ops
 
@@ -90,6 +91,26 @@ def test_hopper_lowering_at_qwen3_shapes(m):
   w = jnp.ones((4096, 12288), jnp.bfloat16)
   lowered = jax.jit(skinny_mosaic_gpu.skinny_matmul).trace(x, w).lower(lowering_platforms=("cuda",))
   assert "mosaic_gpu" in lowered.as_text()
+
+
+@pytest.mark.parametrize("lead,k,config", [((20,), 256, Config(tile_m=8, tile_k=64, max_concurrent_steps=2)),
+                                           ((2, 7), 384, Config(tile_k=128, split_k=1)), ((5,), 256, Config(tile_m=8)),
+                                           ((70,), 256, Config(tile_m=64, tile_k=64))])
+def test_hopper_lowering_of_odd_token_counts(lead, k, config):
+  """Token counts off a multiple of 8 lower for sm_90: x goes in unpadded only where TMA can tile it (at most 8
+  rows, or a multiple of 8; ``pad_for_tma``), the rest is padded. GPU interpret mode does not check TMA tiling:
+  the H200 found these (``docs/results/2026-11-30-ar-tree-attention-h200/``)."""
+  x, w = jnp.ones((*lead, k), jnp.bfloat16), jnp.ones((k, 192), jnp.bfloat16)
+  run = functools.partial(skinny_mosaic_gpu.skinny_matmul, config=config)
+  assert "mosaic_gpu" in jax.jit(run).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def test_pad_for_tma_pads_only_what_tma_cannot_tile():
+  assert split_k.pad_for_tma(jnp.ones((1, 4096)), (8, 64)).shape == (1, 4096)  # decode: no pad kernel
+  assert split_k.pad_for_tma(jnp.ones((8, 40)), (8, 64)).shape == (8, 40)  # smaller than a tile
+  assert split_k.pad_for_tma(jnp.ones((14, 120)), (8, 64)).shape == (16, 128)
+  padded = split_k.pad_for_tma(jnp.full((9, 64), 2.0), (8, 64))
+  assert padded.shape == (16, 64) and float(padded[9:].sum()) == 0.0 and float(padded[:9].sum()) == 2.0 * 9 * 64
 
 
 def test_tuning_config_rejects_bad_tiles():

@@ -86,12 +86,13 @@ def test_every_thread_decodes_its_fragment_through_swizzled_smem(step_k):
       np.testing.assert_array_equal(rd.simulate_chunk(byte_tile, nibble_tile, step_bases, chunk), want)
 
 
-@pytest.mark.parametrize("m,tile_k", [(1, 128), (64, 64), (5, 256)])
-def test_register_kernel_lowers_for_hopper_on_cpu(m, tile_k):
-  """Mosaic GPU's Python lowering (layouts, the inline decode, wgmma from registers) runs without a GPU."""
-  packed = w12.pack((np.random.default_rng(0).normal(size=(512, 128)) * 0.02).astype(BF16))
+@pytest.mark.parametrize("m,k,tile_k", [(1, 512, 128), (64, 512, 64), (5, 512, 256), (20, 120, 64), (14, 512, 128)])
+def test_register_kernel_lowers_for_hopper_on_cpu(m, k, tile_k):
+  """Mosaic GPU's Python lowering (layouts, the inline decode, wgmma from registers, TMA tiling of an unpadded
+  ``x``: 20 x 120 failed on the H200 before ``pad_for_tma``) runs without a GPU."""
+  packed = w12.pack((np.random.default_rng(0).normal(size=(k, 128)) * 0.02).astype(BF16))
   config = w12.TuningConfig(decode="registers", tile_m=64, tile_k=tile_k)
-  x = jnp.ones((m, 512), jnp.bfloat16)
+  x = jnp.ones((m, k), jnp.bfloat16)
   lowered = jax.jit(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config)).trace(x, packed).lower(
       lowering_platforms=("cuda",))
   assert "mosaic_gpu" in lowered.as_text()

@@ -33,9 +33,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.skinny_matmul.config import TuningConfig
-from pallas_kernels.split_k import auto_split_k, num_sms, round_up, smem_transforms
+from pallas_kernels.split_k import auto_split_k, num_sms, pad_for_tma, round_up, smem_transforms
 
 TILE_N = 64  # output channels per block: one wgmma M
+X_TILE = (8, 64)  # the SMEM tiling of the activation tiles (``smem_transforms`` of a >= 128-byte bf16 row)
 
 DEFAULT_CONFIG = TuningConfig()
 """What ``skinny_matmul`` runs without a config: in the H200 sweep (``bench_kernels.skinny_sweep``) the best
@@ -64,9 +65,8 @@ def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, inter
   ``halves`` = 1 the bf16 result; with 2 the f32 partial sum's high and low 16 bits (``f32_from_halves``):
   Mosaic GPU stores a transposed wgmma accumulator into swizzled SMEM for 16-bit types only.
 
-  ``x2`` has ``m <= mp`` rows: the activation tiles are TMA boxes of ``tile_m`` rows, and TMA fills the rows past
-  ``m`` with zeros, so no padded copy of ``x`` is made (an XLA pad was one more kernel per matmul: at M = 1,
-  ~1.7 us each, 144 a Qwen3-8B step). The output rows past ``m`` are zeros."""
+  ``x2`` has at most ``mp`` rows (``pad_for_tma``): the activation tiles are TMA boxes of ``tile_m`` rows, and TMA
+  fills the rows past ``x2``'s with zeros. The output rows past them are zeros."""
   k, n = w.shape
   steps = k // tile_k // split_k
   depth = min(max_concurrent_steps, steps)
@@ -136,7 +136,8 @@ def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = N
   mp = round_up(max(m, 1), tile_m)
   k_steps = k // config.tile_k
   split_k = config.split_k or auto_split_k((n // TILE_N) * (mp // tile_m), k_steps, num_sms(), config.blocks_per_sm)
-  partial = _call(x.reshape(m, k), w, tile_m=tile_m, tile_k=config.tile_k,
+  x2 = pad_for_tma(x.reshape(m, k), X_TILE)
+  partial = _call(x2, w, tile_m=tile_m, tile_k=config.tile_k,
                   max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, halves=2 if split_k > 1 else 1,
                   interpret=interpret, mp=mp)
   y = partial[0, 0] if split_k == 1 else f32_from_halves(partial).sum(0).astype(x.dtype)

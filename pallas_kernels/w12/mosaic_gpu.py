@@ -57,6 +57,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels.split_k import (
   auto_split_k,
   num_sms,
+  pad_for_tma,
   partial_sums_kernel,
   reduce_partial_sums,
   round_up,
@@ -263,9 +264,9 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
                           max_concurrent_steps, split_k, out_dtype):
   """One warpgroup per (64 channels, tile_m tokens, K split); each step's W12 tiles are decoded by
   ``register_decode`` straight into wgmma's A registers, 64 K at a time, in logical K order (the planes' stored
-  order is the order the threads read), against ``x2`` ``[m, K]`` as the caller has it: TMA fills the activation
-  tiles' rows past ``m`` (up to ``mp``) and columns past ``K`` (up to ``Kp``) with zeros, so no padded or
-  permuted copy of ``x`` is made. Each thread reads its two rows' base exponents for the step straight from
+  order is the order the threads read), against ``x2`` ``[m, K]`` as the caller has it (``pad_for_tma``: decode's
+  one to eight rows untouched): TMA fills the activation tiles' rows past ``m`` (up to ``mp``) and columns past
+  ``K`` (up to ``Kp``) with zeros, so no padded or permuted copy of ``x`` is made. Each thread reads its two rows' base exponents for the step straight from
   ``base_exponent`` ``[N, groups]`` in GMEM (48 KB for a 12288x4096 weight: L2-resident), so no per-call XLA op
   rearranges them. Same output as ``_smem_decode_call``: ``[split_k, N, Mp]``."""
   tile_n = register_decode.ROWS
@@ -343,7 +344,7 @@ def w12_matmul(
   out_dtype = jnp.float32 if has_escapes or split_k > 1 else x.dtype
   if config.decode == "registers":
     y_t = _register_decode_call(
-        x2, packed.sign_mantissa, packed.exponent_codes, packed.base_exponent, mp=mp, group_k=packed.group_k,
+        pad_for_tma(x2, (8, register_decode.CHUNK)), packed.sign_mantissa, packed.exponent_codes, packed.base_exponent, mp=mp, group_k=packed.group_k,
         tile_m=tile_m, tile_k=config.tile_k, max_concurrent_steps=config.max_concurrent_steps, split_k=split_k,
         out_dtype=out_dtype)
   else:

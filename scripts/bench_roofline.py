@@ -99,8 +99,9 @@ SKINNY_VARIANTS = {"skinny_forward": "xla_forward", "skinny_decode_loop": "xla_d
 """Rows measured again in a process of their own with the bf16 linears on ``skinny_matmul``'s Mosaic GPU kernel
 (``skinny_matmul.ops.DEFAULT = "mosaic_gpu"``): the kernel and XLA's dot side by side in one run."""
 SKINNY_FLAG_VARIANTS = {"skinny_cmdbuf_while": "xla_flags_cmdbuf_while"}
-"""The decode loop with the kernel and an ``XLA_FLAG_VARIANTS`` entry's flags: on the H200 the best AR step so far
-(5.03 ms: docs/results/2026-11-30-skinny-matmul-h200/)."""
+"""The decode loop with the kernel and an ``XLA_FLAG_VARIANTS`` entry's flags: 5.03 ms on the H200 with XLA attention
+(docs/results/2026-11-30-skinny-matmul-h200/); with ``--ar-attention pallas_tree`` the same as without the flags
+(4.70 against 4.69 ms: docs/results/2026-11-30-ar-tree-attention-h200/)."""
 XLA_FLAG_VARIANTS = {  # names checked against jax 0.11.2's XLA (`strings` on jaxlib); all parse on the CPU too
     "xla_flags_no_cmdbuf": "--xla_gpu_enable_command_buffer=",
     "xla_flags_cmdbuf_while": "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL --xla_gpu_graph_min_graph_size=1",

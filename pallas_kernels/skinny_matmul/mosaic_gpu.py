@@ -7,8 +7,10 @@ This is the W12 kernel (``pallas_kernels/w12``) without the decode: the same spl
 
 Measured on the H200 (docs/results/2026-11-30-skinny-matmul-h200/): at M = 1 a step's matmuls take 4.06 ms
 against XLA's 4.30 (large weights stream at 4.2-4.4 TB/s; every call, XLA's too, loses ~4.5 us to the
-pipeline's ramp and tail); at M = 16 and 64 it ties XLA. Inside the decode loop it helps only with XLA's
-command buffers (5.03 against 5.29 ms a step), which is why ``ops`` uses it for M <= 8 and only when asked.
+pipeline's ramp and tail); at M = 16 and 64 it ties XLA. Inside the decode loop it helped only with XLA's
+command buffers (5.03 against 5.29 ms a step); with attention on the tree-attention kernel its loop is the best
+AR step measured, 4.69-4.87 ms (docs/results/2026-11-30-ar-tree-attention-h200/). ``ops`` uses it for M <= 8 and
+only when asked.
 
 Shape of the call. ``y.T = W.T @ x.T`` for ``W`` ``[K, N]`` stored as the model stores it (no per-call
 transpose): each pipeline step TMA-loads a ``[tile_k, 64]`` weight tile (128-byte rows, 128-byte swizzle)

@@ -24,16 +24,6 @@ def smem_transforms(minor_dim: int, dtype) -> tuple:
   return (plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle))
 
 
-def pad_for_tma(x: jax.Array, tiles: tuple[int, ...]) -> jax.Array:
-  """``x`` ready to be a TMA source of boxes tiled by ``tiles`` (the SMEM tiling of its transforms): Mosaic GPU
-  tiles a GMEM operand along a dimension only if it is a multiple of the tile or smaller than it. A dimension
-  that is neither is zero-padded up to a multiple (odd prefill-sized M, K off a multiple of 64); decode's one
-  to eight token rows pass as they are, and a box that reads past them gets TMA's zeros. No pad, no extra
-  kernel: at M = 1 a pad was one more XLA kernel per matmul (~1.7 us, 144 in a Qwen3-8B step)."""
-  pads = [(0, 0 if d < t or d % t == 0 else round_up(d, t) - d) for d, t in zip(x.shape, tiles)]
-  return jnp.pad(x, pads) if any(hi for _, hi in pads) else x
-
-
 def auto_split_k(n_blocks: int, k_steps: int, num_sms: int, blocks_per_sm: int = 1) -> int:
   """The fewest K splits (a divisor of ``k_steps``) that give every SM ``blocks_per_sm`` blocks: narrow
   layers such as Qwen3-8B's down projection (N = 4096: 64 channel blocks) would otherwise leave half the

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels import skinny_matmul, split_k
+from pallas_kernels import skinny_matmul, tma
 from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
 from pallas_kernels.skinny_matmul import ops as skinny_ops
 
@@ -106,10 +106,10 @@ def test_hopper_lowering_of_odd_token_counts(lead, k, config):
 
 
 def test_pad_for_tma_pads_only_what_tma_cannot_tile():
-  assert split_k.pad_for_tma(jnp.ones((1, 4096)), (8, 64)).shape == (1, 4096)  # decode: no pad kernel
-  assert split_k.pad_for_tma(jnp.ones((8, 40)), (8, 64)).shape == (8, 40)  # smaller than a tile
-  assert split_k.pad_for_tma(jnp.ones((14, 120)), (8, 64)).shape == (16, 128)
-  padded = split_k.pad_for_tma(jnp.full((9, 64), 2.0), (8, 64))
+  assert tma.pad_for_tma(jnp.ones((1, 4096)), (8, 64)).shape == (1, 4096)  # decode: no pad kernel
+  assert tma.pad_for_tma(jnp.ones((8, 40)), (8, 64)).shape == (8, 40)  # smaller than a tile
+  assert tma.pad_for_tma(jnp.ones((14, 120)), (8, 64)).shape == (16, 128)
+  padded = tma.pad_for_tma(jnp.full((9, 64), 2.0), (8, 64))
   assert padded.shape == (16, 64) and float(padded[9:].sum()) == 0.0 and float(padded[:9].sum()) == 2.0 * 9 * 64
 
 

@@ -137,6 +137,10 @@ class TreeAttentionSuite:
             (1, 70, 8, 2, 64, 192, "star", [130], ta.TuningConfig(num_splits=3)),
             # nodes out of order, D=128, the automatic split
             (1, 64, 4, 1, 128, 256, "shuffled", [200], ta.TuningConfig()),
+            # an AR step: one node, unpadded (TMA reads zeros past it, stores nothing there), split and combined
+            (1, 1, 4, 1, 64, 128, "chain", [37], ta.TuningConfig(num_splits=2)),
+            # 8 nodes in a 16-node row block, unpadded, one split: the kernel's own store is clipped
+            (2, 8, 8, 2, 64, 128, "random", [100, 5], ta.TuningConfig(num_splits=1)),
         ],
     )
     def test_matches_oracle(self, b, n, hq, hkv, d, s, kind, lengths, config):
@@ -193,6 +197,8 @@ class TestMosaicGpuInterpret(TreeAttentionSuite):
     "b,n,config",
     [
         (1, 16, ta.TuningConfig()),  # 16 splits + combine
+        (1, 1, ta.TuningConfig()),  # an AR step: q and the tree's K/V unpadded
+        (1, 12, ta.TuningConfig()),  # 12 nodes: TMA cannot tile them unpadded, so they are padded to 16
         (8, 256, ta.TuningConfig()),  # 1 split: the kernel writes bf16 itself
         (1, 100, ta.TuningConfig(block_m=128, max_concurrent_steps=2, num_splits=3)),
     ],

@@ -35,7 +35,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.skinny_matmul.config import TuningConfig
-from pallas_kernels.split_k import auto_split_k, num_sms, pad_for_tma, round_up, smem_transforms
+from pallas_kernels.split_k import auto_split_k, num_sms, round_up, smem_transforms
+from pallas_kernels.tma import pad_for_tma
 
 TILE_N = 64  # output channels per block: one wgmma M
 X_TILE = (8, 64)  # the SMEM tiling of the activation tiles (``smem_transforms`` of a >= 128-byte bf16 row)

@@ -29,14 +29,15 @@ jnp combine (``_combine``) weights them: ``o = sum_s 2**(lse_s - m) o_s / sum_s
 * splits`` at about one wave of 132 SMs: B=1, Hkv=8, n=16 (one row block) gets 16
 splits of a 2k prefix.
 
-Status (2026-11-30): passes ``tests/test_tree_attention.py`` in Pallas GPU-interpret mode
-on CPU, and Mosaic GPU lowers its GPU form to NVVM on CPU (layout inference included),
-but it has not yet run on a GPU. The two forms differ only in ``P V``: interpret mode
-runs neither a register wgmma operand nor ``pl.run_state``, so ``interpretable`` (the
-default when interpreting) stages P in SMEM and adds ``P V`` from a fresh accumulator;
-the GPU form keeps P in registers and accumulates in place (as jax's
-``attention_mgpu`` does), which saves an SMEM round trip and a [block_m, D] f32
-register tile.
+Status: passes ``tests/test_tree_attention.py`` in Pallas GPU-interpret mode on CPU and on the H200, where it
+beats XLA's masked attention at every size measured (docs/results/2026-11-30-kernels-h200-splitk/) and, as a
+one-node tree, makes the fastest AR step measured (docs/results/2026-11-30-ar-tree-attention-h200/). The two
+forms differ only in ``P V``: interpret mode runs neither a register wgmma operand nor ``pl.run_state``, so
+``interpretable`` (the default when interpreting) stages P in SMEM and adds ``P V`` from a fresh accumulator;
+the GPU form keeps P in registers and accumulates in place (as jax's ``attention_mgpu`` does), which saves an
+SMEM round trip and a [block_m, D] f32 register tile. ``q`` and the tree's K/V go in unpadded when TMA can
+tile them (``pad_for_tma``: fewer than 8 nodes, or a multiple of 8): an AR step's one node then costs no XLA
+pad kernels (~0.1 ms of a Qwen3-8B step in the H200's kernel split).
 
 Not done yet (in expected order of gain): warp specialisation (a TMA warpgroup and
 two compute warpgroups ping-ponging softmax and wgmma, as in FA3 / ``attention_mgpu``);
@@ -56,6 +57,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_kernels.tma import pad_for_tma
 from pallas_kernels.tree_attention.ancestors import WORD_BITS, num_words
 from pallas_kernels.tree_attention.config import TuningConfig
 
@@ -125,13 +127,15 @@ def _kernel_call(
     row_bits,
     *,
     config: TuningConfig,
+    n_pad: int,
     splits: int,
     tree_blocks: int,
     interpretable: bool,
     interpret,
 ):
-    """The ``(B, Hkv, row blocks, splits)`` grid; returns the output, plus lse when ``splits > 1``."""
-    b, n_pad, hkv, g, d = q5.shape
+    """The ``(B, Hkv, row blocks, splits)`` grid over ``n_pad`` nodes (``q5`` may hold fewer: TMA reads zeros past
+    them and stores nothing there); returns the output, plus lse when ``splits > 1``."""
+    b, _, hkv, g, d = q5.shape
     dtype = q5.dtype
     block_m, block_kv = config.block_m, config.block_kv
     nodes = block_m // g  # T: nodes per row block
@@ -292,14 +296,14 @@ def _row_bits(ancestor_bits, n, n_pad, nodes, g, words):
     return jnp.tile(bits, (1, 1, 1, g))
 
 
-def _combine(out_parts, lse):
+def _combine(out_parts, lse, n_pad):
     """Merges normalised f32 partials ``[S, B, n, Hkv, G, D]`` by their log2-sum-exp.
 
-    ``lse`` comes in the kernel's row order, ``[S, B, Hkv, row blocks, G * T]``.
+    ``lse`` comes in the kernel's row order, ``[S, B, Hkv, row blocks, G * T]``, for ``n_pad`` (>= n) nodes.
     """
     splits, b, n, hkv, g, _ = out_parts.shape
-    lse = lse.reshape(splits, b, hkv, -1, g, n // lse.shape[3]).transpose(0, 1, 3, 5, 2, 4)
-    lse = lse.reshape(splits, b, n, hkv, g)
+    lse = lse.reshape(splits, b, hkv, -1, g, n_pad // lse.shape[3]).transpose(0, 1, 3, 5, 2, 4)
+    lse = lse.reshape(splits, b, n_pad, hkv, g)[:, :, :n]
     top = jnp.max(lse, axis=0)
     weights = jnp.exp2(lse - jnp.where(jnp.isfinite(top), top, 0.0))
     total = jnp.sum(weights, axis=0)
@@ -334,7 +338,6 @@ def tree_attention(
     nodes = config.block_m // g
     n_pad = _cdiv(n, nodes) * nodes
     tree_blocks = _cdiv(n, config.block_kv)
-    tree_pad = tree_blocks * config.block_kv - n
     splits = config.splits(b * hkv * (n_pad // nodes), s // config.block_kv + tree_blocks)
     row_words = tree_blocks * config.block_kv // WORD_BITS
     interpretable = interpret is not None if interpretable is None else interpretable
@@ -344,9 +347,13 @@ def tree_attention(
             f"{smem} bytes of shared memory per CTA exceed {_SMEM_LIMIT}: lower max_concurrent_steps or block_kv"
         )
 
-    q5 = jnp.pad(q, ((0, 0), (0, n_pad - n), (0, 0), (0, 0))).reshape(b, n_pad, hkv, g, d)
-    k_tree = jnp.pad(k_tree, ((0, 0), (0, tree_pad), (0, 0), (0, 0)))
-    v_tree = jnp.pad(v_tree, ((0, 0), (0, tree_pad), (0, 0), (0, 0)))
+    # q, k_tree and v_tree go in unpadded where TMA can tile them (a one-node AR step, any n a multiple of 8):
+    # the boxes past their nodes read zeros (hidden by the ancestor bits) and store nothing
+    tiles = (1, 8, 1, 1)
+    q5 = pad_for_tma(q, tiles)
+    n_q = q5.shape[1]
+    q5 = q5.reshape(b, n_q, hkv, g, d)
+    k_tree, v_tree = pad_for_tma(k_tree, tiles), pad_for_tma(v_tree, tiles)
     row_bits = _row_bits(ancestor_bits, n, n_pad, nodes, g, row_words)
     lengths = jnp.clip(lengths, 0, s).astype(jnp.int32)
     result = _kernel_call(
@@ -358,10 +365,12 @@ def tree_attention(
         v_tree,
         row_bits,
         config=config,
+        n_pad=n_pad,
         splits=splits,
         tree_blocks=tree_blocks,
         interpretable=interpretable,
         interpret=interpret,
     )
-    out = result if splits == 1 else _combine(*result)
-    return out.reshape(b, n_pad, hq, d)[:, :n].astype(q.dtype)
+    out = result if splits == 1 else _combine(*result, n_pad)
+    out = out.reshape(b, n_q, hq, d)
+    return (out if n_q == n else out[:, :n]).astype(q.dtype)

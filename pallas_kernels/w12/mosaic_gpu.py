@@ -57,13 +57,13 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels.split_k import (
   auto_split_k,
   num_sms,
-  pad_for_tma,
   partial_sums_kernel,
   reduce_partial_sums,
   round_up,
   smem_transforms,
   store_partial_sum,
 )
+from pallas_kernels.tma import pad_for_tma
 from pallas_kernels.w12 import register_decode
 from pallas_kernels.w12.config import TuningConfig
 from pallas_kernels.w12.format import PAIR_SPAN, W12Array, add_escapes_transposed, decode_bits, to_stored_order
@@ -344,8 +344,8 @@ def w12_matmul(
   out_dtype = jnp.float32 if has_escapes or split_k > 1 else x.dtype
   if config.decode == "registers":
     y_t = _register_decode_call(
-        pad_for_tma(x2, (8, register_decode.CHUNK)), packed.sign_mantissa, packed.exponent_codes, packed.base_exponent, mp=mp, group_k=packed.group_k,
-        tile_m=tile_m, tile_k=config.tile_k, max_concurrent_steps=config.max_concurrent_steps, split_k=split_k,
+        pad_for_tma(x2, (8, register_decode.CHUNK)), packed.sign_mantissa, packed.exponent_codes,
+        packed.base_exponent, mp=mp, group_k=packed.group_k, tile_m=tile_m, tile_k=config.tile_k, max_concurrent_steps=config.max_concurrent_steps, split_k=split_k,
         out_dtype=out_dtype)
   else:
     # one base row per K step, [Kp / tile_k, N]: one small TMA box per step

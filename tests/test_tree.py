@@ -134,6 +134,23 @@ def test_vocab_top_k_is_lax_top_k_exactly(vocab, k, chunk):
     np.testing.assert_array_equal(np.asarray(got_i), np.asarray(want_i))
 
 
+@pytest.mark.parametrize("vocab,k,chunk", [(1000, 16, 64), (999, 64, 8), (151, 7, 32), (4096, 256, 8), (50, 8, 4),
+                                           (300, 3, 128)])
+def test_vocab_top_k_screened_is_lax_top_k_exactly(vocab, k, chunk):
+    """The same adversarial inputs as above (a dozen distinct values, so ties across and inside slices and at the
+    k-th place; -inf rows and halves; a ragged last slice), plus all-equal rows, where every slice's max ties."""
+    rng = np.random.default_rng(vocab + k + chunk)
+    x = np.round(rng.standard_normal((3, 4, vocab)) * 2) / 2
+    x[0, 0, :] = -np.inf
+    x[1, 2, rng.choice(vocab, vocab // 2, replace=False)] = -np.inf
+    x[2, 1, :] = 0.5
+    x = jnp.asarray(x, jnp.float32)
+    want_v, want_i = jax.lax.top_k(x, k)
+    got_v, got_i = jax.jit(lambda x: trees.vocab_top_k_screened(x, k, chunk))(x)
+    np.testing.assert_array_equal(np.asarray(got_v), np.asarray(want_v))
+    np.testing.assert_array_equal(np.asarray(got_i), np.asarray(want_i))
+
+
 def test_best_first_with_a_chunked_vocab_top_k_builds_the_same_tree(monkeypatch):
     rng = np.random.default_rng(3)
     logp = jax.nn.log_softmax(jnp.asarray(rng.standard_normal((5, 1000)) * 3.0, jnp.float32), axis=-1)

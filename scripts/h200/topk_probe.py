@@ -1,6 +1,7 @@
 """The vocabulary top-k of DDTree's tree build on the GPU: ``jax.lax.top_k`` against the two-stage
-``specpilot.decoding.tree.vocab_top_k`` at each chunk, same inputs, outputs checked equal; CUPTI time per
-call (issue #8's tree-build share). ``tree.VOCAB_TOPK_CHUNKS`` is read from this table.
+``specpilot.decoding.tree.vocab_top_k`` and the screened ``vocab_top_k_screened`` at each chunk, same inputs,
+outputs checked equal; CUPTI time per call (issue #8's tree-build share). ``tree.VOCAB_TOPK_CHUNKS`` is read from
+this table.
 
     PYTHONPATH=$PWD python3 scripts/h200/topk_probe.py > $OUT/topk.txt
 """
@@ -13,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.mosaic.gpu import profiler
 
-from specpilot.decoding.tree import vocab_top_k
+from specpilot.decoding.tree import vocab_top_k, vocab_top_k_screened
 
 
 def main():
@@ -23,18 +24,22 @@ def main():
   ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
   ap.add_argument("--k", type=int, nargs="+", default=[16, 64, 256], help="tree budgets")
   ap.add_argument("--chunks", type=int, nargs="+", default=[512, 1024, 2048, 4096])
+  ap.add_argument("--screen-chunks", type=int, nargs="+", default=[32, 64, 128, 256],
+                  help="slice widths of the screened top-k (slice maxima, then k slices' candidates)")
   args = ap.parse_args()
   print("| batch | k | method | device us | equal |\n|---|---|---|---|---|", flush=True)
   for b in args.batch:
     x = jax.nn.log_softmax(jax.random.normal(jax.random.key(b), (b, args.depths, args.vocab)) * 3, axis=-1)
     for k in args.k:
       want = jax.jit(lambda x, k=k: jax.lax.top_k(x, k))(x)
-      for chunk in [None, *args.chunks]:
-        fn = jax.jit(lambda x, k=k, chunk=chunk: vocab_top_k(x, k, chunk))
+      methods = [("lax.top_k" if c is None else f"two-stage, chunk {c}", lambda x, k=k, c=c: vocab_top_k(x, k, c))
+                 for c in [None, *args.chunks]]
+      methods += [(f"screened, chunk {c}", lambda x, k=k, c=c: vocab_top_k_screened(x, k, c)) for c in args.screen_chunks]
+      for name, method in methods:
+        fn = jax.jit(method)
         got = fn(x)
         equal = all(bool(jnp.array_equal(g, w)) for g, w in zip(got, want))
         _, ms = profiler.measure(fn, iterations=10)(x)
-        name = "lax.top_k" if chunk is None else f"two-stage, chunk {chunk}"
         print(f"| {b} | {k} | {name} | {1e3 * statistics.median(ms):.1f} | {equal} |", flush=True)
 
 

@@ -91,6 +91,30 @@ def vocab_top_k(x: jax.Array, k: int, chunk: int | None = None) -> tuple[jax.Arr
     return best, jnp.take_along_axis(index, pos, axis=-1)
 
 
+def vocab_top_k_screened(x: jax.Array, k: int, chunk: int) -> tuple[jax.Array, jax.Array]:
+    """``jax.lax.top_k(x, k)`` over the last axis, exactly (values, indices and tie order), by screening: the max
+    of every ``chunk``-wide slice (one pass over ``x`` at memory speed), the ``k`` slices with the largest maxima
+    (ties to the lower slice), then one ``top_k`` over those ``k * chunk`` candidates, kept in index order.
+
+    Why it is exact: take any x outside the chosen slices. Each chosen slice's max ranks before x (its max is
+    larger, or equal and in an earlier slice, so at a lower index). That is k elements ranked before x, so x is
+    not in the top k. The sorts run over ``V / chunk`` maxima and ``k * chunk`` candidates instead of the whole
+    vocabulary row (``vocab_top_k`` sorts every slice). No NaN in ``x`` (log-probs have none); -inf is fine.
+    """
+    vocab = x.shape[-1]
+    slices = -(-vocab // chunk)
+    if k >= slices:
+        return jax.lax.top_k(x, k)
+    padded = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, slices * chunk - vocab)], constant_values=-jnp.inf)
+    padded = padded.reshape(*x.shape[:-1], slices, chunk)
+    _, chosen = jax.lax.top_k(padded.max(axis=-1), k)
+    chosen = jnp.sort(chosen, axis=-1)  # slice order = index order, so the last top_k breaks ties as lax.top_k does
+    candidates = jnp.take_along_axis(padded, chosen[..., None], axis=-2).reshape(*x.shape[:-1], k * chunk)
+    best, pos = jax.lax.top_k(candidates, k)
+    index = jnp.take_along_axis(chosen, pos // chunk, axis=-1) * chunk + pos % chunk
+    return best, index
+
+
 def best_first(logp: jax.Array, budget: int, depth_limit: jax.Array | int | None = None) -> Tree:
     """DDTree's best-first tree of `budget` draft nodes from per-depth log-probs `logp` [D, V].
 

@@ -70,18 +70,25 @@ def test_commit_and_tree_match_hand_count():
     c = st["commit"]
     # the accepted path has up to block = 4 slots (root + 3 drafts); compact moves all 4 per layer.
     moved = 2 * 2 * 4 * (2 * 4) * 2  # L·B·P·(K+V)·bytes = 256
-    # fc [2·8, 8] + hidden_norm 8 + the drafter layer's fused QKV [8, 16] and k_norm 4, at 2 bytes.
-    assert c.weights == 16 * 8 * 2 + 8 * 2 + (8 * 16 * 2 + 4 * 2) == 536
-    assert c.kv_read == moved
-    assert c.kv_write == moved + 1 * 2 * 4 * (2 * 4) * 2 == 384  # + the drafter context's K/V
-    assert c.activations == 2 * 4 * 16 * 2 == 256  # features read
-    assert c.flops == 2 * 2 * 4 * 16 * 8 + 1 * 2 * 2 * 4 * 8 * 16 == 4096
+    assert c.kv_read == c.kv_write == moved and c.bytes == 2 * moved and c.flops == 0
     assert st["tree"].bytes == 2 * 3 * 10 * 4  # the drafter's logits of depths 1..3, read once
     assert st["verify"].kv_write == 2 * 2 * 4 * 8 * 2  # stock verifies root + 3 drafts
 
 
+def test_context_ingest_matches_hand_count_and_is_billed_to_the_draft_stage():
+    c = counts.context_ingest(DRAFTER, TARGET, batch=2, path=4, fmt="bf16")
+    # fc [2·8, 8] + hidden_norm 8 + the drafter layer's fused QKV [8, 16] and k_norm 4, at 2 bytes.
+    assert c.weights == 16 * 8 * 2 + 8 * 2 + (8 * 16 * 2 + 4 * 2) == 536
+    assert c.kv_read == 0 and c.kv_write == 1 * 2 * 4 * (2 * 4) * 2 == 128  # the drafter context's K/V
+    assert c.activations == 2 * 4 * 16 * 2 == 256  # features read
+    assert c.flops == 2 * 2 * 4 * 16 * 8 + 1 * 2 * 2 * 4 * 8 * 16 == 4096
+    # SpecEngine ingests the last round's path (block = 4 slots) at the start of its draft stage
+    draft = stage_costs(TARGET, DRAFTER, {"name": "stock"}, batch=2, context=10)["draft"]
+    assert draft == counts.draft_pass(DRAFTER, TARGET, 2, 4, 10, "bf16") + c
+
+
 def test_draft_pass_matches_hand_count():
-    c = stage_costs(TARGET, DRAFTER, {"name": "stock"}, batch=1, context=6)["draft"]
+    c = counts.draft_pass(DRAFTER, TARGET, batch=1, block=4, context=6, fmt="bf16")
     # 1 drafter layer (504 elements of weights and norms) + final norm + 4 embedding rows, 2 bytes each.
     assert c.weights == (504 + 8 + 4 * 8) * 2
     assert c.lm_head == 160

@@ -23,9 +23,8 @@ per-block bases and rare escapes, < 0.1 %, are ignored); `int8` / `fp8` = 1 byte
 float32 scale per output column.
 
 Known differences from what the XLA path actually moves (they show up as gaps, by design): attention
-there reads the whole cache capacity, not the committed prefix; `Engine.profile` jits stages without
-donation, so the verify and commit stages also copy the KV cache buffers; the drafter's context ingest
-runs the q columns of its fused QKV leaf (counted: the leaf is read whole).
+there reads the whole cache capacity, not the committed prefix; the drafter's context ingest runs the q columns of
+its fused QKV leaf (counted: the leaf is read whole).
 """
 
 from __future__ import annotations
@@ -134,20 +133,24 @@ def tree_build(target: ModelConfig, batch: int, depth: int) -> Cost:
     return Cost(logits=batch * depth * target.vocab_size * LOGIT_BYTES)
 
 
-def spec_commit(dcfg: DrafterConfig, target: ModelConfig, batch: int, path: int, fmt: str,
-                act_bytes: int = 2) -> Cost:
-    """Move the accepted path's K/V (all `path` slots, as `kv_cache.compact` does) and ingest its target
-    features into the drafter's context: fc, hidden norm, every drafter layer's fused QKV leaf and k_norm."""
+def spec_commit(target: ModelConfig, batch: int, path: int, act_bytes: int = 2) -> Cost:
+    """Move the accepted path's K/V (all `path` slots, as `kv_cache.compact` does)."""
+    moved = target.num_layers * batch * path * 2 * target.kv_size * act_bytes
+    return Cost(kv_read=moved, kv_write=moved)
+
+
+def context_ingest(dcfg: DrafterConfig, target: ModelConfig, batch: int, path: int, fmt: str,
+                   act_bytes: int = 2) -> Cost:
+    """The last round's `path` committed target features into the drafter's context, at the start of the draft
+    stage (`SpecEngine._stage_draft`): fc, hidden norm, every drafter layer's fused QKV leaf and k_norm."""
     c = dcfg.layers
     b, p, h = batch, path, target.hidden_size
     feat = len(dcfg.target_layer_ids) * h
-    moved = target.num_layers * b * p * 2 * target.kv_size * act_bytes
     qkv_out = c.q_size + 2 * c.kv_size
     return Cost(
         weights=linear_bytes(feat, h, fmt, act_bytes) + h * act_bytes
         + c.num_layers * (linear_bytes(h, qkv_out, fmt, act_bytes) + c.head_dim * act_bytes),
-        kv_read=moved,
-        kv_write=moved + c.num_layers * b * p * 2 * c.kv_size * act_bytes,
+        kv_write=c.num_layers * b * p * 2 * c.kv_size * act_bytes,
         activations=b * p * feat * act_bytes,
         flops=2 * b * p * feat * h + c.num_layers * 2 * b * p * h * qkv_out,
     )
@@ -187,7 +190,8 @@ def stage_costs(target: ModelConfig, dcfg: DrafterConfig | None, engine_cfg: dic
     depth = block - 1
     features = len(dcfg.target_layer_ids)
     stages = {
-        "draft": draft_pass(dcfg, target, batch, block, context, fmt, act_bytes),
+        "draft": draft_pass(dcfg, target, batch, block, context, fmt, act_bytes)
+        + context_ingest(dcfg, target, batch, depth + 1, fmt, act_bytes),
         "tree": tree_build(target, batch, depth),
     }
     if name == "tlv":
@@ -196,7 +200,7 @@ def stage_costs(target: ModelConfig, dcfg: DrafterConfig | None, engine_cfg: dic
                                        act_bytes)
     n = verify_nodes(engine_cfg, dcfg, None if name == "tlv" else nodes)
     stages["verify"] = target_pass(target, batch, n + 1, context, fmt, act_bytes, feature_layers=features)
-    stages["commit"] = spec_commit(dcfg, target, batch, depth + 1, fmt, act_bytes)
+    stages["commit"] = spec_commit(target, batch, depth + 1, act_bytes)
     return stages
 
 

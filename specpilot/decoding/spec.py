@@ -1,7 +1,9 @@
 """Speculative engines with a DFlash drafter: stock (chain), ddtree (best-first tree), specpilot
 (cost-aware tree budget) and tlv (two-level verification). One round, all on device:
 
-  draft → build tree → verify (one target pass, ancestor-only mask) → walk → compact KV → ingest features
+  ingest the last round's features, draft → build tree → verify (one target pass, ancestor-only mask) → walk
+  → compact KV (the accepted path's features wait for the next round's draft stage: the drafter's work is billed
+  to the drafter)
 
 Lossless by construction: every committed token is the target's own choice (argmax, or a sample from
 `target_probs`) given the committed prefix; the draft only decides how many of them one pass yields.
@@ -32,7 +34,9 @@ from specpilot.models.weights import quantize
 @dataclasses.dataclass
 class SpecState:
     cache: Any  # target KVCache
-    ctx: Any  # drafter context KVCache
+    ctx: Any  # drafter context KVCache, up to the previous round's commit
+    pending_feats: jax.Array  # [B, D + 1, len(ids)·H] the last round's committed target features, not yet ingested
+    pending_n: jax.Array  # [B] how many of them are real
     prompt_lens: jax.Array  # [B]
     nodes: jax.Array  # [B] draft nodes verified so far (for stats)
     level1_right: jax.Array  # [B] TLV rounds where level 2 accepted all level-1 accepted nodes
@@ -108,12 +112,14 @@ class SpecEngine(Engine):
         ctx = dflash.ingest(dw, self.dcfg, dflash.init_context(self.dcfg, b, self.context, self.dtype), feats, lens)
         key, sub = jax.random.split(key)
         zeros = jnp.zeros((b,), jnp.int32)
-        extra = SpecState(cache=cache, ctx=ctx, prompt_lens=lens, nodes=zeros, level1_right=zeros)
+        pending = jnp.zeros((b, self.depth + 1, feats.shape[-1]), feats.dtype)
+        extra = SpecState(cache=cache, ctx=ctx, pending_feats=pending, pending_n=zeros, prompt_lens=lens, nodes=zeros,
+                          level1_right=zeros)
         return init_loop_state(pick(sub, logits, self.sampling), max_new, self.slack, key, extra, self.reference_loop)
 
     # ---- one round ----------------------------------------------------------------------------------
-    def _draft(self, params, state: LoopState, ex: SpecState):
-        """Drafter logits for depths 1..D [B, D, V], and the depth limit per request."""
+    def _draft(self, params, state: LoopState, ex: SpecState, ctx):
+        """Drafter logits for depths 1..D [B, D, V], and the depth limit per request, over context `ctx`."""
         tw = params["target"]
         b = state.last.shape[0]
         block = jnp.concatenate(
@@ -126,7 +132,7 @@ class SpecEngine(Engine):
             room = ex.prompt_lens + state.max_new + self.n_nodes + 1 - ex.cache.lengths
             block_valid = jnp.minimum(self.block, room)
             shifted = block_valid < self.block
-        logits = dflash.draft_logits(params["drafter"], self.dcfg, tw.embed, tw.lm_head, ex.ctx, block, block_valid)
+        logits = dflash.draft_logits(params["drafter"], self.dcfg, tw.embed, tw.lm_head, ctx, block, block_valid)
         rows = logits[:, 1:]
         depth_limit = jnp.full((b,), self.depth, jnp.int32)
         if shifted is not None:
@@ -194,12 +200,18 @@ class SpecEngine(Engine):
         return jax.random.split(state.key, 3)  # next round's key, tree sampling, acceptance sampling
 
     def _stage_draft(self, params, state, carry):
-        rows, depth_limit = self._draft(params, state, state.extra)
-        return {"rows": rows, "depth_limit": depth_limit}
+        """The drafter's whole share of a round: the last round's committed target features into its context
+        (`dflash.ingest`), then the block pass. Ingesting here rather than in the commit stage computes the same
+        thing in the same order (ingest, then draft) and bills it to the drafter, so the commit stage is the
+        round's bookkeeping and KV compaction alone (issue #8 counts tree + accept + compaction)."""
+        ex: SpecState = state.extra
+        ctx = dflash.ingest(params["drafter"], self.dcfg, ex.ctx, ex.pending_feats, ex.pending_n)
+        rows, depth_limit = self._draft(params, state, ex, ctx)
+        return {"rows": rows, "depth_limit": depth_limit, "ctx": ctx}
 
     def _stage_tree(self, params, state, carry):
         tree, q = self._build(carry["rows"], carry["depth_limit"], self._keys(state)[1])
-        return {"tree": tree, "q": q, "n1": None}
+        return {"tree": tree, "q": q, "n1": None, "ctx": carry["ctx"]}
 
     def _stage_level1(self, params, state, carry):
         chain, n1 = self._select_path(params, state, state.extra, carry["tree"])
@@ -218,7 +230,7 @@ class SpecEngine(Engine):
                 for c in policy.candidates
             ]
             out = jax.lax.switch(policy.choose(tree.score, tree.valid), branches, tree)
-        return dict(zip(("walk", "cache", "feats", "nodes"), out), n1=carry["n1"])
+        return dict(zip(("walk", "cache", "feats", "nodes"), out), n1=carry["n1"], ctx=carry["ctx"])
 
     def _stage_commit(self, params, state, carry):
         ex: SpecState = state.extra
@@ -226,10 +238,10 @@ class SpecEngine(Engine):
         live = ~state.done
         n_commit = jnp.where(live, w.n_accepted + 1, 0)
         cache = compact(carry["cache"], w.path, n_commit)
-        ctx = dflash.ingest(params["drafter"], self.dcfg, ex.ctx, carry["feats"], n_commit)
         live_i = live.astype(jnp.int32)
         right = ex.level1_right + (live_i * (w.n_accepted >= n1) if n1 is not None else 0)
-        ex = dataclasses.replace(ex, cache=cache, ctx=ctx, nodes=ex.nodes + live_i * carry["nodes"], level1_right=right)
+        ex = dataclasses.replace(ex, cache=cache, ctx=carry["ctx"], pending_feats=carry["feats"], pending_n=n_commit,
+                                 nodes=ex.nodes + live_i * carry["nodes"], level1_right=right)
         state = commit(state, w.new_tokens, w.n_accepted + 1, self.cfg.eos_token_ids, ex)
         return {"state": dataclasses.replace(state, key=self._keys(state)[0])}
 

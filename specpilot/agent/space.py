@@ -175,7 +175,7 @@ class ConfigSpace:
                  description="target/drafter weight storage: bf16, or w12 (lossless 12-bit: fewer bytes per "
                              "verify; needs bfloat16 weights)"),
             Knob("attention", "categorical", ENGINE_NAMES, choices=("xla", "cudnn", "pallas_tree"),
-                 description="attention implementation of verify"),
+                 description="attention implementation of every target pass (the AR step and verify)"),
             Knob("tlv_paths", "int", ("tlv",), low=1, high=8, available=False,
                  unavailable_reason="tlv verifies exactly one level-1 path today",
                  description="level-1 paths tlv hands to the exact target"),

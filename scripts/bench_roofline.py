@@ -37,8 +37,9 @@ beyond the 60 MB L2, so no step reads them from cache:
   only); greedy tokens and time against a bf16 forward in the same process
   (issue target: W12 ≤ 0.80× bf16, identical tokens); `w12_kernel_decode_loop`: the decode loop on the W12 kernel
   against the bf16 decode loop in the same process (`--w12-xla-flags` adds XLA_FLAGS to that process, e.g. command
-  buffers; `--matmul mosaic_gpu` puts its bf16 baseline on the skinny kernel). Packing 7.6 B weights on the host takes minutes, so this
-  job starts first and packs in a process pool while the other jobs use the GPU; it gets the GPU when packed;
+  buffers; `--matmul mosaic_gpu` puts its bf16 baseline on the skinny kernel). Packing 7.6 B weights on the host
+  takes minutes, so this job starts first and packs in a process pool while the other jobs use the GPU; it gets
+  the GPU when packed;
 - `torch_peer_eager` / `torch_peer_compile` (`torch.compile(mode="max-autotune-no-cudagraphs")`) /
   `torch_peer_cudagraphs` (`mode="reduce-overhead"`, static cache written with `index_copy_`):
   `scripts/peer_torch_decode.py`, a gpt-fast-style PyTorch Qwen3, same shapes, CUDA-event timing;
@@ -635,7 +636,8 @@ class Worker:
             if name not in compiled:
                 continue
             exe, secs = compiled[name]
-            extra = {"compile_s": secs, "implementation": implementation[name], "xla_flags": os.environ.get("XLA_FLAGS", "")}
+            extra = {"compile_s": secs, "implementation": implementation[name],
+                     "xla_flags": os.environ.get("XLA_FLAGS", "")}
             if base is not None:
                 extra.update(bf16_ms=base["ms"], bf16_tokens=base["tokens"])
                 if base.get("kernels"):
@@ -927,7 +929,8 @@ def plan_jobs(args, s: dict, run: Path, chosen: list[str]) -> tuple[list[Job], J
                 "result": str(run / "jobs" / "w12.json"),
                 "pack_workers": args.pack_workers or max(1, (os.cpu_count() or 2) // 2),
                 "go_timeout_s": (args.budget_s or 600) + 60}
-        env = {"XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " " + args.w12_xla_flags).strip()} if args.w12_xla_flags else {}
+        w12_flags = (os.environ.get("XLA_FLAGS", "") + " " + args.w12_xla_flags).strip()
+        env = {"XLA_FLAGS": w12_flags} if args.w12_xla_flags else {}
         w12 = Job("w12", "jax", w12_rows, t["w12"], spec, env)
         if not any(j.kind == "jax" for j in jobs):
             spec["calibrate"] = True

@@ -57,7 +57,8 @@ def test_every_variant_has_a_time_or_an_error_and_a_roofline(quick):
     names = [r["variant"] for r in rep["rows"]]
     expected = {"xla_forward", "xla_decode_loop", "xla_flags_no_cmdbuf", "xla_flags_cmdbuf_while",
                 "xla_flags_autotune0", "xla_flags_no_triton_gemm", "xla_forward_w12", "xla_forward_w12_xla_decode",
-                "xla_forward_w12_kernel", "w12_kernel_decode_loop", "verify_nodes@4", "verify_nodes@8", "drafter_b16", "skinny_forward",
+                "xla_forward_w12_kernel", "w12_kernel_decode_loop", "verify_nodes@4", "verify_nodes@8", "drafter_b16",
+                "skinny_forward",
                 "skinny_decode_loop", "skinny_cmdbuf_while"}
     if HAS_TORCH_PYTHON:
         expected |= {"torch_peer_eager", "torch_peer_compile", "torch_peer_cudagraphs"}

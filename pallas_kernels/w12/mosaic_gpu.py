@@ -266,9 +266,10 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   ``register_decode`` straight into wgmma's A registers, 64 K at a time, in logical K order (the planes' stored
   order is the order the threads read), against ``x2`` ``[m, K]`` as the caller has it (``pad_for_tma``: decode's
   one to eight rows untouched): TMA fills the activation tiles' rows past ``m`` (up to ``mp``) and columns past
-  ``K`` (up to ``Kp``) with zeros, so no padded or permuted copy of ``x`` is made. Each thread reads its two rows' base exponents for the step straight from
-  ``base_exponent`` ``[N, groups]`` in GMEM (48 KB for a 12288x4096 weight: L2-resident), so no per-call XLA op
-  rearranges them. Same output as ``_smem_decode_call``: ``[split_k, N, Mp]``."""
+  ``K`` (up to ``Kp``) with zeros, so no padded or permuted copy of ``x`` is made. Each thread reads its two
+  rows' base exponents for the step straight from ``base_exponent`` ``[N, groups]`` in GMEM (48 KB for a
+  12288x4096 weight: L2-resident), so no per-call XLA op rearranges them. Same output as ``_smem_decode_call``:
+  ``[split_k, N, Mp]``."""
   tile_n = register_decode.ROWS
   n, kp = byte_plane.shape
   chunks = tile_k // register_decode.CHUNK
@@ -345,8 +346,8 @@ def w12_matmul(
   if config.decode == "registers":
     y_t = _register_decode_call(
         pad_for_tma(x2, (8, register_decode.CHUNK)), packed.sign_mantissa, packed.exponent_codes,
-        packed.base_exponent, mp=mp, group_k=packed.group_k, tile_m=tile_m, tile_k=config.tile_k, max_concurrent_steps=config.max_concurrent_steps, split_k=split_k,
-        out_dtype=out_dtype)
+        packed.base_exponent, mp=mp, group_k=packed.group_k, tile_m=tile_m, tile_k=config.tile_k,
+        max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, out_dtype=out_dtype)
   else:
     # one base row per K step, [Kp / tile_k, N]: one small TMA box per step
     steps_per_group = packed.group_k // config.tile_k

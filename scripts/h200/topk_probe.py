@@ -34,7 +34,8 @@ def main():
       want = jax.jit(lambda x, k=k: jax.lax.top_k(x, k))(x)
       methods = [("lax.top_k" if c is None else f"two-stage, chunk {c}", lambda x, k=k, c=c: vocab_top_k(x, k, c))
                  for c in [None, *args.chunks]]
-      methods += [(f"screened, chunk {c}", lambda x, k=k, c=c: vocab_top_k_screened(x, k, c)) for c in args.screen_chunks]
+      methods += [(f"screened, chunk {c}", lambda x, k=k, c=c: vocab_top_k_screened(x, k, c))
+                  for c in args.screen_chunks]
       for name, method in methods:
         fn = jax.jit(method)
         got = fn(x)

@@ -149,7 +149,6 @@ class Engine:
         tokens, lens = pad_prompts(prompts)
         prefill = self.prefill if eager_prefill else jax.jit(self.prefill, static_argnums=(3,))
         stage_fns = [(name, jax.jit(fn, donate_argnums=(1, 2))) for name, fn in self.stages()]
-        fresh = _fresh_copies
         state = prefill(self.params, tokens, lens, max_new_tokens, jax.random.key(seed))
         dispatch = self._dispatch_seconds(state)
         per_round = {name: [] for name, _ in stage_fns}
@@ -163,16 +162,16 @@ class Engine:
                     break
                 carry, before = {}, np.asarray(state.n_out).sum()
                 for name, fn in stage_fns:
-                    inputs = fresh(state, carry)
+                    inputs = _fresh_copies(state, carry)
                     t0 = time.perf_counter()
                     out = jax.block_until_ready(fn(self.params, *inputs))
                     synced = time.perf_counter() - t0 - dispatch
                     if r > 0:
                         k = max(repeats, 1)
-                        copies = [fresh(state, carry) for _ in range(k)]
+                        copies = [_fresh_copies(state, carry) for _ in range(k)]
                         t0 = time.perf_counter()
-                        for inputs in copies:
-                            again = fn(self.params, *inputs)
+                        for copy in copies:
+                            again = fn(self.params, *copy)
                         jax.block_until_ready(again)
                         del again, copies
                         pipelined = (time.perf_counter() - t0 - dispatch) / k
@@ -180,7 +179,7 @@ class Engine:
                         if per_round_gpu is not None and gpu_error is None:
                             from specpilot.costmodel.cupti import gpu_ms
 
-                            inputs = fresh(state, carry)
+                            inputs = _fresh_copies(state, carry)
                             try:
                                 per_round_gpu[name].append(gpu_ms(lambda: fn(self.params, *inputs)))
                             except RuntimeError as e:  # no CUPTI here

@@ -81,6 +81,7 @@ W12 weight cache of ``specpilot/models/hf.py``) are rebuilt rather than misread.
 PAIR_SPAN = 64
 """K chunk whose two 32-wide halves share the bytes of the nibble plane."""
 
+
 def _stored_position(p: np.ndarray) -> np.ndarray:
   """Stored position (in a 64-chunk) of logical offset ``p``: wgmma's A fragment gives thread ``q = t % 4`` the
   positions ``2q, 2q + 1, 8 + 2q, 9 + 2q`` of every 16-wide K tile; a thread reads one 32-bit word of the byte

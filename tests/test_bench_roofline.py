@@ -46,7 +46,7 @@ def quick(tmp_path_factory):
                 "skinny_cmdbuf_while", "xla_flags",
                 "xla_forward_w12",
                 "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "w12_kernel_decode_loop", "verify_nodes",
-                "drafter"]
+                "verify_loop", "drafter"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp, check=False)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return json.loads((out / "roofline.json").read_text()), (out / "roofline.md").read_text(), proc.stdout, out
@@ -57,7 +57,8 @@ def test_every_variant_has_a_time_or_an_error_and_a_roofline(quick):
     names = [r["variant"] for r in rep["rows"]]
     expected = {"xla_forward", "xla_decode_loop", "xla_flags_no_cmdbuf", "xla_flags_cmdbuf_while",
                 "xla_flags_autotune0", "xla_flags_no_triton_gemm", "xla_forward_w12", "xla_forward_w12_xla_decode",
-                "xla_forward_w12_kernel", "w12_kernel_decode_loop", "verify_nodes@4", "verify_nodes@8", "drafter_b16",
+                "xla_forward_w12_kernel", "w12_kernel_decode_loop", "verify_nodes@4", "verify_nodes@8", "verify_loop@4",
+                "verify_loop@8", "drafter_b16",
                 "skinny_forward",
                 "skinny_decode_loop", "skinny_cmdbuf_while"}
     if HAS_TORCH_PYTHON:
@@ -106,6 +107,9 @@ def test_jax_variants_ran_and_agree(quick):
     assert "not a Hopper GPU" in by["xla_forward_w12_kernel"]["implementation"]
     assert by["xla_forward_w12_xla_decode"]["implementation"].startswith("xla_decode")
     assert by["verify_nodes@8"]["ratio_vs_ar"] == pytest.approx(by["verify_nodes@8"]["ms"] / by["xla_forward"]["ms"])
+    loop = by["verify_loop@8"]  # per verify in a loop, against the decode loop's step
+    assert loop["loop_steps"] == rep["settings"]["loop_steps"] and loop["nodes"] == 8
+    assert loop["ratio_vs_ar"] == pytest.approx(loop["ms"] / by["xla_decode_loop"]["ms"])
     assert {t["what"] for t in rep["targets"]} >= {"xla_forward_w12 / bf16 (same process)"}
 
 

@@ -103,6 +103,9 @@ cannot show (a W12 forward's GPU time was below bf16's while its wall time was 1
 SKINNY_VARIANTS = {"skinny_forward": "xla_forward", "skinny_decode_loop": "xla_decode_loop"}
 """Rows measured again in a process of their own with the bf16 linears on ``skinny_matmul``'s Mosaic GPU kernel
 (``skinny_matmul.ops.DEFAULT = "mosaic_gpu"``): the kernel and XLA's dot side by side in one run."""
+FUSED_NORM_VARIANTS = {"fused_norm_decode_loop": "xla_decode_loop"}
+"""``skinny_decode_loop`` again with every residual add + RMSNorm on ``pallas_kernels.add_rms_norm``'s kernel, in a
+process of its own: the kernel's effect on the best AR configuration, side by side in one run."""
 SKINNY_FLAG_VARIANTS = {"skinny_cmdbuf_while": "xla_flags_cmdbuf_while"}
 """The decode loop with the kernel and an ``XLA_FLAG_VARIANTS`` entry's flags: 5.03 ms on the H200 with XLA attention
 (docs/results/2026-11-30-skinny-matmul-h200/); with ``--ar-attention pallas_tree`` the same as without the flags
@@ -134,6 +137,7 @@ WHAT = {
     "skinny_forward": "xla_forward, bf16 linears on the skinny_matmul kernel",
     "skinny_decode_loop": "xla_decode_loop, bf16 linears on the skinny_matmul kernel",
     "skinny_cmdbuf_while": "skinny_decode_loop with xla_flags_cmdbuf_while's command buffers",
+    "fused_norm_decode_loop": "skinny_decode_loop, residual add + RMSNorm on the add_rms_norm kernel",
     "torch_peer_eager": "PyTorch gpt-fast style, eager",
     "torch_peer_cudagraphs": "PyTorch, compile reduce-overhead (CUDA graphs)",
     "torch_peer_compile": "PyTorch, compile max-autotune-no-cudagraphs",
@@ -770,7 +774,12 @@ def worker_main(spec_path: str) -> int:
         from pallas_kernels.skinny_matmul import ops as skinny_ops
 
         skinny_ops.DEFAULT = spec["matmul"]
+    if spec.get("norm"):
+        from pallas_kernels.add_rms_norm import ops as norm_ops
+
+        norm_ops.DEFAULT = spec["norm"]
     worker.res["matmul"] = spec.get("matmul") or "default"
+    worker.res["norm"] = spec.get("norm") or "default"
     try:
         if spec.get("calibrate"):
             from specpilot.costmodel.hardware import load_or_calibrate
@@ -814,7 +823,8 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", default=None, help="bfloat16 | float32 (default bfloat16; --quick: float32)")
     ap.add_argument("--context", type=int, default=None, help="committed tokens (default 1024; --quick: 32)")
     ap.add_argument("--variants", nargs="+", default=None,
-                    help="subset of: " + ", ".join([*XLA_JOB, *SKINNY_VARIANTS, *SKINNY_FLAG_VARIANTS, *W12_JOB, "xla_flags",
+                    help="subset of: " + ", ".join([*XLA_JOB, *SKINNY_VARIANTS, *FUSED_NORM_VARIANTS, *SKINNY_FLAG_VARIANTS,
+                                                    *W12_JOB, "xla_flags",
                                                     *XLA_FLAG_VARIANTS,
                                                     "torch_peer",
                                                     *TORCH_MODES]))
@@ -828,6 +838,9 @@ def parse_args(argv=None):
     ap.add_argument("--matmul", choices=("xla", "mosaic_gpu"), default=None,
                     help="bf16 linear layers in every JAX job: XLA's dot or the skinny_matmul kernel (sets "
                          "skinny_matmul.ops.DEFAULT; default: leave it as it is)")
+    ap.add_argument("--norm", choices=("xla", "mosaic_gpu"), default=None,
+                    help="every residual add + RMSNorm of the target in every JAX job: XLA's or the add_rms_norm "
+                         "kernel (sets add_rms_norm.ops.DEFAULT; default: leave it as it is)")
     ap.add_argument("--w12-xla-flags", default="", metavar="FLAGS",
                     help="XLA_FLAGS added for the W12 job's process (its bf16 baselines run under them too), e.g. "
                          "command buffers for w12_kernel_decode_loop")
@@ -874,6 +887,7 @@ def settings(args) -> dict:
         "ar_attention": args.ar_attention,
         "kernel_split": args.kernel_split,
         "matmul": args.matmul,
+        "norm": args.norm,
         "drafter_layers": 1 if q else 5,
         "block_size": 4 if q else 16,
         "seed": 0,
@@ -884,7 +898,8 @@ def settings(args) -> dict:
 
 
 def selected_variants(args) -> list[str]:
-    known = [*XLA_JOB, *SKINNY_VARIANTS, *SKINNY_FLAG_VARIANTS, *W12_JOB, *XLA_FLAG_VARIANTS, *TORCH_MODES]
+    known = [*XLA_JOB, *SKINNY_VARIANTS, *FUSED_NORM_VARIANTS, *SKINNY_FLAG_VARIANTS, *W12_JOB, *XLA_FLAG_VARIANTS,
+             *TORCH_MODES]
     extra = [kv.split("=", 1)[0] for kv in args.xla_flags]
     if args.variants is None:
         return known + extra
@@ -968,6 +983,9 @@ def plan_jobs(args, s: dict, run: Path, chosen: list[str]) -> tuple[list[Job], J
         labels = {("forward_label" if SKINNY_VARIANTS[v] == "xla_forward" else "loop_label"): v for v in skinny}
         jobs.append(jax_job("skinny", [SKINNY_VARIANTS[v] for v in skinny], t["xla"], skinny, matmul="mosaic_gpu",
                             **labels))
+    if "fused_norm_decode_loop" in chosen:
+        jobs.append(jax_job("fused_norm", ["xla_decode_loop"], t["xla"], ["fused_norm_decode_loop"],
+                            matmul="mosaic_gpu", norm="mosaic_gpu", loop_label="fused_norm_decode_loop"))
     for name, of in SKINNY_FLAG_VARIANTS.items():
         flag_job(name, XLA_FLAG_VARIANTS[of], matmul="mosaic_gpu")
     torch_job("torch_peer_cudagraphs")
@@ -1137,7 +1155,8 @@ def roofline_costs(s: dict) -> dict:
     cfg = model_config(s["model"])
     act = 4 if s["dtype"] == "float32" else 2
     ar = counts.target_pass(cfg, 1, 1, s["context"], "bf16", act)
-    costs = {v: ar for v in ("xla_forward", "xla_decode_loop", *SKINNY_VARIANTS, *SKINNY_FLAG_VARIANTS, *TORCH_MODES)}
+    costs = {v: ar for v in ("xla_forward", "xla_decode_loop", *SKINNY_VARIANTS, *FUSED_NORM_VARIANTS,
+                             *SKINNY_FLAG_VARIANTS, *TORCH_MODES)}
     costs.update({v: counts.target_pass(cfg, 1, 1, s["context"], "w12", 2) for v in W12_JOB})
     costs.update({f"{v}@{t}": counts.target_pass(cfg, 1, t, s["context"], "bf16", act) for t in s["nodes"]
                   for v in ("verify_nodes", "verify_loop")})
@@ -1207,7 +1226,7 @@ def build_report(s: dict, results: dict, records: list, order: list[str], args, 
             if r.get("ratio_vs_ar") is not None:
                 targets.append({"what": what, "value": r["ratio_vs_ar"], "target": f"≤ {lim}",
                                 "ok": r["ratio_vs_ar"] <= lim})
-    for name in ("xla_forward", "xla_decode_loop", *SKINNY_VARIANTS, *SKINNY_FLAG_VARIANTS):
+    for name in ("xla_forward", "xla_decode_loop", *SKINNY_VARIANTS, *FUSED_NORM_VARIANTS, *SKINNY_FLAG_VARIANTS):
         r = by.get(name) or {}
         if r.get("x_roofline_nominal"):
             targets.append({"what": f"{name} / roofline at 4.3 TB/s", "value": r["x_roofline_nominal"],
@@ -1259,7 +1278,8 @@ def markdown(rep: dict) -> str:
         "",
         f"- Date: {p['date']}. Device: {p['device']}. jax {p['jax']}, torch {p['torch']}. Commit `{p['commit']}`.",
         f"- Command: `{p['command']}` ({p['wall_s']:.0f} s).",
-        f"- Attention: AR rows `{s.get('ar_attention', 'xla')}`, verify rows `{s.get('verify_attention', 'xla')}`.",
+        f"- Attention: AR rows `{s.get('ar_attention', 'xla')}`, verify rows `{s.get('verify_attention', 'xla')}`. "
+        f"Residual add + RMSNorm: `{s.get('norm') or 'default'}`.",
         (f"- Roofline = bytes of weights + KV read ÷ measured read bandwidth ({bw}) and ÷ 4.3 TB/s (nominal copy "
          f"rate). ms = median of synchronised steps (decode loop: loop time ÷ steps)."),
         "",
@@ -1422,7 +1442,8 @@ def row_rank(name: str) -> int:
     return ROW_ORDER.index(key) if key in ROW_ORDER else len(ROW_ORDER)
 
 
-ROW_ORDER = ["xla_forward", "xla_decode_loop", *SKINNY_VARIANTS, *SKINNY_FLAG_VARIANTS, "xla_flags", *W12_JOB, "torch_peer_eager",
+ROW_ORDER = ["xla_forward", "xla_decode_loop", *SKINNY_VARIANTS, *FUSED_NORM_VARIANTS, *SKINNY_FLAG_VARIANTS, "xla_flags",
+             *W12_JOB, "torch_peer_eager",
              "torch_peer_compile", "torch_peer_cudagraphs", "verify_nodes", "verify_loop", "drafter_b16"]
 
 

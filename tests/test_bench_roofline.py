@@ -43,7 +43,7 @@ def quick(tmp_path_factory):
         cmd += ["--torch-python", str(REF_PYTHON), "--torch-compile-backend", "aot_eager"]
     else:
         cmd += ["--variants", "xla_forward", "xla_decode_loop", "skinny_forward", "skinny_decode_loop",
-                "skinny_cmdbuf_while", "xla_flags",
+                "fused_norm_decode_loop", "skinny_cmdbuf_while", "xla_flags",
                 "xla_forward_w12",
                 "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "w12_kernel_decode_loop", "verify_nodes",
                 "verify_loop", "drafter"]
@@ -60,7 +60,7 @@ def test_every_variant_has_a_time_or_an_error_and_a_roofline(quick):
                 "xla_forward_w12_kernel", "w12_kernel_decode_loop", "verify_nodes@4", "verify_nodes@8", "verify_loop@4",
                 "verify_loop@8", "drafter_b16",
                 "skinny_forward",
-                "skinny_decode_loop", "skinny_cmdbuf_while"}
+                "skinny_decode_loop", "fused_norm_decode_loop", "skinny_cmdbuf_while"}
     if HAS_TORCH_PYTHON:
         expected |= {"torch_peer_eager", "torch_peer_compile", "torch_peer_cudagraphs"}
     assert set(names) == expected
@@ -91,7 +91,8 @@ def test_jax_variants_ran_and_agree(quick):
             assert r.get("ms", 0) > 0 and not r.get("error"), r
     ref = by["xla_forward"]["tokens"]
     assert len(ref) == rep["settings"]["check_steps"]
-    for name in ("xla_decode_loop", "skinny_forward", "skinny_decode_loop", "skinny_cmdbuf_while", "xla_flags_no_cmdbuf",
+    for name in ("xla_decode_loop", "skinny_forward", "skinny_decode_loop", "fused_norm_decode_loop",
+                 "skinny_cmdbuf_while", "xla_flags_no_cmdbuf",
                  "xla_flags_cmdbuf_while", "xla_flags_autotune0", "xla_flags_no_triton_gemm"):
         assert by[name]["tokens"] == ref and by[name]["tokens_match"] is True, name
     assert by["xla_flags_autotune0"]["xla_flags"].endswith("--xla_gpu_autotune_level=0")
@@ -100,6 +101,8 @@ def test_jax_variants_ran_and_agree(quick):
     both = by["skinny_cmdbuf_while"]
     assert both["xla_flags"] == by["xla_flags_cmdbuf_while"]["xla_flags"]
     assert json.loads((quick[3] / "jobs" / "skinny_cmdbuf_while.spec.json").read_text())["matmul"] == "mosaic_gpu"
+    fused = json.loads((quick[3] / "jobs" / "fused_norm.spec.json").read_text())
+    assert (fused["matmul"], fused["norm"]) == ("mosaic_gpu", "mosaic_gpu")
     for name in ("xla_forward_w12", "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "w12_kernel_decode_loop"):
         w = by[name]
         assert w["tokens"] == w["bf16_tokens"] and w["tokens_match"] is True and w["tokens_equal_bf16"] is True
@@ -192,7 +195,8 @@ def test_kernel_split_renders_in_the_report():
 
 def test_ar_rows_with_the_tree_attention_path_give_the_same_tokens(quick, tmp_path):
     """--ar-attention pallas_tree: the AR forward and decode loop run the tree-attention path (its jnp reference on
-    a CPU) with the K/V written after the last layer, and reproduce the XLA-attention run's greedy tokens."""
+    a CPU) with the K/V written after the last layer, and reproduce the XLA-attention run's greedy tokens. --norm
+    mosaic_gpu reaches the workers (off a Hopper the add + norm stays XLA's, so the tokens stay too)."""
     hw = tmp_path / "cache" / "hw"
     hw.mkdir(parents=True)
     (hw / "cpu.json").write_text(json.dumps({"name": "cpu", "hbm_bytes_per_s": 2e10, "matmul_flops_per_s": 1e11,
@@ -201,13 +205,15 @@ def test_ar_rows_with_the_tree_attention_path_give_the_same_tokens(quick, tmp_pa
            "JAX_PLATFORMS": "cpu"}
     out = tmp_path / "out"
     cmd = [sys.executable, "-c", BARE, str(REPO / "scripts" / "bench_roofline.py"), "--quick", "--out", str(out),
-           "--variants", "xla_forward", "xla_decode_loop", "--ar-attention", "pallas_tree"]
+           "--variants", "xla_forward", "xla_decode_loop", "--ar-attention", "pallas_tree", "--norm", "mosaic_gpu"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     rep = json.loads((out / "roofline.json").read_text())
     by = {r["variant"]: r for r in rep["rows"]}
-    assert rep["settings"]["ar_attention"] == "pallas_tree"
-    assert "AR rows `pallas_tree`" in (out / "roofline.md").read_text()
+    assert rep["settings"]["ar_attention"] == "pallas_tree" and rep["settings"]["norm"] == "mosaic_gpu"
+    md = (out / "roofline.md").read_text()
+    assert "AR rows `pallas_tree`" in md and "Residual add + RMSNorm: `mosaic_gpu`" in md
+    assert json.loads((out / "jobs" / "xla.json").read_text())["norm"] == "mosaic_gpu"
     xla_tokens = {r["variant"]: r for r in quick[0]["rows"]}["xla_forward"]["tokens"]
     assert by["xla_forward"]["tokens"] == xla_tokens
     assert by["xla_decode_loop"]["tokens"] == xla_tokens and by["xla_decode_loop"]["tokens_match"] is True

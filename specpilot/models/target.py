@@ -23,17 +23,13 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.add_rms_norm import add_rms_norm
+from pallas_kernels.add_rms_norm.reference import rms_norm
 from specpilot.models.config import ModelConfig, rope_inv_freq
 from specpilot.models.kv_cache import KVCache, write_layer
 from specpilot.models.weights import Layer, TargetWeights, linear
 
 NEG_INF = -1e30
-
-
-def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return w.astype(x.dtype) * y.astype(x.dtype)
 
 
 def rope_tables(cfg: ModelConfig, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -98,10 +94,12 @@ def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, i
     return out.reshape(b, t, hq * d)
 
 
-def _layer(cfg: ModelConfig, lw: Layer, i: int, x, cos, sin, cache: KVCache, mask, tree_bits=None,
+def _layer(cfg: ModelConfig, lw: Layer, i: int, x, h, cos, sin, cache: KVCache, mask, tree_bits=None,
            fused: str | None = None):
+    """Layer `i` on the residual stream `x` entering it and `h`, its input-normed form. Returns the stream after
+    the attention block, the MLP block's output (the next residual update: the next `add_rms_norm` adds it and
+    norms the sum in one go), the cache and this step's K/V."""
     b, t, _ = x.shape
-    h = rms_norm(x, lw.attn_norm, cfg.rms_norm_eps)
     qkv = linear(h, lw.w_qkv)
     q = qkv[..., : cfg.q_size].reshape(b, t, cfg.num_heads, cfg.head_dim)
     k = qkv[..., cfg.q_size : cfg.q_size + cfg.kv_size].reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
@@ -122,11 +120,9 @@ def _layer(cfg: ModelConfig, lw: Layer, i: int, x, cos, sin, cache: KVCache, mas
         from pallas_kernels.tree_attention import tree_attention
 
         attn = tree_attention(q, cache.k[i], cache.v[i], cache.lengths, k, v, tree_bits).reshape(b, t, -1)
-    x = x + linear(attn, lw.w_o)
-    h = rms_norm(x, lw.mlp_norm, cfg.rms_norm_eps)
+    x, h = add_rms_norm(x, linear(attn, lw.w_o), lw.mlp_norm, cfg.rms_norm_eps)
     gate, up = jnp.split(linear(h, lw.w_gate_up), 2, axis=-1)
-    x = x + linear(jax.nn.silu(gate) * up, lw.w_down)
-    return x, cache, (k, v)
+    return x, linear(jax.nn.silu(gate) * up, lw.w_down), cache, (k, v)
 
 
 def forward(
@@ -163,20 +159,22 @@ def forward(
     else:
         mask = cache_mask(cache.lengths, block_mask, cache.capacity)
     cos, sin = rope_tables(cfg, positions)
-    x = weights.embed[tokens].astype(cache.k.dtype)
+    x, update = weights.embed[tokens].astype(cache.k.dtype), None
     hidden, new_kv = {}, []
     for i, lw in enumerate(weights.layers):
-        x, cache, kv = _layer(cfg, lw, i, x, cos, sin, cache, mask, tree_bits, "cudnn" if attention == "cudnn" else None)
+        x, h = add_rms_norm(x, update, lw.attn_norm, cfg.rms_norm_eps)  # x: the stream after layer i - 1
+        if i - 1 in hidden_layer_ids:
+            hidden[i - 1] = x
+        x, update, cache, kv = _layer(cfg, lw, i, x, h, cos, sin, cache, mask, tree_bits,
+                                      "cudnn" if attention == "cudnn" else None)
         new_kv.append(kv)
-        if i in hidden_layer_ids:
-            hidden[i] = x
     if tree_bits is not None:  # the kernel read the new K/V from k, v: write every layer's in one scatter each
         ks, vs = (jnp.stack(parts) for parts in zip(*new_kv))
         every = slice(None)
         cache = dataclasses.replace(cache, k=write_layer(cache.k, every, ks, cache.lengths),
                                     v=write_layer(cache.v, every, vs, cache.lengths))
-    x = rms_norm(x, weights.final_norm, cfg.rms_norm_eps)
-    if cfg.num_layers - 1 in hidden:
+    x = add_rms_norm(x, update, weights.final_norm, cfg.rms_norm_eps)[1]
+    if cfg.num_layers - 1 in hidden_layer_ids:
         hidden[cfg.num_layers - 1] = x
     logits = linear(x, weights.lm_head).astype(jnp.float32)
     hid = jnp.concatenate([hidden[i] for i in hidden_layer_ids], axis=-1) if hidden_layer_ids else None

@@ -1,0 +1,76 @@
+"""Residual add + RMSNorm in one Mosaic GPU kernel (Hopper; runs in GPU interpret mode too).
+
+Why: XLA runs a residual add and the RMSNorm after it as three kernels (the add, the sum of squares, the scale:
+``loop_add_fusion``, ``input_reduce_fusion``, ``loop_multiply_fusion`` in the H200's kernel split), ~1.5 us each,
+twice a layer: ~0.3 ms of a Qwen3-8B decode step in 216 launches
+(docs/results/2026-11-30-ar-tree-attention-h200/). This is one kernel per add: one warpgroup per token row reads
+the row and its update from GMEM, writes the new residual row, sums its squares (f32, across the warpgroup) and
+writes the normed row.
+
+Numerics: the same operations as ``reference.add_rms_norm_reference`` (the add rounded to the activation dtype,
+statistics in f32, each factor rounded before the weight multiply); only the order of the f32 sum of squares
+differs, so a normed element can differ from XLA's by one rounding step, rarely. The model uses one
+implementation at every token count, so AR steps and verify passes round alike.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+_SUPPORTED_DTYPES = (jnp.bfloat16, jnp.float16)
+ROW_MULTIPLE = 1024
+"""Hidden sizes this kernel tiles: a multiple of 1024 (128 threads x 8-element vectors)."""
+
+
+def check_supported(x: jax.Array, delta: jax.Array | None, w: jax.Array) -> None:
+  """ValueError for inconsistent inputs; NotImplementedError (the caller falls back) for what the kernel does
+  not tile."""
+  h = x.shape[-1]
+  if w.shape != (h,):
+    raise ValueError(f"add_rms_norm: the weight has shape {w.shape}, the rows have {h} features")
+  if delta is not None and delta.shape != x.shape:
+    raise ValueError(f"add_rms_norm: delta {delta.shape} does not match x {x.shape}")
+  if jnp.dtype(x.dtype) not in map(jnp.dtype, _SUPPORTED_DTYPES):
+    raise NotImplementedError(f"the add_rms_norm kernel takes 16-bit activations, got {x.dtype}")
+  if h % ROW_MULTIPLE:
+    raise NotImplementedError(f"hidden size {h} is not a multiple of {ROW_MULTIPLE}")
+
+
+def add_rms_norm(x: jax.Array, delta: jax.Array | None, w: jax.Array, eps: float, *,
+                 interpret: plgpu.InterpretGPUParams | None = None) -> tuple[jax.Array, jax.Array]:
+  """``(x + delta, rms_norm(x + delta) * w)`` for ``x``, ``delta`` ``[..., H]`` (``delta=None``: no add); one block
+  of 128 threads per row."""
+  check_supported(x, delta, w)
+  lead, h = x.shape[:-1], x.shape[-1]
+  m = math.prod(lead)
+  dtype = x.dtype
+  has_delta = delta is not None
+
+  def kernel(*refs):
+    if has_delta:
+      x_ref, d_ref, w_ref, o_ref, s_ref = refs
+    else:
+      (x_ref, w_ref, o_ref), d_ref, s_ref = refs, None, None
+    row = lax.axis_index("row")
+    s = x_ref[row, :]
+    if d_ref is not None:
+      s = (s.astype(jnp.float32) + d_ref[row, :].astype(jnp.float32)).astype(dtype)
+      s_ref[row, :] = s
+    s32 = s.astype(jnp.float32)
+    inv = lax.rsqrt(jnp.sum(s32 * s32) / h + eps)
+    y = (s32 * inv).astype(dtype)
+    o_ref[row, :] = (w_ref[...].astype(jnp.float32) * y.astype(jnp.float32)).astype(dtype)
+
+  rows = jax.ShapeDtypeStruct((m, h), dtype)
+  call = plgpu.kernel(kernel, out_type=(rows, rows) if has_delta else (rows,), grid=(m,), grid_names=("row",),
+                      interpret=interpret,
+                      compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
+  args = (x.reshape(m, h), *((delta.astype(dtype).reshape(m, h),) if has_delta else ()), w.astype(dtype))
+  outs = call(*args)
+  s = outs[1].reshape(x.shape) if has_delta else x
+  return s, outs[0].reshape(x.shape)

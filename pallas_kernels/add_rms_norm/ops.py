@@ -1,0 +1,47 @@
+"""The public residual add + RMSNorm: one entry point, the implementation picked per backend.
+
+``DEFAULT == "xla"``: the jnp reference (what XLA fuses itself). ``"mosaic_gpu"`` on an H100/H200 with 16-bit
+activations and a hidden size the kernel tiles runs ``mosaic_gpu.add_rms_norm``; anything else falls back to the
+reference, with a warning on a Hopper, so a fallback is never silent. Naming an implementation disables the
+fallback, which is what tests and benchmarks want.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+import jax
+
+from pallas_kernels.add_rms_norm.reference import add_rms_norm_reference
+from pallas_kernels.device import on_hopper as _on_hopper  # a module name tests can patch
+
+_log = logging.getLogger(__name__)
+
+Implementation = Literal["xla", "mosaic_gpu"]
+_IMPLEMENTATIONS = ("xla", "mosaic_gpu")
+DEFAULT: Implementation = "xla"
+"""``"xla"`` until the kernel is timed on the H200 (``bench_roofline.py --norm mosaic_gpu``; written in the seventh
+session after its last device call). Benchmarks and deployments that want it set it."""
+
+
+def _mosaic_gpu(x, delta, w, eps):
+  from pallas_kernels.add_rms_norm import mosaic_gpu  # lazy: needs a Mosaic GPU capable jaxlib
+
+  return mosaic_gpu.add_rms_norm(x, delta, w, eps)
+
+
+def add_rms_norm(x: jax.Array, delta: jax.Array | None, w: jax.Array, eps: float, *,
+                 implementation: Implementation | None = None) -> tuple[jax.Array, jax.Array]:
+  """``(s, rms_norm(s) * w)`` with ``s = x + delta`` (``delta=None``: ``s = x``), over the last axis."""
+  if implementation not in (None, *_IMPLEMENTATIONS):
+    raise ValueError(f"unknown add_rms_norm implementation {implementation!r}; expected one of {_IMPLEMENTATIONS}")
+  if implementation == "mosaic_gpu":
+    return _mosaic_gpu(x, delta, w, eps)
+  if implementation == "xla" or DEFAULT == "xla" or not _on_hopper():
+    return add_rms_norm_reference(x, delta, w, eps)
+  try:
+    return _mosaic_gpu(x, delta, w, eps)
+  except (NotImplementedError, ImportError) as e:
+    _log.warning("add_rms_norm falls back to XLA for x%s %s: %s", x.shape, x.dtype, e)
+    return add_rms_norm_reference(x, delta, w, eps)

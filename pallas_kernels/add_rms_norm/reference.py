@@ -1,0 +1,22 @@
+"""Pure-jnp residual add + RMSNorm: the ground truth for the kernel and the fallback, and exactly what the
+target model computed before the kernel existed (``target.rms_norm`` after ``x = x + delta``)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+  """``w * x / rms(x)`` over the last axis, statistics in f32, each factor rounded to ``x.dtype`` as HF's
+  Qwen3 / Llama norms do."""
+  x32 = x.astype(jnp.float32)
+  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return w.astype(x.dtype) * y.astype(x.dtype)
+
+
+def add_rms_norm_reference(x: jax.Array, delta: jax.Array | None, w: jax.Array, eps: float
+                           ) -> tuple[jax.Array, jax.Array]:
+  """``(s, rms_norm(s) * w)`` with ``s = x + delta`` in ``x.dtype`` (``delta=None``: ``s = x``)."""
+  s = x if delta is None else x + delta.astype(x.dtype)
+  return s, rms_norm(s, w, eps)

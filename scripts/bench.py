@@ -67,6 +67,9 @@ def parse_args(argv=None):
     ap.add_argument("--matmul", choices=("xla", "mosaic_gpu"), default=None,
                     help="bf16 linears with at most skinny_matmul.ops.MAX_TOKENS rows: XLA's dot or the skinny_matmul "
                          "Mosaic GPU kernel (sets skinny_matmul.ops.DEFAULT; default: as it is)")
+    ap.add_argument("--norm", choices=("xla", "mosaic_gpu"), default=None,
+                    help="the target's residual add + RMSNorm: XLA's or the add_rms_norm Mosaic GPU kernel (sets "
+                         "add_rms_norm.ops.DEFAULT; default: as it is)")
     ap.add_argument("--command-buffers", action="store_true",
                     help=f"add {COMMAND_BUFFER_FLAGS!r} to XLA_FLAGS before the backend starts: the fused decode loop "
                          "went 5.87 -> 5.29 ms on the H200 (docs/results/2026-11-30-skinny-matmul-h200/)")
@@ -190,6 +193,10 @@ def main(argv=None) -> int:
         from pallas_kernels.skinny_matmul import ops as skinny_ops
 
         skinny_ops.DEFAULT = args.matmul
+    if args.norm:
+        from pallas_kernels.add_rms_norm import ops as norm_ops
+
+        norm_ops.DEFAULT = args.norm
     from specpilot.costmodel import leave_one_out, load_or_calibrate
     from specpilot.costmodel import measure as M
     from specpilot.costmodel.predict import StepTimeModel, TauProfile, project
@@ -212,7 +219,7 @@ def main(argv=None) -> int:
     configs = engine_configs(args)
     res = {"provenance": provenance(hw), "deployment": dep.describe(), "context": args.context, "rounds": args.rounds,
            "configs": configs, "rows": [], "skipped": [], "xla_flags": os.environ.get("XLA_FLAGS", ""),
-           "matmul": args.matmul or "default"}
+           "matmul": args.matmul or "default", "norm": args.norm or "default"}
 
     def save(rows, skipped):
         res["rows"], res["skipped"] = rows, skipped

@@ -28,28 +28,33 @@ BARE = ("import sys, runpy\n"
         "runpy.run_path(sys.argv[0], run_name='__main__')\n")
 
 
-@pytest.fixture(scope="module")
-def quick(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("roofline")
+def run_quick(tmp: Path, *args: str) -> tuple[dict, str, str, Path]:
+    """`bench_roofline.py --quick *args` in `tmp` with a preset CPU calibration (the calibration itself is tested
+    elsewhere): (report JSON, report markdown, stdout, output folder)."""
     hw = tmp / "cache" / "hw"
-    hw.mkdir(parents=True)  # a preset CPU calibration (the calibration itself is tested elsewhere)
+    hw.mkdir(parents=True)
     (hw / "cpu.json").write_text(json.dumps({"name": "cpu", "hbm_bytes_per_s": 2e10, "matmul_flops_per_s": 1e11,
                                              "platform": "cpu", "matmul_dtype": "float32"}))
     env = {**os.environ, "SPECPILOT_CACHE": str(tmp / "cache"), "JAX_DISABLE_MOST_OPTIMIZATIONS": "1",
            "JAX_PLATFORMS": "cpu"}
     out = tmp / "out"
-    cmd = [sys.executable, "-c", BARE, str(REPO / "scripts" / "bench_roofline.py"), "--quick", "--out", str(out)]
+    cmd = [sys.executable, "-c", BARE, str(REPO / "scripts" / "bench_roofline.py"), "--quick", "--out", str(out), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp, check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return json.loads((out / "roofline.json").read_text()), (out / "roofline.md").read_text(), proc.stdout, out
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
     if HAS_TORCH_PYTHON:
-        cmd += ["--torch-python", str(REF_PYTHON), "--torch-compile-backend", "aot_eager"]
+        args = ["--torch-python", str(REF_PYTHON), "--torch-compile-backend", "aot_eager"]
     else:
-        cmd += ["--variants", "xla_forward", "xla_decode_loop", "skinny_forward", "skinny_decode_loop",
+        args = ["--variants", "xla_forward", "xla_decode_loop", "skinny_forward", "skinny_decode_loop",
                 "fused_norm_decode_loop", "skinny_cmdbuf_while", "xla_flags",
                 "xla_forward_w12",
                 "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "w12_kernel_decode_loop", "verify_nodes",
                 "verify_loop", "drafter"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp, check=False)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return json.loads((out / "roofline.json").read_text()), (out / "roofline.md").read_text(), proc.stdout, out
+    return run_quick(tmp_path_factory.mktemp("roofline"), *args)
 
 
 def test_every_variant_has_a_time_or_an_error_and_a_roofline(quick):
@@ -197,21 +202,10 @@ def test_ar_rows_with_the_tree_attention_path_give_the_same_tokens(quick, tmp_pa
     """--ar-attention pallas_tree: the AR forward and decode loop run the tree-attention path (its jnp reference on
     a CPU) with the K/V written after the last layer, and reproduce the XLA-attention run's greedy tokens. --norm
     mosaic_gpu reaches the workers (off a Hopper the add + norm stays XLA's, so the tokens stay too)."""
-    hw = tmp_path / "cache" / "hw"
-    hw.mkdir(parents=True)
-    (hw / "cpu.json").write_text(json.dumps({"name": "cpu", "hbm_bytes_per_s": 2e10, "matmul_flops_per_s": 1e11,
-                                             "platform": "cpu", "matmul_dtype": "float32"}))
-    env = {**os.environ, "SPECPILOT_CACHE": str(tmp_path / "cache"), "JAX_DISABLE_MOST_OPTIMIZATIONS": "1",
-           "JAX_PLATFORMS": "cpu"}
-    out = tmp_path / "out"
-    cmd = [sys.executable, "-c", BARE, str(REPO / "scripts" / "bench_roofline.py"), "--quick", "--out", str(out),
-           "--variants", "xla_forward", "xla_decode_loop", "--ar-attention", "pallas_tree", "--norm", "mosaic_gpu"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path, check=False)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    rep = json.loads((out / "roofline.json").read_text())
+    rep, md, _, out = run_quick(tmp_path, "--variants", "xla_forward", "xla_decode_loop", "--ar-attention",
+                                "pallas_tree", "--norm", "mosaic_gpu")
     by = {r["variant"]: r for r in rep["rows"]}
     assert rep["settings"]["ar_attention"] == "pallas_tree" and rep["settings"]["norm"] == "mosaic_gpu"
-    md = (out / "roofline.md").read_text()
     assert "AR rows `pallas_tree`" in md and "Residual add + RMSNorm: `mosaic_gpu`" in md
     assert json.loads((out / "jobs" / "xla.json").read_text())["norm"] == "mosaic_gpu"
     xla_tokens = {r["variant"]: r for r in quick[0]["rows"]}["xla_forward"]["tokens"]

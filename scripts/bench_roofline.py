@@ -439,37 +439,18 @@ class Worker:
             lower("xla_forward", self.ar_step_fn(), (2,), w, tok0, self.ar_cache(dtype), one)
         if "xla_decode_loop" in variants:
             lower("xla_decode_loop", self.decode_loop_fn(), (2,), w, tok0, self.ar_cache(dtype), one, one)
-        trees = {}
-        if "verify_nodes" in variants:
-            from specpilot.models.target import forward
-
-            rng = np.random.default_rng(s["seed"])
-            for t in s["nodes"]:
-                mask, depth = random_tree(t, rng)
-                toks = jnp.asarray(rng.integers(0, cfg.vocab_size, (1, t)), jnp.int32)
-                pos = jnp.asarray(s["context"] + depth[None, :], jnp.int32)
-                trees[t] = (toks, pos, jnp.asarray(mask[None]))
-                att = s["verify_attention"]
-
-                def verify(w, toks, pos, cache, mask, att=att):
-                    out = forward(w, cfg, toks, pos, cache, mask, attention=att)
-                    return jnp.argmax(out.logits, axis=-1).astype(jnp.int32), out.cache
-
-                cap = round_up(s["context"] + t, 128)
-                lower(f"verify_nodes@{t}", verify, (3,), w, *trees[t][:2],
-                      self.random_cache(cfg.num_layers, cap, s["context"], s["seed"] + 200, dtype), trees[t][2])
-        if "verify_loop" in variants:
-            from specpilot.models.target import forward
-
-            rng = np.random.default_rng(s["seed"])
-            for t in s["nodes"]:
-                if t not in trees:
-                    mask, depth = random_tree(t, rng)
-                    toks = jnp.asarray(rng.integers(0, cfg.vocab_size, (1, t)), jnp.int32)
-                    trees[t] = (toks, jnp.asarray(s["context"] + depth[None, :], jnp.int32), jnp.asarray(mask[None]))
-                lower(f"verify_loop@{t}", self.verify_loop_fn(forward, s["verify_attention"]), (3,), w, *trees[t][:2],
-                      self.random_cache(cfg.num_layers, round_up(s["context"] + t, 128), s["context"], s["seed"] + 200,
-                                        dtype), trees[t][2], one)
+        trees = {}  # nodes -> (tokens, positions, ancestor mask): one random tree per size, for both verify rows
+        rng = np.random.default_rng(s["seed"])
+        for t in s["nodes"] if {"verify_nodes", "verify_loop"} & set(variants) else []:
+            mask, depth = random_tree(t, rng)
+            toks = jnp.asarray(rng.integers(0, cfg.vocab_size, (1, t)), jnp.int32)
+            trees[t] = (toks, jnp.asarray(s["context"] + depth[None, :], jnp.int32), jnp.asarray(mask[None]))
+            verify = self.verify_fn()
+            cache = self.verify_cache(t, dtype)
+            if "verify_nodes" in variants:
+                lower(f"verify_nodes@{t}", verify, (3,), w, *trees[t][:2], cache, trees[t][2])
+            if "verify_loop" in variants:
+                lower(f"verify_loop@{t}", self.verify_loop_fn(verify), (3,), w, *trees[t][:2], cache, trees[t][2], one)
         if "drafter" in variants:
             from specpilot.models.config import synthetic_drafter_config
             from specpilot.models.dflash import draft_logits
@@ -510,8 +491,8 @@ class Worker:
             exe, secs = compiled[name]
             try:
                 toks, pos, mask = trees[t]
-                cache = self.random_cache(cfg.num_layers, round_up(s["context"] + t, 128), s["context"],
-                                          s["seed"] + 200, dtype)
+                cache = self.verify_cache(t, dtype)
+
                 def call(st, exe=exe, toks=toks, pos=pos, mask=mask):
                     return exe(w, toks, pos, st[1], mask)
 
@@ -540,19 +521,35 @@ class Worker:
             except Exception as e:
                 self.fail("drafter_b16", e)
 
-    def verify_loop_fn(self, forward, attention: str):
-        """``n`` verify passes of one tree in a ``fori_loop`` (each writes the same cache slots), like the decode
-        loop's steps; returns the last pass's argmax and the cache."""
+    def verify_fn(self):
+        """One verify pass of a tree over a filled cache: the target's argmax per node and the cache."""
+        import jax.numpy as jnp
+
+        from specpilot.models.target import forward
+
+        cfg, attention = self.cfg, self.spec["verify_attention"]
+
+        def verify(w, toks, pos, cache, mask):
+            out = forward(w, cfg, toks, pos, cache, mask, attention=attention)
+            return jnp.argmax(out.logits, axis=-1).astype(jnp.int32), out.cache
+
+        return verify
+
+    def verify_cache(self, nodes: int, dtype):
+        """The verify rows' cache: the committed context plus room for the tree (a fresh copy per call)."""
+        s = self.spec
+        return self.random_cache(self.cfg.num_layers, round_up(s["context"] + nodes, 128), s["context"],
+                                 s["seed"] + 200, dtype)
+
+    @staticmethod
+    def verify_loop_fn(verify):
+        """``n`` passes of ``verify`` in a ``fori_loop`` (each writes the same cache slots), like the decode loop's
+        steps; returns the last pass's argmax and the cache."""
         import jax
         import jax.numpy as jnp
 
-        cfg = self.cfg
-
         def verify_loop(w, toks, pos, cache, mask, n):
-            def body(_, carry):
-                out = forward(w, cfg, toks, pos, carry[1], mask, attention=attention)
-                return jnp.argmax(out.logits, axis=-1).astype(jnp.int32), out.cache
-
+            body = lambda _, carry: verify(w, toks, pos, carry[1], mask)  # noqa: E731
             return jax.lax.fori_loop(0, n, body, (jnp.zeros_like(toks), cache))  # n traced: one while loop
 
         return verify_loop
@@ -563,8 +560,7 @@ class Worker:
         s = self.spec
         exe, secs = compiled
         toks, pos, mask = tree
-        cache = self.random_cache(self.cfg.num_layers, round_up(s["context"] + t, 128), s["context"], s["seed"] + 200,
-                                  dtype)
+        cache = self.verify_cache(t, dtype)
         n = jnp.asarray(s["loop_steps"], jnp.int32)
         ms, _ = self.timed_calls(lambda st: exe(w, toks, pos, st[1], mask, n), (None, cache), 1, s["loop_reps"])
         per_pass = [m / s["loop_steps"] for m in ms]

@@ -63,7 +63,8 @@ def parse_args(argv=None):
     ap.add_argument("--level1-format", default="int8", choices=("int8", "fp8"))
     ap.add_argument("--formats", nargs="+", default=["bf16"], choices=("bf16", "w12"), help="weight formats")
     ap.add_argument("--attentions", nargs="+", default=["xla"], choices=("xla", "pallas_tree"),
-                    help="verify attention implementations (pallas_tree: the tree-attention kernel on Hopper)")
+                    help="attention implementations of every engine's decode-time passes, AR's step included "
+                         "(pallas_tree: the tree-attention kernel on Hopper)")
     ap.add_argument("--matmul", choices=("xla", "mosaic_gpu"), default=None,
                     help="bf16 linears with at most skinny_matmul.ops.MAX_TOKENS rows: XLA's dot or the skinny_matmul "
                          "Mosaic GPU kernel (sets skinny_matmul.ops.DEFAULT; default: as it is)")

@@ -2,7 +2,7 @@
 
 Why: XLA runs a residual add and the RMSNorm after it as three kernels (the add, the sum of squares, the scale:
 ``loop_add_fusion``, ``input_reduce_fusion``, ``loop_multiply_fusion`` in the H200's kernel split), ~1.5 us each,
-twice a layer: ~0.3 ms of a Qwen3-8B decode step in 216 launches
+twice a layer: ~0.3 ms of a Qwen3-8B decode step in 214 launches
 (docs/results/2026-11-30-ar-tree-attention-h200/). This is one kernel per add: one warpgroup per token row reads
 the row and its update from GMEM, writes the new residual row, sums its squares (f32, across the warpgroup) and
 writes the normed row.

@@ -58,6 +58,8 @@ H200's device copy rate.
 
 `--matmul xla|mosaic_gpu`: what multiplies the bf16 linear layers in every JAX job (`skinny_matmul.ops.DEFAULT`):
 XLA's dot or the few-token Mosaic GPU kernel (`pallas_kernels/skinny_matmul`); the report's `matmul` says which.
+`--pdl`: every Mosaic GPU kernel in every JAX job launched with programmatic dependent launch
+(`pallas_kernels/pdl.py`); the `pdl_*` rows do it for themselves, against `fused_norm_decode_loop`.
 
 `--kernel-split`: after its timing, one more call of each AR forward (the W12 rows' bf16 forward included), each
 verify and the drafter pass runs under CUPTI, and the row gets GPU µs and launches per kernel name (the 25 largest) and the matmul / rest split, printed as one
@@ -106,6 +108,14 @@ SKINNY_VARIANTS = {"skinny_forward": "xla_forward", "skinny_decode_loop": "xla_d
 FUSED_NORM_VARIANTS = {"fused_norm_decode_loop": "xla_decode_loop"}
 """``skinny_decode_loop`` again with every residual add + RMSNorm on ``pallas_kernels.add_rms_norm``'s kernel, in a
 process of its own: the kernel's effect on the best AR configuration, side by side in one run."""
+PDL_VARIANTS = {
+    "pdl_decode_loop": "",
+    "pdl_xla_on_decode_loop": "--xla_gpu_enable_pdl=true --xla_gpu_enable_pdl_launch=true",
+    "pdl_xla_off_decode_loop": "--xla_gpu_enable_pdl=false",
+}
+"""``fused_norm_decode_loop`` again with every Mosaic GPU kernel launched by programmatic dependent launch
+(``pallas_kernels.pdl``), each in a process of its own with these XLA_FLAGS added: XLA's own PDL for its fusions
+left at its default, forced on, and off (both flags exist in jax 0.11.2's XLA)."""
 SKINNY_FLAG_VARIANTS = {"skinny_cmdbuf_while": "xla_flags_cmdbuf_while"}
 """The decode loop with the kernel and an ``XLA_FLAG_VARIANTS`` entry's flags: 5.03 ms on the H200 with XLA attention
 (docs/results/2026-11-30-skinny-matmul-h200/); with ``--ar-attention pallas_tree`` the same as without the flags
@@ -138,6 +148,9 @@ WHAT = {
     "skinny_decode_loop": "xla_decode_loop, bf16 linears on the skinny_matmul kernel",
     "skinny_cmdbuf_while": "skinny_decode_loop with xla_flags_cmdbuf_while's command buffers",
     "fused_norm_decode_loop": "skinny_decode_loop, residual add + RMSNorm on the add_rms_norm kernel",
+    "pdl_decode_loop": "fused_norm_decode_loop, the Mosaic GPU kernels launched with PDL",
+    "pdl_xla_on_decode_loop": "pdl_decode_loop, XLA's fusions with PDL too (--xla_gpu_enable_pdl=true)",
+    "pdl_xla_off_decode_loop": "pdl_decode_loop, XLA's PDL off (--xla_gpu_enable_pdl=false)",
     "torch_peer_eager": "PyTorch gpt-fast style, eager",
     "torch_peer_cudagraphs": "PyTorch, compile reduce-overhead (CUDA graphs)",
     "torch_peer_compile": "PyTorch, compile max-autotune-no-cudagraphs",
@@ -774,8 +787,13 @@ def worker_main(spec_path: str) -> int:
         from pallas_kernels.add_rms_norm import ops as norm_ops
 
         norm_ops.DEFAULT = spec["norm"]
+    if spec.get("pdl"):
+        from pallas_kernels import pdl
+
+        pdl.ENABLED = True
     worker.res["matmul"] = spec.get("matmul") or "default"
     worker.res["norm"] = spec.get("norm") or "default"
+    worker.res["pdl"] = bool(spec.get("pdl"))
     try:
         if spec.get("calibrate"):
             from specpilot.costmodel.hardware import load_or_calibrate
@@ -819,7 +837,8 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", default=None, help="bfloat16 | float32 (default bfloat16; --quick: float32)")
     ap.add_argument("--context", type=int, default=None, help="committed tokens (default 1024; --quick: 32)")
     ap.add_argument("--variants", nargs="+", default=None,
-                    help="subset of: " + ", ".join([*XLA_JOB, *SKINNY_VARIANTS, *FUSED_NORM_VARIANTS, *SKINNY_FLAG_VARIANTS,
+                    help="subset of: " + ", ".join([*XLA_JOB, *SKINNY_VARIANTS, *FUSED_NORM_VARIANTS, *PDL_VARIANTS,
+                                                    *SKINNY_FLAG_VARIANTS,
                                                     *W12_JOB, "xla_flags",
                                                     *XLA_FLAG_VARIANTS,
                                                     "torch_peer",
@@ -837,6 +856,8 @@ def parse_args(argv=None):
     ap.add_argument("--norm", choices=("xla", "mosaic_gpu"), default=None,
                     help="every residual add + RMSNorm of the target in every JAX job: XLA's or the add_rms_norm "
                          "kernel (sets add_rms_norm.ops.DEFAULT; default: leave it as it is)")
+    ap.add_argument("--pdl", action="store_true",
+                    help="every Mosaic GPU kernel in every JAX job launched with PDL (sets pallas_kernels.pdl.ENABLED)")
     ap.add_argument("--w12-xla-flags", default="", metavar="FLAGS",
                     help="XLA_FLAGS added for the W12 job's process (its bf16 baselines run under them too), e.g. "
                          "command buffers for w12_kernel_decode_loop")
@@ -884,6 +905,7 @@ def settings(args) -> dict:
         "kernel_split": args.kernel_split,
         "matmul": args.matmul,
         "norm": args.norm,
+        "pdl": args.pdl,
         "drafter_layers": 1 if q else 5,
         "block_size": 4 if q else 16,
         "seed": 0,
@@ -894,7 +916,8 @@ def settings(args) -> dict:
 
 
 def selected_variants(args) -> list[str]:
-    known = [*XLA_JOB, *SKINNY_VARIANTS, *FUSED_NORM_VARIANTS, *SKINNY_FLAG_VARIANTS, *W12_JOB, *XLA_FLAG_VARIANTS,
+    known = [*XLA_JOB, *SKINNY_VARIANTS, *FUSED_NORM_VARIANTS, *PDL_VARIANTS,
+                                                    *SKINNY_FLAG_VARIANTS, *W12_JOB, *XLA_FLAG_VARIANTS,
              *TORCH_MODES]
     extra = [kv.split("=", 1)[0] for kv in args.xla_flags]
     if args.variants is None:
@@ -982,6 +1005,11 @@ def plan_jobs(args, s: dict, run: Path, chosen: list[str]) -> tuple[list[Job], J
     if "fused_norm_decode_loop" in chosen:
         jobs.append(jax_job("fused_norm", ["xla_decode_loop"], t["xla"], ["fused_norm_decode_loop"],
                             matmul="mosaic_gpu", norm="mosaic_gpu", loop_label="fused_norm_decode_loop"))
+    for name, f in PDL_VARIANTS.items():
+        if name in chosen:
+            env = {"XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " " + f).strip()} if f else {}
+            jobs.append(jax_job(name, ["xla_decode_loop"], t["xla"], [name], env=env, matmul="mosaic_gpu",
+                                norm="mosaic_gpu", pdl=True, loop_label=name, flags=f))
     for name, of in SKINNY_FLAG_VARIANTS.items():
         flag_job(name, XLA_FLAG_VARIANTS[of], matmul="mosaic_gpu")
     torch_job("torch_peer_cudagraphs")
@@ -1438,7 +1466,8 @@ def row_rank(name: str) -> int:
     return ROW_ORDER.index(key) if key in ROW_ORDER else len(ROW_ORDER)
 
 
-ROW_ORDER = ["xla_forward", "xla_decode_loop", *SKINNY_VARIANTS, *FUSED_NORM_VARIANTS, *SKINNY_FLAG_VARIANTS, "xla_flags",
+ROW_ORDER = ["xla_forward", "xla_decode_loop", *SKINNY_VARIANTS, *FUSED_NORM_VARIANTS, *PDL_VARIANTS,
+                                                    *SKINNY_FLAG_VARIANTS, "xla_flags",
              *W12_JOB, "torch_peer_eager",
              "torch_peer_compile", "torch_peer_cudagraphs", "verify_nodes", "verify_loop", "drafter_b16"]
 

@@ -50,7 +50,8 @@ def quick(tmp_path_factory):
         args = ["--torch-python", str(REF_PYTHON), "--torch-compile-backend", "aot_eager"]
     else:
         args = ["--variants", "xla_forward", "xla_decode_loop", "skinny_forward", "skinny_decode_loop",
-                "fused_norm_decode_loop", "skinny_cmdbuf_while", "xla_flags",
+                "fused_norm_decode_loop", "pdl_decode_loop", "pdl_xla_on_decode_loop", "pdl_xla_off_decode_loop",
+                "skinny_cmdbuf_while", "xla_flags",
                 "xla_forward_w12",
                 "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "w12_kernel_decode_loop", "verify_nodes",
                 "verify_loop", "drafter"]
@@ -65,7 +66,8 @@ def test_every_variant_has_a_time_or_an_error_and_a_roofline(quick):
                 "xla_forward_w12_kernel", "w12_kernel_decode_loop", "verify_nodes@4", "verify_nodes@8", "verify_loop@4",
                 "verify_loop@8", "drafter_b16",
                 "skinny_forward",
-                "skinny_decode_loop", "fused_norm_decode_loop", "skinny_cmdbuf_while"}
+                "skinny_decode_loop", "fused_norm_decode_loop", "skinny_cmdbuf_while",
+                "pdl_decode_loop", "pdl_xla_on_decode_loop", "pdl_xla_off_decode_loop"}
     if HAS_TORCH_PYTHON:
         expected |= {"torch_peer_eager", "torch_peer_compile", "torch_peer_cudagraphs"}
     assert set(names) == expected
@@ -96,7 +98,8 @@ def test_jax_variants_ran_and_agree(quick):
             assert r.get("ms", 0) > 0 and not r.get("error"), r
     ref = by["xla_forward"]["tokens"]
     assert len(ref) == rep["settings"]["check_steps"]
-    for name in ("xla_decode_loop", "skinny_forward", "skinny_decode_loop", "fused_norm_decode_loop",
+    for name in ("xla_decode_loop", "skinny_forward", "skinny_decode_loop", "fused_norm_decode_loop", "pdl_decode_loop",
+                 "pdl_xla_on_decode_loop", "pdl_xla_off_decode_loop",
                  "skinny_cmdbuf_while", "xla_flags_no_cmdbuf",
                  "xla_flags_cmdbuf_while", "xla_flags_autotune0", "xla_flags_no_triton_gemm"):
         assert by[name]["tokens"] == ref and by[name]["tokens_match"] is True, name
@@ -107,7 +110,13 @@ def test_jax_variants_ran_and_agree(quick):
     assert both["xla_flags"] == by["xla_flags_cmdbuf_while"]["xla_flags"]
     assert json.loads((quick[3] / "jobs" / "skinny_cmdbuf_while.spec.json").read_text())["matmul"] == "mosaic_gpu"
     fused = json.loads((quick[3] / "jobs" / "fused_norm.spec.json").read_text())
-    assert (fused["matmul"], fused["norm"]) == ("mosaic_gpu", "mosaic_gpu")
+    assert (fused["matmul"], fused["norm"], fused["pdl"]) == ("mosaic_gpu", "mosaic_gpu", False)
+    for name in ("pdl_decode_loop", "pdl_xla_on_decode_loop", "pdl_xla_off_decode_loop"):
+        spec = json.loads((quick[3] / "jobs" / f"{name}.spec.json").read_text())
+        assert (spec["matmul"], spec["norm"], spec["pdl"]) == ("mosaic_gpu", "mosaic_gpu", True), name
+    assert json.loads((quick[3] / "jobs" / "pdl_decode_loop.json").read_text())["pdl"] is True
+    assert json.loads((quick[3] / "jobs" / "fused_norm.json").read_text())["pdl"] is False
+    assert by["pdl_xla_off_decode_loop"]["xla_flags"].endswith("--xla_gpu_enable_pdl=false")
     for name in ("xla_forward_w12", "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "w12_kernel_decode_loop"):
         w = by[name]
         assert w["tokens"] == w["bf16_tokens"] and w["tokens_match"] is True and w["tokens_equal_bf16"] is True

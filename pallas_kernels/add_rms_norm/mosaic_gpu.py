@@ -22,6 +22,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_kernels import pdl
+
 _SUPPORTED_DTYPES = (jnp.bfloat16, jnp.float16)
 ROW_MULTIPLE = 1024
 """Hidden sizes this kernel tiles: a multiple of 1024 (128 threads x 8-element vectors)."""
@@ -52,6 +54,7 @@ def add_rms_norm(x: jax.Array, delta: jax.Array | None, w: jax.Array, eps: float
   has_delta = delta is not None
 
   def kernel(*refs):
+    pdl.begin_kernel(interpret)
     if has_delta:
       x_ref, d_ref, w_ref, o_ref, s_ref = refs
     else:

@@ -34,6 +34,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_kernels import pdl
 from pallas_kernels.skinny_matmul.config import TuningConfig
 from pallas_kernels.split_k import auto_split_k, num_sms, round_up, smem_transforms
 from pallas_kernels.tma import pad_for_tma
@@ -77,6 +78,7 @@ def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, inter
   x_transforms = smem_transforms(tile_k, jnp.bfloat16)
 
   def kernel(w_gmem, x_gmem, out_gmem, out_smem):
+    pdl.begin_kernel(interpret)
     n_slice = pl.ds(lax.axis_index("n") * TILE_N, TILE_N)
     m_slice = pl.ds(lax.axis_index("m") * tile_m, tile_m)
     split = lax.axis_index("s")

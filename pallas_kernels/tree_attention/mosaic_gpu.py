@@ -57,6 +57,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_kernels import pdl
 from pallas_kernels.tma import pad_for_tma
 from pallas_kernels.tree_attention.ancestors import WORD_BITS, num_words
 from pallas_kernels.tree_attention.config import TuningConfig
@@ -148,6 +149,7 @@ def _kernel_call(
     kv_spec = lambda first: plgpu.BlockSpec((block_kv, d), lambda i: (first + i, 0), transforms=kv_transforms)
 
     def kernel(q_ref, k_cache_ref, v_cache_ref, lengths_ref, k_tree_ref, v_tree_ref, bits_ref, *refs):
+        pdl.begin_kernel(interpret)
         out_ref, lse_ref = (refs[0], None) if final else refs[:2]
         q_smem, bits_smem, out_smem, lse_smem, p_smem, load_barrier = refs[1 if final else 2 :]
         bi, hi = lax.axis_index("b"), lax.axis_index("h")

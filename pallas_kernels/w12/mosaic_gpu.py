@@ -54,6 +54,7 @@ from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_kernels import pdl
 from pallas_kernels.split_k import (
   auto_split_k,
   num_sms,
@@ -133,6 +134,7 @@ def _smem_decode_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_
   slots = 2 if overlap else 1
 
   def kernel(byte_gmem, nibble_gmem, base_gmem, x_gmem, out_gmem, w_smem, out_smem):
+    pdl.begin_kernel(interpret)
     n_slice = pl.ds(lax.axis_index("n") * tile_n, tile_n)
     m_slice = pl.ds(lax.axis_index("m") * tile_m, tile_m)
     split = lax.axis_index("s")
@@ -282,6 +284,7 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   decoders = [_decode_chunk_to_registers(c, tile_k, byte_transforms, nibble_transforms) for c in range(chunks)]
 
   def kernel(byte_gmem, nibble_gmem, base_gmem, x_gmem, out_gmem, out_smem):
+    pdl.begin_kernel(None)  # registers: never interpreted (``_check_supported``)
     n_slice = pl.ds(lax.axis_index("n") * tile_n, tile_n)
     m_slice = pl.ds(lax.axis_index("m") * tile_m, tile_m)
     split = lax.axis_index("s")

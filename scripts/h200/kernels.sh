@@ -6,7 +6,7 @@
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 || exit 1
-timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_tree_attention.py tests/test_w12_matmul.py tests/test_quant_matmul.py tests/test_skinny_matmul.py tests/test_add_rms_norm.py \
+timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_tree_attention.py tests/test_w12_matmul.py tests/test_quant_matmul.py tests/test_skinny_matmul.py tests/test_add_rms_norm.py tests/test_pdl.py \
   tests/test_attention_choice.py 2>&1 | tail -n 15 | tee $OUT/log.txt
 timeout 330 python3 scripts/bench_kernels.py --out /tmp/k --total-time-limit 310 "$@" >> $OUT/log.txt 2>&1
 echo "bench rc $?" | tee -a $OUT/log.txt

@@ -1,0 +1,108 @@
+"""Programmatic dependent launch (``pallas_kernels.pdl``): with ``ENABLED`` every Mosaic GPU kernel of the package
+lowers for sm_90 with the grid-dependency wait, which marks its module ``mosaic_gpu.uses_pdl`` (the launch
+attribute); without it, and in interpret mode, nothing changes. Whether it pays is the H200's question
+(``bench_roofline.py`` row ``pdl_decode_loop``)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels import pdl, w12
+from pallas_kernels import tree_attention as ta
+from pallas_kernels.add_rms_norm import mosaic_gpu as norm_mosaic_gpu
+from pallas_kernels.device import on_hopper as on_hopper
+from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
+from pallas_kernels.skinny_matmul.reference import skinny_matmul_reference
+from pallas_kernels.tree_attention import mosaic_gpu as ta_mosaic_gpu
+from pallas_kernels.w12 import mosaic_gpu as w12_mosaic_gpu
+
+sds = jax.ShapeDtypeStruct
+BF16 = jnp.bfloat16
+
+
+@pytest.fixture
+def pdl_enabled(request):
+  """Sets ``pdl.ENABLED`` for one test, with jax's trace caches cleared around it (the flag is read at trace time)."""
+  default = pdl.ENABLED
+  pdl.ENABLED = request.param
+  jax.clear_caches()
+  yield request.param
+  pdl.ENABLED = default
+  jax.clear_caches()
+
+
+def _w12_case(decode):
+  packed = w12.pack((np.random.default_rng(0).normal(size=(512, 128)) * 0.02).astype(np.float32).astype(BF16))
+  config = w12.TuningConfig(decode=decode, tile_m=64, tile_k=128)
+  return (lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config)), (jnp.ones((1, 512), BF16), packed)
+
+
+def _tree_attention_case():
+  kv, tree_kv = sds((1, 2048, 8, 128), BF16), sds((1, 16, 8, 128), BF16)
+  shapes = (sds((1, 16, 32, 128), BF16), kv, kv, sds((1,), jnp.int32), tree_kv, tree_kv,
+            sds((1, 16, ta.num_words(16)), jnp.uint32))
+  return (lambda *a: ta_mosaic_gpu.tree_attention(*a, interpretable=False)), shapes
+
+
+CASES = {
+    "skinny_matmul": lambda: (skinny_mosaic_gpu.skinny_matmul, (sds((1, 4096), BF16), sds((4096, 1024), BF16))),
+    "add_rms_norm": lambda: ((lambda x, d, w: norm_mosaic_gpu.add_rms_norm(x, d, w, 1e-6)),
+                             (sds((1, 4096), BF16), sds((1, 4096), BF16), sds((4096,), BF16))),
+    "tree_attention": _tree_attention_case,
+    "w12_smem_decode": lambda: _w12_case("smem"),
+    "w12_register_decode": lambda: _w12_case("registers"),
+}
+
+
+@pytest.mark.parametrize("pdl_enabled", [True, False], indirect=True)
+@pytest.mark.parametrize("kernel", list(CASES))
+def test_every_kernel_lowers_with_the_launch_attribute_only_when_enabled(kernel, pdl_enabled):
+  fn, args = CASES[kernel]()
+  text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text
+  assert ("mosaic_gpu.uses_pdl" in text) == pdl_enabled
+
+
+@pytest.mark.parametrize("pdl_enabled", [True], indirect=True)
+def test_interpret_mode_ignores_it(pdl_enabled):
+  """Interpret mode has no grid dependencies: an enabled flag emits nothing there and the kernel still computes."""
+  x = jax.random.normal(jax.random.key(0), (3, 256)).astype(BF16)
+  w = jax.random.normal(jax.random.key(1), (256, 128)).astype(BF16)
+  got = skinny_mosaic_gpu.skinny_matmul(x, w, interpret=plgpu.InterpretGPUParams())
+  np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(skinny_matmul_reference(x, w), np.float32),
+                             rtol=2e-2, atol=2e-2)
+
+
+def _chain(x, ws, norm_w):
+  """A residual stream through ``len(ws)`` rounds of add + norm, then a matmul (each kernel reads its predecessor's
+  output): a kernel that read before its predecessor's writes landed would change the result."""
+  h = x
+  delta = None
+  for w in ws:
+    h, normed = norm_mosaic_gpu.add_rms_norm(h, delta, norm_w, 1e-6)
+    delta = skinny_mosaic_gpu.skinny_matmul(normed, w)
+  return h + delta
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_hopper(), reason="needs an H100/H200")
+def test_a_dependent_chain_gives_the_same_bits_with_and_without_pdl():
+  keys = jax.random.split(jax.random.key(3), 10)
+  x = jax.random.normal(keys[0], (1, 4096)).astype(BF16)
+  ws = [(jax.random.normal(k, (4096, 4096)) * 0.02).astype(BF16) for k in keys[1:9]]
+  norm_w = (1 + 0.1 * jax.random.normal(keys[9], (4096,))).astype(BF16)
+  results = {}
+  default = pdl.ENABLED
+  try:
+    for on in (False, True):
+      pdl.ENABLED = on
+      jax.clear_caches()
+      run = jax.jit(_chain)
+      results[on] = [np.asarray(run(x * (i + 1), ws, norm_w), np.float32) for i in range(5)]
+  finally:
+    pdl.ENABLED = default
+    jax.clear_caches()
+  for a, b in zip(results[False], results[True]):
+    np.testing.assert_array_equal(a, b)

@@ -71,6 +71,8 @@ def parse_args(argv=None):
     ap.add_argument("--norm", choices=("xla", "mosaic_gpu"), default=None,
                     help="the target's residual add + RMSNorm: XLA's or the add_rms_norm Mosaic GPU kernel (sets "
                          "add_rms_norm.ops.DEFAULT; default: as it is)")
+    ap.add_argument("--pdl", action="store_true",
+                    help="launch every Mosaic GPU kernel with programmatic dependent launch (pallas_kernels.pdl)")
     ap.add_argument("--command-buffers", action="store_true",
                     help=f"add {COMMAND_BUFFER_FLAGS!r} to XLA_FLAGS before the backend starts: the fused decode loop "
                          "went 5.87 -> 5.29 ms on the H200 (docs/results/2026-11-30-skinny-matmul-h200/)")
@@ -198,6 +200,10 @@ def main(argv=None) -> int:
         from pallas_kernels.add_rms_norm import ops as norm_ops
 
         norm_ops.DEFAULT = args.norm
+    if args.pdl:
+        from pallas_kernels import pdl
+
+        pdl.ENABLED = True
     from specpilot.costmodel import leave_one_out, load_or_calibrate
     from specpilot.costmodel import measure as M
     from specpilot.costmodel.predict import StepTimeModel, TauProfile, project
@@ -220,7 +226,8 @@ def main(argv=None) -> int:
     configs = engine_configs(args)
     res = {"provenance": provenance(hw), "deployment": dep.describe(), "context": args.context, "rounds": args.rounds,
            "configs": configs, "rows": [], "skipped": [], "xla_flags": os.environ.get("XLA_FLAGS", ""),
-           "matmul": args.matmul or "default", "norm": args.norm or "default"}
+           "matmul": args.matmul or "default", "norm": args.norm or "default",
+           "pdl": args.pdl}
 
     def save(rows, skipped):
         res["rows"], res["skipped"] = rows, skipped

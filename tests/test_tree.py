@@ -119,26 +119,12 @@ def test_best_first_exact_ties():
         assert {p for p, _, _ in got} == {p for p, _, _ in want}, budget
 
 
-@pytest.mark.parametrize("vocab,k,chunk", [(1000, 16, 64), (999, 64, 64), (151, 7, 32), (4096, 256, 512), (50, 8, 64)])
-def test_vocab_top_k_is_lax_top_k_exactly(vocab, k, chunk):
-    """Values, indices and tie order, with coarse values (many ties, across and inside slices), -inf and a
-    vocabulary that is not a multiple of the chunk (padding must never win)."""
-    rng = np.random.default_rng(vocab + k)
-    x = np.round(rng.standard_normal((3, 4, vocab)) * 2) / 2  # a dozen distinct values
-    x[0, 0, :] = -np.inf
-    x[1, 2, rng.choice(vocab, vocab // 2, replace=False)] = -np.inf
-    x = jnp.asarray(x, jnp.float32)
-    want_v, want_i = jax.lax.top_k(x, k)
-    got_v, got_i = jax.jit(lambda x: trees.vocab_top_k(x, k, chunk))(x)
-    np.testing.assert_array_equal(np.asarray(got_v), np.asarray(want_v))
-    np.testing.assert_array_equal(np.asarray(got_i), np.asarray(want_i))
-
-
 @pytest.mark.parametrize("vocab,k,chunk", [(1000, 16, 64), (999, 64, 8), (151, 7, 32), (4096, 256, 8), (50, 8, 4),
                                            (300, 3, 128)])
-def test_vocab_top_k_screened_is_lax_top_k_exactly(vocab, k, chunk):
-    """The same adversarial inputs as above (a dozen distinct values, so ties across and inside slices and at the
-    k-th place; -inf rows and halves; a ragged last slice), plus all-equal rows, where every slice's max ties."""
+def test_vocab_top_k_is_lax_top_k_exactly(vocab, k, chunk):
+    """Values, indices and tie order on adversarial inputs: a dozen distinct values (ties across and inside slices
+    and at the k-th place), -inf rows and halves, a ragged last slice, and all-equal rows, where every slice's max
+    ties."""
     rng = np.random.default_rng(vocab + k + chunk)
     x = np.round(rng.standard_normal((3, 4, vocab)) * 2) / 2
     x[0, 0, :] = -np.inf
@@ -146,30 +132,32 @@ def test_vocab_top_k_screened_is_lax_top_k_exactly(vocab, k, chunk):
     x[2, 1, :] = 0.5
     x = jnp.asarray(x, jnp.float32)
     want_v, want_i = jax.lax.top_k(x, k)
-    got_v, got_i = jax.jit(lambda x: trees.vocab_top_k_screened(x, k, chunk))(x)
+    got_v, got_i = jax.jit(lambda x: trees.vocab_top_k(x, k, chunk))(x)
     np.testing.assert_array_equal(np.asarray(got_v), np.asarray(want_v))
     np.testing.assert_array_equal(np.asarray(got_i), np.asarray(want_i))
 
 
-def test_best_first_with_a_chunked_vocab_top_k_builds_the_same_tree(monkeypatch):
+def test_best_first_with_the_screened_vocab_top_k_builds_the_same_tree(monkeypatch):
+    """Screening at 128-wide slices of a 1,000-token vocabulary (8 slices for a top-64: the k >= slices fallback to
+    lax.top_k) and at 8-wide ones (125 slices: the screen runs) builds the same tree."""
     rng = np.random.default_rng(3)
     logp = jax.nn.log_softmax(jnp.asarray(rng.standard_normal((5, 1000)) * 3.0, jnp.float32), axis=-1)
     build = lambda: jax.jit(lambda lp: trees.best_first(lp, 64))(logp)  # noqa: E731  a fresh trace each time
     top_ks = lambda: str(jax.make_jaxpr(lambda lp: trees.best_first(lp, 64))(logp)).count("top_k")  # noqa: E731
-    monkeypatch.setattr(trees, "VOCAB_TOPK_CHUNKS", {64: None})
-    monkeypatch.setattr(trees, "VOCAB_TOPK_CHUNK_LARGE", None)
-    want, direct = build(), top_ks()
     monkeypatch.setattr(trees, "VOCAB_TOPK_CHUNKS", {64: 128})
+    want, direct = build(), top_ks()
+    monkeypatch.setattr(trees, "VOCAB_TOPK_CHUNKS", {64: 8})
     got = build()
-    assert top_ks() == direct + 1  # the chunked path really ran: one more top_k
+    assert top_ks() == direct + 1  # the screen really ran: one more top_k (of the slice maxima)
     for a, b in zip(got, want):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_vocab_topk_chunk_follows_the_measured_table():
-    assert trees.vocab_topk_chunk(8) is None and trees.vocab_topk_chunk(16) is None
-    assert trees.vocab_topk_chunk(17) == trees.vocab_topk_chunk(64) == 1024
-    assert trees.vocab_topk_chunk(256) == 2048
+    assert trees.vocab_topk_chunk(1) == trees.vocab_topk_chunk(8) == 128
+    assert trees.vocab_topk_chunk(16) == 32
+    assert trees.vocab_topk_chunk(17) == trees.vocab_topk_chunk(64) == trees.vocab_topk_chunk(256) == 64
+    assert trees.vocab_topk_chunk(1024) == trees.VOCAB_TOPK_CHUNK_LARGE
 
 
 # ---- ancestor_mask ---------------------------------------------------------------------------------

@@ -1,7 +1,6 @@
-"""The vocabulary top-k of DDTree's tree build on the GPU: ``jax.lax.top_k`` against the two-stage
-``specpilot.decoding.tree.vocab_top_k`` and the screened ``vocab_top_k_screened`` at each chunk, same inputs,
-outputs checked equal; CUPTI time per call (issue #8's tree-build share). ``tree.VOCAB_TOPK_CHUNKS`` is read from
-this table.
+"""The vocabulary top-k of DDTree's tree build on the GPU: ``jax.lax.top_k`` against the screened
+``specpilot.decoding.tree.vocab_top_k`` at each slice width, same inputs, outputs checked equal; CUPTI time per
+call (issue #8's tree-build share). ``tree.VOCAB_TOPK_CHUNKS`` is read from this table.
 
     PYTHONPATH=$PWD python3 scripts/h200/topk_probe.py > $OUT/topk.txt
 """
@@ -14,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.mosaic.gpu import profiler
 
-from specpilot.decoding.tree import vocab_top_k, vocab_top_k_screened
+from specpilot.decoding.tree import vocab_top_k
 
 
 def main():
@@ -23,7 +22,6 @@ def main():
   ap.add_argument("--depths", type=int, default=15, help="draft depths (DFlash b16: 15)")
   ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
   ap.add_argument("--k", type=int, nargs="+", default=[16, 64, 256], help="tree budgets")
-  ap.add_argument("--chunks", type=int, nargs="+", default=[512, 1024, 2048, 4096])
   ap.add_argument("--screen-chunks", type=int, nargs="+", default=[32, 64, 128, 256],
                   help="slice widths of the screened top-k (slice maxima, then k slices' candidates)")
   args = ap.parse_args()
@@ -32,10 +30,8 @@ def main():
     x = jax.nn.log_softmax(jax.random.normal(jax.random.key(b), (b, args.depths, args.vocab)) * 3, axis=-1)
     for k in args.k:
       want = jax.jit(lambda x, k=k: jax.lax.top_k(x, k))(x)
-      methods = [("lax.top_k" if c is None else f"two-stage, chunk {c}", lambda x, k=k, c=c: vocab_top_k(x, k, c))
-                 for c in [None, *args.chunks]]
-      methods += [(f"screened, chunk {c}", lambda x, k=k, c=c: vocab_top_k_screened(x, k, c))
-                  for c in args.screen_chunks]
+      methods = [("lax.top_k", lambda x, k=k: jax.lax.top_k(x, k))]
+      methods += [(f"screened, chunk {c}", lambda x, k=k, c=c: vocab_top_k(x, k, c)) for c in args.screen_chunks]
       for name, method in methods:
         fn = jax.jit(method)
         got = fn(x)

@@ -55,43 +55,30 @@ def _undominated_pairs(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     return i.astype(np.int32), j.astype(np.int32)
 
 
-VOCAB_TOPK_CHUNKS: dict[int, int | None] = {16: None, 64: 1024}
-"""``vocab_top_k``'s chunk in ``best_first`` by top-k size: the entry of the smallest key >= k, and
-``VOCAB_TOPK_CHUNK_LARGE`` above the largest key (None: one ``jax.lax.top_k`` over the vocabulary).
+VOCAB_TOPK_CHUNKS: dict[int, int] = {8: 128, 16: 32, 64: 64, 256: 64}
+"""``vocab_top_k``'s slice width in ``best_first`` by top-k size: the entry of the smallest key >= k, and
+``VOCAB_TOPK_CHUNK_LARGE`` above the largest key.
 
 Measured on the H200 over [B, 15, 151,936] log-probs (``scripts/h200/topk_probe.py``,
-docs/results/2026-11-30-skinny-matmul-h200/topk.txt), device us, ``lax.top_k`` -> the chosen chunk:
-k = 64: 553 -> 167 (B = 1), 1,266 -> 919 (B = 8); k = 256: 556 -> 206 (B = 1), 1,266 -> 1,119 (B = 8).
-At k = 16 ``lax.top_k`` stays: two stages win at B = 1 (297 -> 159 at chunk 512) but lose 2.2x at B = 8."""
-VOCAB_TOPK_CHUNK_LARGE: int | None = 2048
+docs/results/2026-12-01-pdl-h200/callB_topk.txt), device us, ``lax.top_k`` -> the screened top-k at the chosen
+width (the sorted two-stage top-k this replaced, in brackets):
+
+| k | B = 1 | B = 8 |
+|---|---|---|
+| 8 | 140 -> 27 | 151 -> 45 |
+| 16 | 298 -> 77 | 349 -> 114 |
+| 64 | 558 -> 66 (167) | 1,265 -> 86 (920) |
+| 256 | 557 -> 88 (206) | 1,265 -> 203 (1,117) |
+"""
+VOCAB_TOPK_CHUNK_LARGE = 64
 
 
-def vocab_topk_chunk(k: int) -> int | None:
-    """The chunk ``best_first`` uses for a top-``k`` over the vocabulary (``VOCAB_TOPK_CHUNKS``)."""
+def vocab_topk_chunk(k: int) -> int:
+    """The slice width ``best_first`` screens a top-``k`` over the vocabulary with (``VOCAB_TOPK_CHUNKS``)."""
     return next((chunk for limit, chunk in sorted(VOCAB_TOPK_CHUNKS.items()) if k <= limit), VOCAB_TOPK_CHUNK_LARGE)
 
 
-def vocab_top_k(x: jax.Array, k: int, chunk: int | None = None) -> tuple[jax.Array, jax.Array]:
-    """``jax.lax.top_k(x, k)`` over the last axis, exactly (values, indices and tie order), optionally in two
-    stages: the top k of every ``chunk``-wide slice (padded with -inf), then the top k of those candidates.
-
-    Why: XLA sorts a whole row for a top-k with k > 16, and a 151,936-wide vocabulary row sorts in many
-    passes over memory; slices of ``chunk`` sort on chip. Ties: candidates stay in index order (slice by
-    slice, each slice's candidates by value then index), so the second stage breaks them as the first would.
-    """
-    vocab = x.shape[-1]
-    if chunk is None or k > chunk or vocab <= chunk:
-        return jax.lax.top_k(x, k)
-    slices = -(-vocab // chunk)
-    padded = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, slices * chunk - vocab)], constant_values=-jnp.inf)
-    values, index = jax.lax.top_k(padded.reshape(*x.shape[:-1], slices, chunk), k)
-    index = index + (jnp.arange(slices, dtype=index.dtype) * chunk)[:, None]
-    values, index = values.reshape(*x.shape[:-1], slices * k), index.reshape(*x.shape[:-1], slices * k)
-    best, pos = jax.lax.top_k(values, k)
-    return best, jnp.take_along_axis(index, pos, axis=-1)
-
-
-def vocab_top_k_screened(x: jax.Array, k: int, chunk: int) -> tuple[jax.Array, jax.Array]:
+def vocab_top_k(x: jax.Array, k: int, chunk: int) -> tuple[jax.Array, jax.Array]:
     """``jax.lax.top_k(x, k)`` over the last axis, exactly (values, indices and tie order), by screening: the max
     of every ``chunk``-wide slice (one pass over ``x`` at memory speed), the ``k`` slices with the largest maxima
     (ties to the lower slice), then one ``top_k`` over those ``k * chunk`` candidates, kept in index order.
@@ -99,7 +86,8 @@ def vocab_top_k_screened(x: jax.Array, k: int, chunk: int) -> tuple[jax.Array, j
     Why it is exact: take any x outside the chosen slices. Each chosen slice's max ranks before x (its max is
     larger, or equal and in an earlier slice, so at a lower index). That is k elements ranked before x, so x is
     not in the top k. The sorts run over ``V / chunk`` maxima and ``k * chunk`` candidates instead of the whole
-    vocabulary row (``vocab_top_k`` sorts every slice). No NaN in ``x`` (log-probs have none); -inf is fine.
+    vocabulary row: XLA sorts a whole row for a top-k with k > 16, in many passes over memory. No NaN in ``x``
+    (log-probs have none); -inf is fine.
     """
     vocab = x.shape[-1]
     slices = -(-vocab // chunk)

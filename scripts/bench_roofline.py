@@ -50,7 +50,8 @@ beyond the 60 MB L2, so no step reads them from cache:
 - `verify_nodes@T`: the XLA forward over T ∈ --nodes tokens under a random tree mask (issue targets: 64 nodes
   ≤ 1.05× AR, 256 ≤ 1.25×);
 - `drafter_b16`: one DFlash-b16 drafter pass (`specpilot.models.dflash.draft_logits`, 5 layers, 16 block rows
-  over 1k context, LM head, top-8) against its roofline.
+  over 1k context, LM head, argmax: the stock loop's draft; DDTree's vocabulary top-k belongs to the tree stage and
+  its `tree.vocab_top_k`) against its roofline.
 
 Roofline of a row = bytes of weights + KV read (`specpilot.costmodel.counts`: target_pass / draft_pass) ÷ the
 read bandwidth measured by `specpilot.costmodel.hardware` (a jitted reduction over 2 GiB), and ÷ 4.3 TB/s, the
@@ -477,7 +478,7 @@ class Worker:
 
             def draft(dw, embed, lm_head, ctx, block):
                 logits = draft_logits(dw, dcfg, embed, lm_head, ctx, block)
-                return jax.lax.top_k(logits[:, 1:], 8)[1]
+                return jnp.argmax(logits[:, 1:], axis=-1)  # the stock loop's draft; DDTree's top-k is the tree stage
 
             lower("drafter_b16", draft, (), dw, w.embed, w.lm_head, ctx, block)
         log(f"traced {len(lowered)} programs in {time.perf_counter() - t0:.1f}s")
@@ -1273,7 +1274,7 @@ def build_report(s: dict, results: dict, records: list, order: list[str], args, 
 
 def what_of(name: str, s: dict) -> str:
     if name == "drafter_b16":
-        return f"DFlash drafter pass ({s['drafter_layers']} layers, {s['block_size']} rows, top-8)"
+        return f"DFlash drafter pass ({s['drafter_layers']} layers, {s['block_size']} rows, argmax)"
     if name.startswith("verify_nodes@"):
         return f"XLA forward, {name.split('@')[1]} tree tokens (verify)"
     if name.startswith("verify_loop@"):

@@ -106,17 +106,17 @@ cannot show (a W12 forward's GPU time was below bf16's while its wall time was 1
 SKINNY_VARIANTS = {"skinny_forward": "xla_forward", "skinny_decode_loop": "xla_decode_loop"}
 """Rows measured again in a process of their own with the bf16 linears on ``skinny_matmul``'s Mosaic GPU kernel
 (``skinny_matmul.ops.DEFAULT = "mosaic_gpu"``): the kernel and XLA's dot side by side in one run."""
-FUSED_NORM_VARIANTS = {"fused_norm_decode_loop": "xla_decode_loop"}
+FUSED_NORM_VARIANTS = {"fused_norm_decode_loop": "xla_decode_loop", "split_decode_loop": "xla_decode_loop"}
 """``skinny_decode_loop`` again with every residual add + RMSNorm on ``pallas_kernels.add_rms_norm``'s kernel, in a
-process of its own: the kernel's effect on the best AR configuration, side by side in one run."""
-PDL_VARIANTS = {
-    "pdl_decode_loop": "",
-    "pdl_xla_on_decode_loop": "--xla_gpu_enable_pdl=true --xla_gpu_enable_pdl_launch=true",
-    "pdl_xla_off_decode_loop": "--xla_gpu_enable_pdl=false",
-}
+process of its own: the kernel's effect on the best AR configuration, side by side in one run.
+``split_decode_loop``: ``fused_norm_decode_loop`` with the skinny kernel's K splits from ``--skinny-splits``
+(``skinny_matmul.mosaic_gpu.SPLIT_K_BY_SHAPE``; ``scripts/h200/split_probe.py`` writes them)."""
+PDL_VARIANTS = {"pdl_decode_loop": ""}
 """``fused_norm_decode_loop`` again with every Mosaic GPU kernel launched by programmatic dependent launch
-(``pallas_kernels.pdl``), each in a process of its own with these XLA_FLAGS added: XLA's own PDL for its fusions
-left at its default, forced on, and off (both flags exist in jax 0.11.2's XLA)."""
+(``pallas_kernels.pdl``), in a process of its own with these XLA_FLAGS added. On the H200 it changed nothing
+(4.695 against 4.695 ms), nor did XLA's own PDL for its fusions (``--xla-flags
+"on=--xla_gpu_enable_pdl=true --xla_gpu_enable_pdl_launch=true"``: 4.686 against 4.674 ms off;
+docs/results/2026-12-01-pdl-h200/)."""
 SKINNY_FLAG_VARIANTS = {"skinny_cmdbuf_while": "xla_flags_cmdbuf_while"}
 """The decode loop with the kernel and an ``XLA_FLAG_VARIANTS`` entry's flags: 5.03 ms on the H200 with XLA attention
 (docs/results/2026-11-30-skinny-matmul-h200/); with ``--ar-attention pallas_tree`` the same as without the flags
@@ -149,9 +149,8 @@ WHAT = {
     "skinny_decode_loop": "xla_decode_loop, bf16 linears on the skinny_matmul kernel",
     "skinny_cmdbuf_while": "skinny_decode_loop with xla_flags_cmdbuf_while's command buffers",
     "fused_norm_decode_loop": "skinny_decode_loop, residual add + RMSNorm on the add_rms_norm kernel",
+    "split_decode_loop": "fused_norm_decode_loop, the skinny kernel's K splits from --skinny-splits",
     "pdl_decode_loop": "fused_norm_decode_loop, the Mosaic GPU kernels launched with PDL",
-    "pdl_xla_on_decode_loop": "pdl_decode_loop, XLA's fusions with PDL too (--xla_gpu_enable_pdl=true)",
-    "pdl_xla_off_decode_loop": "pdl_decode_loop, XLA's PDL off (--xla_gpu_enable_pdl=false)",
     "torch_peer_eager": "PyTorch gpt-fast style, eager",
     "torch_peer_cudagraphs": "PyTorch, compile reduce-overhead (CUDA graphs)",
     "torch_peer_compile": "PyTorch, compile max-autotune-no-cudagraphs",
@@ -788,6 +787,12 @@ def worker_main(spec_path: str) -> int:
         from pallas_kernels.add_rms_norm import ops as norm_ops
 
         norm_ops.DEFAULT = spec["norm"]
+    if spec.get("skinny_splits"):
+        from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
+
+        skinny_mosaic_gpu.SPLIT_K_BY_SHAPE.update(
+            {tuple(map(int, shape.split("x"))): split for shape, split in spec["skinny_splits"].items()})
+    worker.res["skinny_splits"] = spec.get("skinny_splits") or {}
     if spec.get("pdl"):
         from pallas_kernels import pdl
 
@@ -857,6 +862,9 @@ def parse_args(argv=None):
     ap.add_argument("--norm", choices=("xla", "mosaic_gpu"), default=None,
                     help="every residual add + RMSNorm of the target in every JAX job: XLA's or the add_rms_norm "
                          "kernel (sets add_rms_norm.ops.DEFAULT; default: leave it as it is)")
+    ap.add_argument("--skinny-splits", nargs="+", default=[], metavar="KxN=S|FILE",
+                    help="the split_decode_loop row's K split per weight shape: KxN=S items or a JSON file of "
+                         "{\"KxN\": S} (scripts/h200/split_probe.py --json)")
     ap.add_argument("--pdl", action="store_true",
                     help="every Mosaic GPU kernel in every JAX job launched with PDL (sets pallas_kernels.pdl.ENABLED)")
     ap.add_argument("--w12-xla-flags", default="", metavar="FLAGS",
@@ -934,6 +942,26 @@ def selected_variants(args) -> list[str]:
     return out
 
 
+def parse_skinny_splits(items: list[str]) -> dict[str, int]:
+    """``--skinny-splits`` items (``KxN=S``, or a JSON file of ``{"KxN": S}``) as one ``{"KxN": S}`` table."""
+    table = {}
+    for item in items:
+        if "=" in item:
+            shape, split = item.split("=", 1)
+            pairs = {shape: split}
+        else:
+            path = Path(item)
+            if not path.is_file():
+                raise SystemExit(f"bench_roofline.py: --skinny-splits: {item!r} is neither KxN=S nor a file")
+            pairs = json.loads(path.read_text())
+        for shape, split in pairs.items():
+            dims = shape.split("x")
+            if len(dims) != 2 or not all(d.isdigit() for d in dims) or not str(split).isdigit() or int(split) < 1:
+                raise SystemExit(f"bench_roofline.py: --skinny-splits: bad entry {shape}={split} (want KxN=S, S >= 1)")
+            table[shape] = int(split)
+    return table
+
+
 def peer_model(name: str) -> dict:
     """The target's shapes as the torch peer reads them."""
     from specpilot.costmodel.measure import model_config
@@ -1006,6 +1034,10 @@ def plan_jobs(args, s: dict, run: Path, chosen: list[str]) -> tuple[list[Job], J
     if "fused_norm_decode_loop" in chosen:
         jobs.append(jax_job("fused_norm", ["xla_decode_loop"], t["xla"], ["fused_norm_decode_loop"],
                             matmul="mosaic_gpu", norm="mosaic_gpu", loop_label="fused_norm_decode_loop"))
+    if "split_decode_loop" in chosen:
+        jobs.append(jax_job("split", ["xla_decode_loop"], t["xla"], ["split_decode_loop"], matmul="mosaic_gpu",
+                            norm="mosaic_gpu", loop_label="split_decode_loop",
+                            skinny_splits=parse_skinny_splits(args.skinny_splits)))
     for name, f in PDL_VARIANTS.items():
         if name in chosen:
             env = {"XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " " + f).strip()} if f else {}

@@ -50,12 +50,12 @@ def quick(tmp_path_factory):
         args = ["--torch-python", str(REF_PYTHON), "--torch-compile-backend", "aot_eager"]
     else:
         args = ["--variants", "xla_forward", "xla_decode_loop", "skinny_forward", "skinny_decode_loop",
-                "fused_norm_decode_loop", "pdl_decode_loop", "pdl_xla_on_decode_loop", "pdl_xla_off_decode_loop",
+                "fused_norm_decode_loop", "split_decode_loop", "pdl_decode_loop",
                 "skinny_cmdbuf_while", "xla_flags",
                 "xla_forward_w12",
                 "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "w12_kernel_decode_loop", "verify_nodes",
                 "verify_loop", "drafter"]
-    return run_quick(tmp_path_factory.mktemp("roofline"), *args)
+    return run_quick(tmp_path_factory.mktemp("roofline"), *args, "--skinny-splits", "256x512=2", "64x64=1")
 
 
 def test_every_variant_has_a_time_or_an_error_and_a_roofline(quick):
@@ -67,7 +67,7 @@ def test_every_variant_has_a_time_or_an_error_and_a_roofline(quick):
                 "verify_loop@8", "drafter_b16",
                 "skinny_forward",
                 "skinny_decode_loop", "fused_norm_decode_loop", "skinny_cmdbuf_while",
-                "pdl_decode_loop", "pdl_xla_on_decode_loop", "pdl_xla_off_decode_loop"}
+                "pdl_decode_loop", "split_decode_loop"}
     if HAS_TORCH_PYTHON:
         expected |= {"torch_peer_eager", "torch_peer_compile", "torch_peer_cudagraphs"}
     assert set(names) == expected
@@ -99,7 +99,7 @@ def test_jax_variants_ran_and_agree(quick):
     ref = by["xla_forward"]["tokens"]
     assert len(ref) == rep["settings"]["check_steps"]
     for name in ("xla_decode_loop", "skinny_forward", "skinny_decode_loop", "fused_norm_decode_loop", "pdl_decode_loop",
-                 "pdl_xla_on_decode_loop", "pdl_xla_off_decode_loop",
+                 "split_decode_loop",
                  "skinny_cmdbuf_while", "xla_flags_no_cmdbuf",
                  "xla_flags_cmdbuf_while", "xla_flags_autotune0", "xla_flags_no_triton_gemm"):
         assert by[name]["tokens"] == ref and by[name]["tokens_match"] is True, name
@@ -111,12 +111,14 @@ def test_jax_variants_ran_and_agree(quick):
     assert json.loads((quick[3] / "jobs" / "skinny_cmdbuf_while.spec.json").read_text())["matmul"] == "mosaic_gpu"
     fused = json.loads((quick[3] / "jobs" / "fused_norm.spec.json").read_text())
     assert (fused["matmul"], fused["norm"], fused["pdl"]) == ("mosaic_gpu", "mosaic_gpu", False)
-    for name in ("pdl_decode_loop", "pdl_xla_on_decode_loop", "pdl_xla_off_decode_loop"):
-        spec = json.loads((quick[3] / "jobs" / f"{name}.spec.json").read_text())
-        assert (spec["matmul"], spec["norm"], spec["pdl"]) == ("mosaic_gpu", "mosaic_gpu", True), name
+    spec = json.loads((quick[3] / "jobs" / "pdl_decode_loop.spec.json").read_text())
+    assert (spec["matmul"], spec["norm"], spec["pdl"]) == ("mosaic_gpu", "mosaic_gpu", True)
     assert json.loads((quick[3] / "jobs" / "pdl_decode_loop.json").read_text())["pdl"] is True
+    split = json.loads((quick[3] / "jobs" / "split.spec.json").read_text())
+    assert split["skinny_splits"] == {"256x512": 2, "64x64": 1} and split["norm"] == "mosaic_gpu"
+    assert json.loads((quick[3] / "jobs" / "split.json").read_text())["skinny_splits"] == split["skinny_splits"]
+    assert json.loads((quick[3] / "jobs" / "fused_norm.json").read_text())["skinny_splits"] == {}
     assert json.loads((quick[3] / "jobs" / "fused_norm.json").read_text())["pdl"] is False
-    assert by["pdl_xla_off_decode_loop"]["xla_flags"].endswith("--xla_gpu_enable_pdl=false")
     for name in ("xla_forward_w12", "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "w12_kernel_decode_loop"):
         w = by[name]
         assert w["tokens"] == w["bf16_tokens"] and w["tokens_match"] is True and w["tokens_equal_bf16"] is True
@@ -154,6 +156,17 @@ def _load_script():
     sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
+
+
+def test_skinny_splits_parse_items_and_files_and_name_a_bad_entry(tmp_path):
+    br = _load_script()
+    table = tmp_path / "splits.json"
+    table.write_text(json.dumps({"4096x4096": 1, "12288x4096": 4}))
+    assert br.parse_skinny_splits(["4096x6144=2", str(table)]) == {"4096x6144": 2, "4096x4096": 1, "12288x4096": 4}
+    for bad, message in (("4096x4096=0", "bad entry 4096x4096=0"), ("4096=2", "bad entry 4096=2"),
+                         ("nofile.json", "neither KxN=S nor a file")):
+        with pytest.raises(SystemExit, match=message):
+            br.parse_skinny_splits([bad])
 
 
 def test_kernel_split_is_opt_in_and_says_why_it_is_missing(tmp_path):

@@ -2,7 +2,9 @@
 for Hopper on CPU, and on a real Hopper when one is present."""
 
 import functools
+import json
 import logging
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +16,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels import skinny_matmul, tma
 from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
 from pallas_kernels.skinny_matmul import ops as skinny_ops
+
+REPO = Path(__file__).resolve().parents[1]
 
 BF16 = ml_dtypes.bfloat16
 Config = skinny_matmul.TuningConfig
@@ -168,3 +172,40 @@ def test_f32_from_halves_is_exact_for_every_bit_pattern():
   joined = jax.jit(skinny_mosaic_gpu.f32_from_halves)(jnp.asarray(halves))
   assert joined.shape == (3, 8, 64) and joined.dtype == jnp.float32
   np.testing.assert_array_equal(np.asarray(joined).view(np.uint32), bits)
+
+
+def _split_of(x, w):
+  """The K split the kernel runs with: the leading axis of its partial-sum output in the traced program."""
+  jaxpr = jax.make_jaxpr(skinny_mosaic_gpu.skinny_matmul)(x, w)
+  (eqn,) = [e for e in jaxpr.eqns if e.primitive.name in ("pallas_call", "custom_vmap_call")]  # plgpu.kernel
+  return eqn.outvars[0].aval.shape[0]
+
+
+def test_split_k_by_shape_overrides_the_auto_split_only_for_its_shape(monkeypatch):
+  x, w = jnp.ones((1, 1024), jnp.bfloat16), jnp.ones((1024, 256), jnp.bfloat16)
+  auto = _split_of(x, w)
+  monkeypatch.setattr(skinny_mosaic_gpu, "SPLIT_K_BY_SHAPE", {(1024, 256): 2, (4096, 4096): 1})
+  jax.clear_caches()
+  assert auto != 2 and _split_of(x, w) == 2
+  np.testing.assert_allclose(  # and it still computes x @ w
+      np.asarray(skinny_mosaic_gpu.skinny_matmul(x, w, interpret=plgpu.InterpretGPUParams()), np.float32), 1024.0)
+  monkeypatch.setattr(skinny_mosaic_gpu, "SPLIT_K_BY_SHAPE", {(1024, 256): 3})  # 8 K steps: 3 does not divide
+  jax.clear_caches()
+  with pytest.raises(ValueError, match=r"split_k=3 for W\[1024, 256\]"):
+    _split_of(x, w)
+  jax.clear_caches()
+
+
+def test_split_probe_runs_and_picks_a_split(tmp_path):
+  """``scripts/h200/split_probe.py`` end to end in interpret mode on tiny shapes (its GPU run costs device
+  minutes; a broken script should fail here)."""
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location("split_probe", REPO / "scripts" / "h200" / "split_probe.py")
+  probe = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(probe)
+  out = tmp_path / "splits.json"
+  best = probe.main(["--shapes", "256x128", "128x256", "--splits", "1", "2", "--links", "2", "--iters", "1",
+                     "--interpret", "--json", str(out)])
+  assert set(best) == {"256x128", "128x256"} and all(s in (1, 2) for s in best.values())
+  assert json.loads(out.read_text()) == best

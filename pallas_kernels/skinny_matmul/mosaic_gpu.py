@@ -48,6 +48,15 @@ single config at M = 1, where ``ops`` uses the kernel (4.06 ms a step; blocks_pe
 tile_k=256 at 64)."""
 
 
+SPLIT_K_BY_SHAPE: dict[tuple[int, int], int] = {}
+"""``split_k`` by weight shape ``(K, N)`` for a config that leaves it at 0 (auto), where a measured split beats
+``auto_split_k``'s. Why: the auto split fills every SM with ``blocks_per_sm`` blocks, which is what a matmul timed
+alone wants, but each split adds an XLA sum kernel after it. In a chain of 64 dependent 4096 x 4096 matmuls on the
+H200, no split (64 blocks) took 20.5 us a link against 22.8 with the auto split of 8
+(docs/results/2026-12-01-pdl-h200/callC_pdl_probe.txt). ``scripts/h200/split_probe.py`` measures every decode
+shape in such chains and writes this table (``bench_roofline.py --skinny-splits`` loads it). Empty: the auto split."""
+
+
 def check_supported(x: jax.Array, w: jax.Array, config: TuningConfig) -> None:
   """Raises ValueError for inconsistent inputs, NotImplementedError (the caller falls back) for what the
   kernel does not tile."""
@@ -140,7 +149,11 @@ def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = N
   tile_m = min(config.tile_m, round_up(max(m, 1), 8))
   mp = round_up(max(m, 1), tile_m)
   k_steps = k // config.tile_k
-  split_k = config.split_k or auto_split_k((n // TILE_N) * (mp // tile_m), k_steps, num_sms(), config.blocks_per_sm)
+  split_k = config.split_k or SPLIT_K_BY_SHAPE.get((k, n)) or auto_split_k(
+      (n // TILE_N) * (mp // tile_m), k_steps, num_sms(), config.blocks_per_sm)
+  if k_steps % split_k:
+    raise ValueError(f"skinny matmul: split_k={split_k} for W[{k}, {n}] does not divide its {k_steps} K steps "
+                     f"(tile_k={config.tile_k}; SPLIT_K_BY_SHAPE or the config)")
   x2 = pad_for_tma(x.reshape(m, k), X_TILE)
   partial = _call(x2, w, tile_m=tile_m, tile_k=config.tile_k,
                   max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, halves=2 if split_k > 1 else 1,

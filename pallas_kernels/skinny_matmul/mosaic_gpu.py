@@ -21,11 +21,20 @@ are ``[split_k, Mp, N]`` (f32 when split, as two 16-bit halves, else bf16): afte
 split slabs, slices the padding off and casts, with no transpose. The channel-major first version needed
 one, a kernel of its own (at 16 tokens, 9.7 us per Qwen3-8B layer).
 
+The RMSNorm in the prologue (``norm=(g, eps)``: ``rms_norm(x) * g @ W`` in one kernel). Each block reads its
+token rows whole from GMEM (8 KB a row), keeps ``1 / rms`` per row in SMEM, and normalises every activation tile
+between its TMA load and the wgmma, rounding as ``add_rms_norm.reference.rms_norm`` does (only the order of the f32
+sum of squares differs). Why: in a decode step the norm is a kernel of its own (XLA's three, or ``add_rms_norm``'s
+one, ~4 us either way on the H200), 73 times a step; here its work hides under the weight stream. Mosaic GPU moves
+activation tiles between registers and swizzled SMEM only in 64-row tiles (and only in warpgroup semantics), so the
+normed kernel tiles 64 token rows whatever M is (TMA fills the rows past M with zeros; SMEM only, no extra HBM).
+
 Runs in Pallas GPU-interpret mode (both wgmma operands come from SMEM), so the CPU tests run the kernel.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -41,6 +50,7 @@ from pallas_kernels.tma import pad_for_tma
 
 TILE_N = 64  # output channels per block: one wgmma M
 X_TILE = (8, 64)  # the SMEM tiling of the activation tiles (``smem_transforms`` of a >= 128-byte bf16 row)
+NORM_TILE_M = 64  # token rows per block with the norm prologue: Mosaic GPU's register <-> swizzled-SMEM tile
 
 DEFAULT_CONFIG = TuningConfig()
 """What ``skinny_matmul`` runs without a config: in the H200 sweep (``bench_kernels.skinny_sweep``) the best
@@ -73,36 +83,69 @@ def check_supported(x: jax.Array, w: jax.Array, config: TuningConfig) -> None:
     raise NotImplementedError(f"split_k={config.split_k} does not divide the {k // config.tile_k} K steps")
 
 
-def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, interpret, mp):
+def _call(x2, w, norm=None, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, interpret, mp):
   """``[split_k, halves, Mp, N]`` bf16: each block's accumulator stored transposed (tokens-major). With
   ``halves`` = 1 the bf16 result; with 2 the f32 partial sum's high and low 16 bits (``f32_from_halves``):
   Mosaic GPU stores a transposed wgmma accumulator into swizzled SMEM for 16-bit types only.
 
   ``x2`` has at most ``mp`` rows (``pad_for_tma``): the activation tiles are TMA boxes of ``tile_m`` rows, and TMA
-  fills the rows past ``x2``'s with zeros. The output rows past them are zeros."""
+  fills the rows past ``x2``'s with zeros. The output rows past them are zeros.
+
+  ``norm=(g, eps)``: every block first computes ``1 / rms`` of each of ``x2``'s rows (its whole row, read from GMEM),
+  then each pipeline step normalises its activation tile into ``xn_smem`` before the wgmma (``tile_m`` must be
+  ``NORM_TILE_M``)."""
   k, n = w.shape
   steps = k // tile_k // split_k
   depth = min(max_concurrent_steps, steps)
   w_transforms = smem_transforms(TILE_N, jnp.bfloat16)
   x_transforms = smem_transforms(tile_k, jnp.bfloat16)
 
-  def kernel(w_gmem, x_gmem, out_gmem, out_smem):
+  rows = x2.shape[0]
+
+  def kernel(w_gmem, x_gmem, *refs):
+    if norm is None:
+      out_gmem, out_smem = refs
+    else:
+      g_gmem, out_gmem, out_smem, inv_smem, xn_smem = refs
     pdl.begin_kernel(interpret)
     n_slice = pl.ds(lax.axis_index("n") * TILE_N, TILE_N)
-    m_slice = pl.ds(lax.axis_index("m") * tile_m, tile_m)
+    m_block = lax.axis_index("m")
+    m_slice = pl.ds(m_block * tile_m, tile_m)
     split = lax.axis_index("s")
     first = split * steps
 
     in_specs = [plgpu.BlockSpec((tile_k, TILE_N), lambda s: (first + s, 0), transforms=w_transforms),
                 plgpu.BlockSpec((tile_m, tile_k), lambda s: (0, first + s), transforms=x_transforms)]
+    if norm is not None:
+      eps = norm[1]
+      in_specs.append(plgpu.BlockSpec((tile_k,), lambda s: (first + s,)))
+      def row_inverse_rms(r, row):
+        s32 = x_gmem[row, :].astype(jnp.float32)
+        inv_smem[r] = lax.rsqrt(jnp.sum(s32 * s32) / k + eps)
+
+      for r in range(tile_m):  # 1 / rms of this block's token rows; 0 past the last row (whose tiles are zeros)
+        if mp == tile_m:  # one row block (every decode step): which rows exist is static
+          if r < rows:
+            row_inverse_rms(r, r)
+          else:
+            inv_smem[r] = jnp.float32(0)
+          continue
+        row = m_block * tile_m + r
+        pl.when(row < rows)(functools.partial(row_inverse_rms, r, row))
+        pl.when(row >= rows)(functools.partial(inv_smem.__setitem__, r, jnp.float32(0)))
 
     def accumulate(acc_ref):
-      def step(_, w_smem, x_smem):
+      def step(_, w_smem, x_smem, *g_smem):
+        if norm is not None:  # rms_norm's roundings: (x / rms) to bf16, then times g to bf16
+          y = (x_smem[...].astype(jnp.float32) * inv_smem[...][:, None]).astype(x_smem.dtype)
+          xn_smem[...] = (g_smem[0][...].astype(jnp.float32)[None, :] * y.astype(jnp.float32)).astype(x_smem.dtype)
+          plgpu.commit_smem()
+          x_smem = xn_smem
         plgpu.wgmma(acc_ref, w_smem.T, x_smem.T)
         plgpu.wgmma_wait(0)
 
       pipeline = plgpu.emit_pipeline(step, grid=(steps,), in_specs=in_specs, max_concurrent_steps=depth)
-      pipeline(w_gmem.at[:, n_slice], x_gmem.at[m_slice])
+      pipeline(w_gmem.at[:, n_slice], x_gmem.at[m_slice], *(() if norm is None else (g_gmem,)))
       return acc_ref[...]
 
     acc = pl.run_scoped(accumulate, plgpu.ACC((TILE_N, tile_m), jnp.float32))
@@ -117,14 +160,19 @@ def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, inter
       plgpu.copy_smem_to_gmem(out_smem.at[half], out_gmem.at[split, half, m_slice, n_slice])
     plgpu.wait_smem_to_gmem(0)
 
+  scratch = [plgpu.SMEM((halves, tile_m, TILE_N), jnp.bfloat16, transforms=smem_transforms(TILE_N, jnp.bfloat16))]
+  params = {}
+  if norm is not None:
+    if tile_m != NORM_TILE_M:
+      raise ValueError(f"skinny matmul with a norm tiles {NORM_TILE_M} token rows, got tile_m={tile_m}")
+    scratch += [plgpu.SMEM((tile_m,), jnp.float32), plgpu.SMEM((tile_m, tile_k), jnp.bfloat16, transforms=x_transforms)]
+    params["compiler_params"] = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
   call = plgpu.kernel(
       kernel, out_type=jax.ShapeDtypeStruct((split_k, halves, mp, n), jnp.bfloat16),
-      grid=(n // TILE_N, mp // tile_m, split_k), grid_names=("n", "m", "s"),
-      scratch_types={"out_smem": plgpu.SMEM((halves, tile_m, TILE_N), jnp.bfloat16,
-                                            transforms=smem_transforms(TILE_N, jnp.bfloat16))},
-      interpret=interpret,
+      grid=(n // TILE_N, mp // tile_m, split_k), grid_names=("n", "m", "s"), scratch_types=scratch,
+      interpret=interpret, **params,
   )
-  return call(w, x2)
+  return call(w, x2, *(() if norm is None else (norm[0].astype(x2.dtype),)))
 
 
 def f32_from_halves(halves: jax.Array) -> jax.Array:
@@ -134,9 +182,11 @@ def f32_from_halves(halves: jax.Array) -> jax.Array:
   return lax.bitcast_convert_type((hi << 16) | lo, jnp.float32)
 
 
-def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = None,
+def skinny_matmul(x: jax.Array, w: jax.Array, *, norm: tuple[jax.Array, float] | None = None,
+                  config: TuningConfig | None = None,
                   interpret: plgpu.InterpretGPUParams | None = None) -> jax.Array:
-  """``x @ w`` for bf16 ``x`` ``[..., K]`` and ``w`` ``[K, N]``, f32 accumulation, bf16 result.
+  """``x @ w`` for bf16 ``x`` ``[..., K]`` and ``w`` ``[K, N]``, f32 accumulation, bf16 result; with
+  ``norm=(g, eps)``, ``rms_norm(x, g, eps) @ w`` (the module docstring says how).
 
   ``interpret=plgpu.InterpretGPUParams()`` runs it on CPU for tests. Unsupported shapes raise
   NotImplementedError (at trace time) so ``skinny_matmul.matmul`` can fall back loudly.
@@ -146,7 +196,9 @@ def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = N
   k, n = w.shape
   lead = x.shape[:-1]
   m = math.prod(lead)
-  tile_m = min(config.tile_m, round_up(max(m, 1), 8))
+  if norm is not None and norm[0].shape != (k,):
+    raise ValueError(f"skinny matmul: the norm weight has shape {norm[0].shape}, x has {k} features")
+  tile_m = NORM_TILE_M if norm is not None else min(config.tile_m, round_up(max(m, 1), 8))
   mp = round_up(max(m, 1), tile_m)
   k_steps = k // config.tile_k
   split_k = config.split_k or SPLIT_K_BY_SHAPE.get((k, n)) or auto_split_k(
@@ -155,7 +207,7 @@ def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = N
     raise ValueError(f"skinny matmul: split_k={split_k} for W[{k}, {n}] does not divide its {k_steps} K steps "
                      f"(tile_k={config.tile_k}; SPLIT_K_BY_SHAPE or the config)")
   x2 = pad_for_tma(x.reshape(m, k), X_TILE)
-  partial = _call(x2, w, tile_m=tile_m, tile_k=config.tile_k,
+  partial = _call(x2, w, norm, tile_m=tile_m, tile_k=config.tile_k,
                   max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, halves=2 if split_k > 1 else 1,
                   interpret=interpret, mp=mp)
   y = partial[0, 0] if split_k == 1 else f32_from_halves(partial).sum(0).astype(x.dtype)

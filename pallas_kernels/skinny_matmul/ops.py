@@ -15,7 +15,9 @@ import math
 from typing import Literal
 
 import jax
+import jax.numpy as jnp
 
+from pallas_kernels.add_rms_norm.reference import rms_norm
 from pallas_kernels.device import on_hopper as _on_hopper  # a module name tests can patch
 from pallas_kernels.skinny_matmul.config import TuningConfig
 from pallas_kernels.skinny_matmul.reference import skinny_matmul_reference
@@ -39,23 +41,42 @@ MAX_TOKENS = 8
 warpgroup, 64-row wgmmas, waited each step) is built for streaming, not for peak FLOPs."""
 
 
-def _mosaic_gpu(x, w, config):
+FUSE_NORM = False
+"""Whether the target model hands the RMSNorm before a linear layer to this kernel (``norm=``, its prologue) where
+the kernel serves the layer (``fuses_norm``), instead of normalising in a kernel of its own (``add_rms_norm``).
+Off until the H200 times it (``bench_roofline.py`` row ``norm_matmul_decode_loop``; written in the eighth session
+after its last device call)."""
+
+
+def fuses_norm(x: jax.Array, w) -> bool:
+  """Whether ``matmul(x, w, norm=...)`` runs the norm inside the Mosaic GPU kernel: ``FUSE_NORM``, the kernel on,
+  a Hopper, at most ``MAX_TOKENS`` bf16 token rows and a plain bf16 weight."""
+  return (FUSE_NORM and DEFAULT == "mosaic_gpu" and isinstance(w, jax.Array) and w.dtype == jnp.bfloat16
+          and x.dtype == jnp.bfloat16 and math.prod(x.shape[:-1]) <= MAX_TOKENS and _on_hopper())
+
+
+def _mosaic_gpu(x, w, config, norm):
   from pallas_kernels.skinny_matmul import mosaic_gpu  # lazy: needs a Mosaic GPU capable jaxlib
 
-  return mosaic_gpu.skinny_matmul(x, w, config=config)
+  return mosaic_gpu.skinny_matmul(x, w, norm=norm, config=config)
 
 
-def matmul(x: jax.Array, w: jax.Array, *, implementation: Implementation | None = None,
-           config: TuningConfig | None = None) -> jax.Array:
-  """``x @ w`` for ``x`` ``[..., K]`` and ``w`` ``[K, N]``, f32 accumulation, returned in ``x.dtype``."""
+def _reference(x, w, norm):
+  return skinny_matmul_reference(x if norm is None else rms_norm(x, norm[0], norm[1]), w)
+
+
+def matmul(x: jax.Array, w: jax.Array, *, norm: tuple[jax.Array, float] | None = None,
+           implementation: Implementation | None = None, config: TuningConfig | None = None) -> jax.Array:
+  """``x @ w`` for ``x`` ``[..., K]`` and ``w`` ``[K, N]``, f32 accumulation, returned in ``x.dtype``; with
+  ``norm=(g, eps)``, ``rms_norm(x, g, eps) @ w``."""
   if implementation not in (None, *_IMPLEMENTATIONS):
     raise ValueError(f"unknown skinny_matmul implementation {implementation!r}; expected one of {_IMPLEMENTATIONS}")
   if implementation == "mosaic_gpu":
-    return _mosaic_gpu(x, w, config)
+    return _mosaic_gpu(x, w, config, norm)
   if implementation == "xla" or DEFAULT == "xla" or math.prod(x.shape[:-1]) > MAX_TOKENS or not _on_hopper():
-    return skinny_matmul_reference(x, w)
+    return _reference(x, w, norm)
   try:
-    return _mosaic_gpu(x, w, config)
+    return _mosaic_gpu(x, w, config, norm)
   except (NotImplementedError, ImportError) as e:
     _log.warning("skinny matmul falls back to XLA for x%s %s, W%s %s: %s", x.shape, x.dtype, w.shape, w.dtype, e)
-    return skinny_matmul_reference(x, w)
+    return _reference(x, w, norm)

@@ -139,6 +139,13 @@ class TestMosaicGpu(SkinnyMatmulSuite):
     x, w = random_pair((m,), 12288, 4096, seed=m)
     assert_matches_f32(self.run(x, w, None), x, w)
 
+  def test_swiglu_prologue_at_the_down_projection(self):
+    gate_up = jnp.asarray((np.random.default_rng(5).normal(size=(3, 24576)) * 4).astype(BF16))
+    w = random_pair((3,), 12288, 4096, seed=5)[1]
+    run = jax.jit(lambda x, w: skinny_matmul.matmul(x, w, swiglu=True, implementation="mosaic_gpu"))
+    gate, up = jnp.split(gate_up, 2, axis=-1)
+    assert_matches_f32(run(gate_up, w), jax.nn.silu(gate) * up, w)
+
   @pytest.mark.parametrize("m,n", [(1, 6144), (5, 24576), (1, 151936)])
   def test_norm_prologue_at_qwen3_shapes(self, m, n):
     x, g, w = _norm_inputs((m,), 4096, n, seed=m + n)
@@ -150,7 +157,7 @@ def test_dispatch(monkeypatch, caplog):
   """XLA unless DEFAULT says the kernel and the device is a Hopper; prefill-sized M and unsupported
   inputs fall back to XLA, the latter with a warning."""
   calls = []
-  monkeypatch.setattr(skinny_ops, "_mosaic_gpu", lambda x, w, c, norm: calls.append(x.shape) or skinny_matmul.skinny_matmul_reference(x, w))
+  monkeypatch.setattr(skinny_ops, "_mosaic_gpu", lambda x, w, c, norm, swiglu: calls.append(x.shape) or skinny_matmul.skinny_matmul_reference(x, w))
   x, w = random_pair((3,), 128, 64, seed=0)
   skinny_matmul.matmul(x, w)
   monkeypatch.setattr(skinny_ops, "DEFAULT", "mosaic_gpu")
@@ -251,6 +258,33 @@ def test_norm_prologue_is_rms_norm_then_matmul_in_interpret_mode(lead, k, n):
     skinny_mosaic_gpu.skinny_matmul(x, w, norm=(g[:-1], EPS), interpret=plgpu.InterpretGPUParams())
 
 
+@pytest.mark.parametrize("lead,k,n", [((1,), 256, 128), ((6,), 512, 64), ((2, 35), 128, 64)])
+def test_swiglu_prologue_is_silu_times_up_then_matmul_in_interpret_mode(lead, k, n):
+  """``x = [gate | up]``; the kernel multiplies silu(gate) by up tile by tile (gates of either sign and large
+  magnitude: exp's overflow side included) and then by W."""
+  rng = np.random.default_rng(k + n)
+  gate_up = jnp.asarray((rng.normal(size=(*lead, 2 * k)) * 4).astype(BF16))
+  w = random_pair(lead, k, n, seed=k)[1]
+  got = skinny_mosaic_gpu.skinny_matmul(gate_up, w, swiglu=True, interpret=plgpu.InterpretGPUParams())
+  gate, up = jnp.split(gate_up, 2, axis=-1)
+  assert_matches_f32(got, jax.nn.silu(gate) * up, w)
+  eye = jnp.eye(k, n, dtype=jnp.bfloat16)  # the activations themselves: jax.nn.silu's bf16 ops, bit for bit
+  acts = skinny_mosaic_gpu.skinny_matmul(gate_up, eye, swiglu=True, interpret=plgpu.InterpretGPUParams())
+  np.testing.assert_array_equal(np.asarray(acts, np.float32), np.asarray((jax.nn.silu(gate) * up)[..., :n], np.float32))
+  with pytest.raises(ValueError, match=r"\[gate \| up\]"):
+    skinny_mosaic_gpu.skinny_matmul(gate, w, swiglu=True, interpret=plgpu.InterpretGPUParams())
+  with pytest.raises(ValueError, match="one prologue at a time"):
+    skinny_mosaic_gpu.skinny_matmul(gate_up, w, swiglu=True, norm=(jnp.ones((k,), jnp.bfloat16), EPS))
+
+
+def test_swiglu_prologue_lowers_for_hopper_at_the_down_projection():
+  run = jax.jit(lambda x, w: skinny_mosaic_gpu.skinny_matmul(x, w, swiglu=True))
+  sds = jax.ShapeDtypeStruct
+  text = run.trace(sds((1, 24576), jnp.bfloat16), sds((12288, 4096), jnp.bfloat16)).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text
+
+
 @pytest.mark.parametrize("k,n", [(4096, 6144), (4096, 24576), (4096, 151936)])
 def test_norm_prologue_lowers_for_hopper_at_qwen3_shapes(k, n):
   """Warpgroup semantics, the 64-row activation tile and the whole-row reads lower for sm_90 on the CPU (register
@@ -273,6 +307,9 @@ def test_fuses_norm_only_where_the_kernel_serves(monkeypatch):
   assert not skinny_ops.fuses_norm(jnp.ones((skinny_ops.MAX_TOKENS + 1, 128), jnp.bfloat16), w)  # a verify pass
   assert not skinny_ops.fuses_norm(x.astype(jnp.float32), w)
   assert not skinny_ops.fuses_norm(x, w.astype(jnp.float32))
+  assert not skinny_ops.fuses_swiglu(x, w)  # FUSE_SWIGLU off
+  monkeypatch.setattr(skinny_ops, "FUSE_SWIGLU", True)
+  assert skinny_ops.fuses_swiglu(x, w)
 
 
 def test_norm_prologue_inside_the_model(monkeypatch):
@@ -283,11 +320,13 @@ def test_norm_prologue_inside_the_model(monkeypatch):
   from specpilot.models.weights import init_random_target
   from tests import models as tm
 
-  normed = []
+  normed, swiglus = [], []
 
-  def kernel(x, w, config, norm):
+  def kernel(x, w, config, norm, swiglu):
     normed.append(norm is not None)
-    return skinny_mosaic_gpu.skinny_matmul(x, w, norm=norm, config=config, interpret=plgpu.InterpretGPUParams())
+    swiglus.append(swiglu)
+    return skinny_mosaic_gpu.skinny_matmul(x, w, norm=norm, swiglu=swiglu, config=config,
+                                           interpret=plgpu.InterpretGPUParams())
 
   cfg = tm.target_config(vocab=128, hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, intermediate=256)
   w = init_random_target(cfg, 1, jnp.bfloat16)
@@ -307,6 +346,14 @@ def test_norm_prologue_inside_the_model(monkeypatch):
   monkeypatch.setattr(skinny_ops, "_mosaic_gpu", kernel)
   got_logits, got_hidden = run()
   assert normed.count(True) == 2 * cfg.num_layers + 1 and normed.count(False) == 2 * cfg.num_layers  # o, down
+  assert [c for c in swiglus if c] == []
   np.testing.assert_allclose(got_hidden, want_hidden, rtol=0.02, atol=0.02)
   np.testing.assert_allclose(got_logits, want_logits, rtol=0.02, atol=0.05)
   assert (got_logits.argmax(-1) == want_logits.argmax(-1)).all()
+  monkeypatch.setattr(skinny_ops, "FUSE_SWIGLU", True)  # and the MLP's silu(gate) * up in the down projection's
+  normed.clear()
+  swiglus.clear()
+  both_logits, both_hidden = run()
+  assert swiglus.count(True) == cfg.num_layers and normed.count(True) == 2 * cfg.num_layers + 1
+  np.testing.assert_allclose(both_hidden, want_hidden, rtol=0.02, atol=0.02)
+  np.testing.assert_allclose(both_logits, want_logits, rtol=0.02, atol=0.05)

@@ -29,6 +29,10 @@ one, ~4 us either way on the H200), 73 times a step; here its work hides under t
 activation tiles between registers and swizzled SMEM only in 64-row tiles (and only in warpgroup semantics), so the
 normed kernel tiles 64 token rows whatever M is (TMA fills the rows past M with zeros; SMEM only, no extra HBM).
 
+The SwiGLU in the prologue (``swiglu=True``: ``(silu(gate) * up) @ W_down`` from the gate|up projection's output):
+each step loads the gate tile and the up tile of the same columns and multiplies them into the operand tile, as
+the norm does; it removes the MLP's elementwise kernel, 36 a step.
+
 Runs in Pallas GPU-interpret mode (both wgmma operands come from SMEM), so the CPU tests run the kernel.
 """
 
@@ -67,12 +71,13 @@ H200, no split (64 blocks) took 20.5 us a link against 22.8 with the auto split 
 shape in such chains and writes this table (``bench_roofline.py --skinny-splits`` loads it). Empty: the auto split."""
 
 
-def check_supported(x: jax.Array, w: jax.Array, config: TuningConfig) -> None:
+def check_supported(x: jax.Array, w: jax.Array, config: TuningConfig, swiglu: bool = False) -> None:
   """Raises ValueError for inconsistent inputs, NotImplementedError (the caller falls back) for what the
   kernel does not tile."""
   k, n = w.shape
-  if x.shape[-1] != k:
-    raise ValueError(f"skinny matmul: x has {x.shape[-1]} features, the weight expects {k}")
+  if x.shape[-1] != (2 * k if swiglu else k):
+    what = f"{2 * k} ([gate | up] for a weight of {k} rows)" if swiglu else str(k)
+    raise ValueError(f"skinny matmul: x has {x.shape[-1]} features, the weight expects {what}")
   if x.dtype != jnp.bfloat16 or w.dtype != jnp.bfloat16:
     raise NotImplementedError(f"the skinny kernel takes bf16 x and W, got {x.dtype} and {w.dtype}")
   if n % TILE_N:
@@ -83,7 +88,7 @@ def check_supported(x: jax.Array, w: jax.Array, config: TuningConfig) -> None:
     raise NotImplementedError(f"split_k={config.split_k} does not divide the {k // config.tile_k} K steps")
 
 
-def _call(x2, w, norm=None, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, interpret, mp):
+def _call(x2, w, norm=None, swiglu=False, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, interpret, mp):
   """``[split_k, halves, Mp, N]`` bf16: each block's accumulator stored transposed (tokens-major). With
   ``halves`` = 1 the bf16 result; with 2 the f32 partial sum's high and low 16 bits (``f32_from_halves``):
   Mosaic GPU stores a transposed wgmma accumulator into swizzled SMEM for 16-bit types only.
@@ -92,8 +97,9 @@ def _call(x2, w, norm=None, *, tile_m, tile_k, max_concurrent_steps, split_k, ha
   fills the rows past ``x2``'s with zeros. The output rows past them are zeros.
 
   ``norm=(g, eps)``: every block first computes ``1 / rms`` of each of ``x2``'s rows (its whole row, read from GMEM),
-  then each pipeline step normalises its activation tile into ``xn_smem`` before the wgmma (``tile_m`` must be
-  ``NORM_TILE_M``)."""
+  then each pipeline step normalises its activation tile into ``xn_smem`` before the wgmma. ``swiglu``: ``x2`` is
+  ``[gate | up]`` (``2 K`` wide) and each step multiplies ``silu(gate)`` by ``up`` tile by tile into ``xn_smem``.
+  Either way ``tile_m`` must be ``NORM_TILE_M``."""
   k, n = w.shape
   steps = k // tile_k // split_k
   depth = min(max_concurrent_steps, steps)
@@ -103,10 +109,12 @@ def _call(x2, w, norm=None, *, tile_m, tile_k, max_concurrent_steps, split_k, ha
   rows = x2.shape[0]
 
   def kernel(w_gmem, x_gmem, *refs):
-    if norm is None:
-      out_gmem, out_smem = refs
-    else:
+    if norm is not None:
       g_gmem, out_gmem, out_smem, inv_smem, xn_smem = refs
+    elif swiglu:
+      out_gmem, out_smem, xn_smem = refs
+    else:
+      out_gmem, out_smem = refs
     pdl.begin_kernel(interpret)
     n_slice = pl.ds(lax.axis_index("n") * TILE_N, TILE_N)
     m_block = lax.axis_index("m")
@@ -134,18 +142,33 @@ def _call(x2, w, norm=None, *, tile_m, tile_k, max_concurrent_steps, split_k, ha
         pl.when(row < rows)(functools.partial(row_inverse_rms, r, row))
         pl.when(row >= rows)(functools.partial(inv_smem.__setitem__, r, jnp.float32(0)))
 
+    extra = ()
+    if norm is not None:
+      extra = (g_gmem,)
+    elif swiglu:  # the up tile: the same columns K further on
+      in_specs.append(plgpu.BlockSpec((tile_m, tile_k), lambda s: (0, k // tile_k + first + s),
+                                      transforms=x_transforms))
+      extra = (x_gmem.at[m_slice],)
+
     def accumulate(acc_ref):
-      def step(_, w_smem, x_smem, *g_smem):
+      def step(_, w_smem, x_smem, *more):
+        f32, dtype = jnp.float32, x_smem.dtype
         if norm is not None:  # rms_norm's roundings: (x / rms) to bf16, then times g to bf16
-          y = (x_smem[...].astype(jnp.float32) * inv_smem[...][:, None]).astype(x_smem.dtype)
-          xn_smem[...] = (g_smem[0][...].astype(jnp.float32)[None, :] * y.astype(jnp.float32)).astype(x_smem.dtype)
+          y = (x_smem[...].astype(f32) * inv_smem[...][:, None]).astype(dtype)
+          xn_smem[...] = (more[0][...].astype(f32)[None, :] * y.astype(f32)).astype(dtype)
+        elif swiglu:  # jax.nn.silu(gate) * up op by op as its HLO has them, each rounded to bf16
+          r = lambda v: v.astype(dtype).astype(f32)
+          gate = x_smem[...].astype(f32)
+          sig = r(1.0 / r(1.0 + r(jnp.exp(-gate))))
+          xn_smem[...] = (r(gate * sig) * more[0][...].astype(f32)).astype(dtype)
+        if norm is not None or swiglu:
           plgpu.commit_smem()
           x_smem = xn_smem
         plgpu.wgmma(acc_ref, w_smem.T, x_smem.T)
         plgpu.wgmma_wait(0)
 
       pipeline = plgpu.emit_pipeline(step, grid=(steps,), in_specs=in_specs, max_concurrent_steps=depth)
-      pipeline(w_gmem.at[:, n_slice], x_gmem.at[m_slice], *(() if norm is None else (g_gmem,)))
+      pipeline(w_gmem.at[:, n_slice], x_gmem.at[m_slice], *extra)
       return acc_ref[...]
 
     acc = pl.run_scoped(accumulate, plgpu.ACC((TILE_N, tile_m), jnp.float32))
@@ -162,10 +185,11 @@ def _call(x2, w, norm=None, *, tile_m, tile_k, max_concurrent_steps, split_k, ha
 
   scratch = [plgpu.SMEM((halves, tile_m, TILE_N), jnp.bfloat16, transforms=smem_transforms(TILE_N, jnp.bfloat16))]
   params = {}
-  if norm is not None:
+  if norm is not None or swiglu:
     if tile_m != NORM_TILE_M:
-      raise ValueError(f"skinny matmul with a norm tiles {NORM_TILE_M} token rows, got tile_m={tile_m}")
-    scratch += [plgpu.SMEM((tile_m,), jnp.float32), plgpu.SMEM((tile_m, tile_k), jnp.bfloat16, transforms=x_transforms)]
+      raise ValueError(f"skinny matmul with a prologue tiles {NORM_TILE_M} token rows, got tile_m={tile_m}")
+    scratch += [plgpu.SMEM((tile_m,), jnp.float32)] if norm is not None else []
+    scratch += [plgpu.SMEM((tile_m, tile_k), jnp.bfloat16, transforms=x_transforms)]
     params["compiler_params"] = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
   call = plgpu.kernel(
       kernel, out_type=jax.ShapeDtypeStruct((split_k, halves, mp, n), jnp.bfloat16),
@@ -182,23 +206,26 @@ def f32_from_halves(halves: jax.Array) -> jax.Array:
   return lax.bitcast_convert_type((hi << 16) | lo, jnp.float32)
 
 
-def skinny_matmul(x: jax.Array, w: jax.Array, *, norm: tuple[jax.Array, float] | None = None,
+def skinny_matmul(x: jax.Array, w: jax.Array, *, norm: tuple[jax.Array, float] | None = None, swiglu: bool = False,
                   config: TuningConfig | None = None,
                   interpret: plgpu.InterpretGPUParams | None = None) -> jax.Array:
   """``x @ w`` for bf16 ``x`` ``[..., K]`` and ``w`` ``[K, N]``, f32 accumulation, bf16 result; with
-  ``norm=(g, eps)``, ``rms_norm(x, g, eps) @ w`` (the module docstring says how).
+  ``norm=(g, eps)``, ``rms_norm(x, g, eps) @ w``; with ``swiglu``, ``x`` is ``[..., 2 K]`` (gate, then up) and the
+  result ``(silu(gate) * up) @ w`` (the module docstring says how).
 
   ``interpret=plgpu.InterpretGPUParams()`` runs it on CPU for tests. Unsupported shapes raise
   NotImplementedError (at trace time) so ``skinny_matmul.matmul`` can fall back loudly.
   """
   config = config or DEFAULT_CONFIG
-  check_supported(x, w, config)
+  if norm is not None and swiglu:
+    raise ValueError("skinny matmul: one prologue at a time (norm or swiglu)")
+  check_supported(x, w, config, swiglu)
   k, n = w.shape
   lead = x.shape[:-1]
   m = math.prod(lead)
   if norm is not None and norm[0].shape != (k,):
     raise ValueError(f"skinny matmul: the norm weight has shape {norm[0].shape}, x has {k} features")
-  tile_m = NORM_TILE_M if norm is not None else min(config.tile_m, round_up(max(m, 1), 8))
+  tile_m = NORM_TILE_M if norm is not None or swiglu else min(config.tile_m, round_up(max(m, 1), 8))
   mp = round_up(max(m, 1), tile_m)
   k_steps = k // config.tile_k
   split_k = config.split_k or SPLIT_K_BY_SHAPE.get((k, n)) or auto_split_k(
@@ -206,8 +233,8 @@ def skinny_matmul(x: jax.Array, w: jax.Array, *, norm: tuple[jax.Array, float] |
   if k_steps % split_k:
     raise ValueError(f"skinny matmul: split_k={split_k} for W[{k}, {n}] does not divide its {k_steps} K steps "
                      f"(tile_k={config.tile_k}; SPLIT_K_BY_SHAPE or the config)")
-  x2 = pad_for_tma(x.reshape(m, k), X_TILE)
-  partial = _call(x2, w, norm, tile_m=tile_m, tile_k=config.tile_k,
+  x2 = pad_for_tma(x.reshape(m, x.shape[-1]), X_TILE)
+  partial = _call(x2, w, norm, swiglu, tile_m=tile_m, tile_k=config.tile_k,
                   max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, halves=2 if split_k > 1 else 1,
                   interpret=interpret, mp=mp)
   y = partial[0, 0] if split_k == 1 else f32_from_halves(partial).sum(0).astype(x.dtype)

@@ -108,6 +108,18 @@ def _add_norm_linear(x, update, g, eps: float, w):
     return s, linear(h, w)
 
 
+def _swiglu_linear(gate_up, w):
+    """``(silu(gate) * up) @ w`` for ``gate_up = [gate | up]``: in the few-token kernel's prologue where it serves
+    (``skinny_matmul.ops.fuses_swiglu``), else XLA's elementwise kernel and ``linear``."""
+    from pallas_kernels import skinny_matmul
+    from pallas_kernels.skinny_matmul import ops as skinny_ops
+
+    if skinny_ops.fuses_swiglu(gate_up, w):
+        return skinny_matmul.matmul(gate_up, w, swiglu=True)
+    gate, up = jnp.split(gate_up, 2, axis=-1)
+    return linear(jax.nn.silu(gate) * up, w)
+
+
 def _layer(cfg: ModelConfig, lw: Layer, i: int, x, qkv, cos, sin, cache: KVCache, mask, tree_bits=None,
            fused: str | None = None):
     """Layer `i` on the residual stream `x` entering it and `qkv`, its input-normed form's projection. Returns the
@@ -134,8 +146,7 @@ def _layer(cfg: ModelConfig, lw: Layer, i: int, x, qkv, cos, sin, cache: KVCache
 
         attn = tree_attention(q, cache.k[i], cache.v[i], cache.lengths, k, v, tree_bits).reshape(b, t, -1)
     x, gate_up = _add_norm_linear(x, linear(attn, lw.w_o), lw.mlp_norm, cfg.rms_norm_eps, lw.w_gate_up)
-    gate, up = jnp.split(gate_up, 2, axis=-1)
-    return x, linear(jax.nn.silu(gate) * up, lw.w_down), cache, (k, v)
+    return x, _swiglu_linear(gate_up, lw.w_down), cache, (k, v)
 
 
 def forward(

@@ -12,7 +12,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels import pdl, w12
 from pallas_kernels import tree_attention as ta
 from pallas_kernels.add_rms_norm import mosaic_gpu as norm_mosaic_gpu
-from pallas_kernels.device import on_hopper as on_hopper
+from pallas_kernels.device import on_hopper
 from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
 from pallas_kernels.skinny_matmul.reference import skinny_matmul_reference
 from pallas_kernels.tree_attention import mosaic_gpu as ta_mosaic_gpu

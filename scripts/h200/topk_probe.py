@@ -10,7 +10,6 @@ import statistics
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental.mosaic.gpu import profiler
 
 from specpilot.decoding.tree import vocab_top_k

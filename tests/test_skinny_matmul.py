@@ -357,3 +357,17 @@ def test_norm_prologue_inside_the_model(monkeypatch):
   assert swiglus.count(True) == cfg.num_layers and normed.count(True) == 2 * cfg.num_layers + 1
   np.testing.assert_allclose(both_hidden, want_hidden, rtol=0.02, atol=0.02)
   np.testing.assert_allclose(both_logits, want_logits, rtol=0.02, atol=0.05)
+
+
+def test_prologue_depth_keeps_two_blocks_per_sm():
+  """A prologue's 64-row activation tiles take SMEM: the pipeline is as deep as two resident blocks allow."""
+  depth = skinny_mosaic_gpu._prologue_depth
+  assert depth(4, 64, 64, 2, True, False, 2) == 4  # the norm at PROLOGUE_CONFIG's tile_k
+  assert depth(4, 64, 64, 2, False, True, 2) == 3  # the SwiGLU: two activation tiles a stage
+  assert depth(4, 64, 128, 2, True, False, 2) == 2
+  assert depth(4, 64, 256, 2, False, True, 2) == 1  # never below one stage
+  for norm, swiglu in ((True, False), (False, True)):
+    d = depth(8, 64, 64, 2, norm, swiglu, 2)
+    stage = 64 * 64 * 2 + 64 * 64 * 2 * (1 + swiglu) + 128 * norm
+    fixed = 2 * 64 * 64 * 2 + 64 * 64 * 2 + 256 * norm + 1024
+    assert 2 * (fixed + d * stage) <= skinny_mosaic_gpu.SMEM_PER_SM < 2 * (fixed + (d + 1) * stage)

@@ -60,6 +60,19 @@ DEFAULT_CONFIG = TuningConfig()
 """What ``skinny_matmul`` runs without a config: in the H200 sweep (``bench_kernels.skinny_sweep``) the best
 single config at M = 1, where ``ops`` uses the kernel (4.06 ms a step; blocks_per_sm=1 is better at M = 16,
 tile_k=256 at 64)."""
+PROLOGUE_CONFIG = TuningConfig(tile_m=NORM_TILE_M, tile_k=64)
+"""Without a config, with a prologue: the 64-row activation tiles cost as much SMEM as the weight tiles, so
+``tile_k`` halves to keep ``blocks_per_sm`` blocks resident at a useful depth (``_prologue_depth``). Unmeasured."""
+SMEM_PER_SM = 228 * 1024  # H100 / H200; each resident block also reserves 1 KB
+
+
+def _prologue_depth(depth: int, tile_m: int, tile_k: int, halves: int, norm: bool, swiglu: bool,
+                    blocks_per_sm: int) -> int:
+  """The deepest pipeline (at most ``depth``) whose SMEM lets ``blocks_per_sm`` blocks with a prologue share an
+  SM: a stage holds a weight tile, one activation tile (two with ``swiglu``) and ``g``'s slice (with ``norm``)."""
+  stage = tile_k * TILE_N * 2 + tile_m * tile_k * 2 * (2 if swiglu else 1) + (tile_k * 2 if norm else 0)
+  fixed = halves * tile_m * TILE_N * 2 + tile_m * tile_k * 2 + (tile_m * 4 if norm else 0) + 1024
+  return max(1, min(depth, (SMEM_PER_SM // blocks_per_sm - fixed) // stage))
 
 
 SPLIT_K_BY_SHAPE: dict[tuple[int, int], int] = {}
@@ -88,7 +101,8 @@ def check_supported(x: jax.Array, w: jax.Array, config: TuningConfig, swiglu: bo
     raise NotImplementedError(f"split_k={config.split_k} does not divide the {k // config.tile_k} K steps")
 
 
-def _call(x2, w, norm=None, swiglu=False, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, interpret, mp):
+def _call(x2, w, norm=None, swiglu=False, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, interpret, mp,
+          blocks_per_sm=1):
   """``[split_k, halves, Mp, N]`` bf16: each block's accumulator stored transposed (tokens-major). With
   ``halves`` = 1 the bf16 result; with 2 the f32 partial sum's high and low 16 bits (``f32_from_halves``):
   Mosaic GPU stores a transposed wgmma accumulator into swizzled SMEM for 16-bit types only.
@@ -103,6 +117,8 @@ def _call(x2, w, norm=None, swiglu=False, *, tile_m, tile_k, max_concurrent_step
   k, n = w.shape
   steps = k // tile_k // split_k
   depth = min(max_concurrent_steps, steps)
+  if norm is not None or swiglu:
+    depth = _prologue_depth(depth, tile_m, tile_k, halves, norm is not None, swiglu, blocks_per_sm)
   w_transforms = smem_transforms(TILE_N, jnp.bfloat16)
   x_transforms = smem_transforms(tile_k, jnp.bfloat16)
 
@@ -216,7 +232,7 @@ def skinny_matmul(x: jax.Array, w: jax.Array, *, norm: tuple[jax.Array, float] |
   ``interpret=plgpu.InterpretGPUParams()`` runs it on CPU for tests. Unsupported shapes raise
   NotImplementedError (at trace time) so ``skinny_matmul.matmul`` can fall back loudly.
   """
-  config = config or DEFAULT_CONFIG
+  config = config or (PROLOGUE_CONFIG if norm is not None or swiglu else DEFAULT_CONFIG)
   if norm is not None and swiglu:
     raise ValueError("skinny matmul: one prologue at a time (norm or swiglu)")
   check_supported(x, w, config, swiglu)
@@ -236,6 +252,6 @@ def skinny_matmul(x: jax.Array, w: jax.Array, *, norm: tuple[jax.Array, float] |
   x2 = pad_for_tma(x.reshape(m, x.shape[-1]), X_TILE)
   partial = _call(x2, w, norm, swiglu, tile_m=tile_m, tile_k=config.tile_k,
                   max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, halves=2 if split_k > 1 else 1,
-                  interpret=interpret, mp=mp)
+                  interpret=interpret, mp=mp, blocks_per_sm=config.blocks_per_sm)
   y = partial[0, 0] if split_k == 1 else f32_from_halves(partial).sum(0).astype(x.dtype)
   return y[:m].reshape(*lead, n)

@@ -25,9 +25,10 @@ The RMSNorm in the prologue (``norm=(g, eps)``: ``rms_norm(x) * g @ W`` in one k
 token rows whole from GMEM (8 KB a row), keeps ``1 / rms`` per row in SMEM, and normalises every activation tile
 between its TMA load and the wgmma, rounding as ``add_rms_norm.reference.rms_norm`` does (only the order of the f32
 sum of squares differs). Why: in a decode step the norm is a kernel of its own (XLA's three, or ``add_rms_norm``'s
-one, ~4 us either way on the H200), 73 times a step; here its work hides under the weight stream. Mosaic GPU moves
-activation tiles between registers and swizzled SMEM only in 64-row tiles (and only in warpgroup semantics), so the
-normed kernel tiles 64 token rows whatever M is (TMA fills the rows past M with zeros; SMEM only, no extra HBM).
+one: ~4 us either way, going by the H200's step times), 73 times a step; here its work hides under the weight
+stream. Mosaic GPU moves activation tiles between registers and swizzled SMEM only as 64-row tiles, and broadcasts a
+per-row or per-column factor over them only in warpgroup semantics. So the prologue kernels tile 64 token rows
+whatever M is (TMA fills the rows past M with zeros: SMEM only, no extra HBM) in warpgroup semantics.
 
 The SwiGLU in the prologue (``swiglu=True``: ``(silu(gate) * up) @ W_down`` from the gate|up projection's output):
 each step loads the gate tile and the up tile of the same columns and multiplies them into the operand tile, as

@@ -126,13 +126,16 @@ def _layer(cfg: ModelConfig, lw: Layer, i: int, x, qkv, cos, sin, cache: KVCache
     stream after the attention block, the MLP block's output (the next residual update: the next norm adds it and
     norms the sum), the cache and this step's K/V."""
     b, t, _ = x.shape
-    q = qkv[..., : cfg.q_size].reshape(b, t, cfg.num_heads, cfg.head_dim)
-    k = qkv[..., cfg.q_size : cfg.q_size + cfg.kv_size].reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
-    v = qkv[..., cfg.q_size + cfg.kv_size :].reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+    hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    # q's and k's heads side by side: their norms and rope run as one reduction and one elementwise kernel each,
+    # not two (the same per-row and per-element arithmetic as norming and rotating q and k apart)
+    qk = qkv[..., : cfg.q_size + cfg.kv_size].reshape(b, t, hq + hkv, d)
+    v = qkv[..., cfg.q_size + cfg.kv_size :].reshape(b, t, hkv, d)
     if cfg.qk_norm:
-        q = rms_norm(q, lw.q_norm, cfg.rms_norm_eps)
-        k = rms_norm(k, lw.k_norm, cfg.rms_norm_eps)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        g = jnp.concatenate([jnp.broadcast_to(lw.q_norm, (hq, d)), jnp.broadcast_to(lw.k_norm, (hkv, d))])
+        qk = rms_norm(qk, g, cfg.rms_norm_eps)
+    qk = apply_rope(qk, cos, sin)
+    q, k = qk[:, :, :hq], qk[:, :, hq:]
     if tree_bits is None:  # XLA / cuDNN attention read the new tokens' K/V from the cache: write them first
         cache = dataclasses.replace(
             cache, k=write_layer(cache.k, i, k, cache.lengths), v=write_layer(cache.v, i, v, cache.lengths)

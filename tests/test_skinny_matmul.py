@@ -328,7 +328,7 @@ def test_norm_prologue_inside_the_model(monkeypatch):
     return skinny_mosaic_gpu.skinny_matmul(x, w, norm=norm, swiglu=swiglu, config=config,
                                            interpret=plgpu.InterpretGPUParams())
 
-  cfg = tm.target_config(vocab=128, hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, intermediate=256)
+  cfg = tm.target_config(vocab=64, hidden=128, layers=2, heads=2, kv_heads=1, head_dim=64, intermediate=128)
   w = init_random_target(cfg, 1, jnp.bfloat16)
   kv = np.random.default_rng(0).normal(size=(2, cfg.num_layers, 1, 16, cfg.num_kv_heads, cfg.head_dim))
   cache = KVCache(k=jnp.asarray(kv[0], jnp.bfloat16), v=jnp.asarray(kv[1], jnp.bfloat16),

@@ -210,11 +210,12 @@ def test_split_k_by_shape_overrides_the_auto_split_only_for_its_shape(monkeypatc
   jax.clear_caches()
 
 
-def test_split_probe_runs_and_picks_a_split(tmp_path):
+def test_split_probe_runs_and_picks_a_split(tmp_path, monkeypatch):
   """``scripts/h200/split_probe.py`` end to end in interpret mode on tiny shapes (its GPU run costs device
   minutes; a broken script should fail here)."""
   import importlib.util
 
+  monkeypatch.syspath_prepend(str(REPO / "scripts" / "h200"))  # as running the script puts its folder first
   spec = importlib.util.spec_from_file_location("split_probe", REPO / "scripts" / "h200" / "split_probe.py")
   probe = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(probe)

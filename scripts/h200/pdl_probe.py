@@ -12,12 +12,11 @@ off and on (traces cleared between), outputs checked bit-identical:
 """
 
 import argparse
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from chain_timing import wall_ms
 
 from pallas_kernels import pdl
 from pallas_kernels.add_rms_norm import mosaic_gpu as norm_mosaic_gpu
@@ -40,16 +39,6 @@ def chain(kind: str):
       delta = skinny_mosaic_gpu.skinny_matmul(normed, w)
     return h if delta is None else h + delta
   return run
-
-
-def wall_ms(fn, args, iters: int) -> float:
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(iters):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append((time.perf_counter() - t0) * 1e3)
-  return statistics.median(times)
 
 
 def main():

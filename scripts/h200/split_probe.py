@@ -15,12 +15,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+from chain_timing import wall_ms
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.skinny_matmul import mosaic_gpu as skinny
@@ -38,20 +37,6 @@ def chain(k: int, n: int, config: skinny.TuningConfig, interpret):
       x = (y * jax.lax.rsqrt(jnp.mean(y * y) + 1e-6)).astype(jnp.bfloat16)  # keeps values O(1) along the chain
     return x
   return run
-
-
-def wall_us(fn, args, iters: int) -> float:
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(iters):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times) * 1e6
-
-
-def divisors(n: int) -> list[int]:
-  return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def main(argv=None):
@@ -79,7 +64,7 @@ def main(argv=None):
     for split in sorted({s for s in [*args.splits, auto] if k_steps % s == 0}):
       config = dataclasses.replace(base, split_k=split)
       fn = jax.jit(chain(k, n, config, interpret))
-      times[split] = wall_us(fn, (x, ws), args.iters) / args.links
+      times[split] = wall_ms(fn, (x, ws), args.iters) * 1e3 / args.links
       print(f"| {shape} | {split} | {times[split]:.2f} | {'yes' if split == auto else ''} |", flush=True)
     best[shape] = min(times, key=times.get)
     print(f"| {shape} | best {best[shape]} | {times[best[shape]]:.2f} | auto {auto}: {times[auto]:.2f} |", flush=True)

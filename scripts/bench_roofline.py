@@ -60,7 +60,7 @@ H200's device copy rate.
 `--matmul xla|mosaic_gpu`: what multiplies the bf16 linear layers in every JAX job (`skinny_matmul.ops.DEFAULT`):
 XLA's dot or the few-token Mosaic GPU kernel (`pallas_kernels/skinny_matmul`); the report's `matmul` says which.
 `--pdl`: every Mosaic GPU kernel in every JAX job launched with programmatic dependent launch
-(`pallas_kernels/pdl.py`); the `pdl_*` rows do it for themselves, against `fused_norm_decode_loop`.
+(`pallas_kernels/pdl.py`); the `pdl_decode_loop` row does it for itself, against `fused_norm_decode_loop`.
 
 `--kernel-split`: after its timing, one more call of each AR forward (the W12 rows' bf16 forward included), each
 verify and the drafter pass runs under CUPTI, and the row gets GPU µs and launches per kernel name (the 25 largest) and the matmul / rest split, printed as one
@@ -107,20 +107,19 @@ SKINNY_VARIANTS = {"skinny_forward": "xla_forward", "skinny_decode_loop": "xla_d
 """Rows measured again in a process of their own with the bf16 linears on ``skinny_matmul``'s Mosaic GPU kernel
 (``skinny_matmul.ops.DEFAULT = "mosaic_gpu"``): the kernel and XLA's dot side by side in one run."""
 FUSED_NORM_VARIANTS = {"fused_norm_decode_loop": "xla_decode_loop", "split_decode_loop": "xla_decode_loop",
-                       "norm_matmul_decode_loop": "xla_decode_loop", "prologue_decode_loop": "xla_decode_loop"}
+                       "norm_matmul_decode_loop": "xla_decode_loop", "prologue_decode_loop": "xla_decode_loop",
+                       "pdl_decode_loop": "xla_decode_loop"}
 """``skinny_decode_loop`` again with every residual add + RMSNorm on ``pallas_kernels.add_rms_norm``'s kernel, in a
 process of its own: the kernel's effect on the best AR configuration, side by side in one run.
 ``norm_matmul_decode_loop``: ``skinny_decode_loop`` with every RMSNorm in the prologue of the matmul after it
 (``skinny_matmul.ops.FUSE_NORM``; the residual adds left to XLA); ``prologue_decode_loop``: that and the MLP's
 ``silu(gate) * up`` in the down projection's prologue (``FUSE_SWIGLU``). ``split_decode_loop``: ``fused_norm_decode_loop``
 with the skinny kernel's K splits from ``--skinny-splits``
-(``skinny_matmul.mosaic_gpu.SPLIT_K_BY_SHAPE``; ``scripts/h200/split_probe.py`` writes them)."""
-PDL_VARIANTS = {"pdl_decode_loop": ""}
-"""``fused_norm_decode_loop`` again with every Mosaic GPU kernel launched by programmatic dependent launch
-(``pallas_kernels.pdl``), in a process of its own with these XLA_FLAGS added. On the H200 it changed nothing
-(4.695 against 4.695 ms), nor did XLA's own PDL for its fusions (``--xla-flags
-"on=--xla_gpu_enable_pdl=true --xla_gpu_enable_pdl_launch=true"``: 4.686 against 4.674 ms off;
-docs/results/2026-12-01-pdl-h200/)."""
+(``skinny_matmul.mosaic_gpu.SPLIT_K_BY_SHAPE``; ``scripts/h200/split_probe.py`` writes them). ``pdl_decode_loop``:
+``fused_norm_decode_loop`` with every Mosaic GPU kernel launched by programmatic dependent launch
+(``pallas_kernels.pdl``). On the H200 it changed nothing (4.695 against 4.695 ms), nor did XLA's own PDL for its
+fusions (``--xla-flags "on=--xla_gpu_enable_pdl=true --xla_gpu_enable_pdl_launch=true"``: 4.686 against 4.674 ms
+off; docs/results/2026-12-01-pdl-h200/)."""
 SKINNY_FLAG_VARIANTS = {"skinny_cmdbuf_while": "xla_flags_cmdbuf_while"}
 """The decode loop with the kernel and an ``XLA_FLAG_VARIANTS`` entry's flags: 5.03 ms on the H200 with XLA attention
 (docs/results/2026-11-30-skinny-matmul-h200/); with ``--ar-attention pallas_tree`` the same as without the flags
@@ -854,8 +853,7 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", default=None, help="bfloat16 | float32 (default bfloat16; --quick: float32)")
     ap.add_argument("--context", type=int, default=None, help="committed tokens (default 1024; --quick: 32)")
     ap.add_argument("--variants", nargs="+", default=None,
-                    help="subset of: " + ", ".join([*XLA_JOB, *SKINNY_VARIANTS, *FUSED_NORM_VARIANTS, *PDL_VARIANTS,
-                                                    *SKINNY_FLAG_VARIANTS,
+                    help="subset of: " + ", ".join([*XLA_JOB, *SKINNY_VARIANTS, *FUSED_NORM_VARIANTS, *SKINNY_FLAG_VARIANTS,
                                                     *W12_JOB, "xla_flags",
                                                     *XLA_FLAG_VARIANTS,
                                                     "torch_peer",
@@ -936,8 +934,7 @@ def settings(args) -> dict:
 
 
 def selected_variants(args) -> list[str]:
-    known = [*XLA_JOB, *SKINNY_VARIANTS, *FUSED_NORM_VARIANTS, *PDL_VARIANTS,
-                                                    *SKINNY_FLAG_VARIANTS, *W12_JOB, *XLA_FLAG_VARIANTS,
+    known = [*XLA_JOB, *SKINNY_VARIANTS, *FUSED_NORM_VARIANTS, *SKINNY_FLAG_VARIANTS, *W12_JOB, *XLA_FLAG_VARIANTS,
              *TORCH_MODES]
     extra = [kv.split("=", 1)[0] for kv in args.xla_flags]
     if args.variants is None:
@@ -1055,11 +1052,9 @@ def plan_jobs(args, s: dict, run: Path, chosen: list[str]) -> tuple[list[Job], J
         jobs.append(jax_job("split", ["xla_decode_loop"], t["xla"], ["split_decode_loop"], matmul="mosaic_gpu",
                             norm="mosaic_gpu", loop_label="split_decode_loop",
                             skinny_splits=parse_skinny_splits(args.skinny_splits)))
-    for name, f in PDL_VARIANTS.items():
-        if name in chosen:
-            env = {"XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " " + f).strip()} if f else {}
-            jobs.append(jax_job(name, ["xla_decode_loop"], t["xla"], [name], env=env, matmul="mosaic_gpu",
-                                norm="mosaic_gpu", pdl=True, loop_label=name, flags=f))
+    if "pdl_decode_loop" in chosen:
+        jobs.append(jax_job("pdl", ["xla_decode_loop"], t["xla"], ["pdl_decode_loop"], matmul="mosaic_gpu",
+                            norm="mosaic_gpu", pdl=True, loop_label="pdl_decode_loop"))
     for name, of in SKINNY_FLAG_VARIANTS.items():
         flag_job(name, XLA_FLAG_VARIANTS[of], matmul="mosaic_gpu")
     torch_job("torch_peer_cudagraphs")
@@ -1516,8 +1511,7 @@ def row_rank(name: str) -> int:
     return ROW_ORDER.index(key) if key in ROW_ORDER else len(ROW_ORDER)
 
 
-ROW_ORDER = ["xla_forward", "xla_decode_loop", *SKINNY_VARIANTS, *FUSED_NORM_VARIANTS, *PDL_VARIANTS,
-                                                    *SKINNY_FLAG_VARIANTS, "xla_flags",
+ROW_ORDER = ["xla_forward", "xla_decode_loop", *SKINNY_VARIANTS, *FUSED_NORM_VARIANTS, *SKINNY_FLAG_VARIANTS, "xla_flags",
              *W12_JOB, "torch_peer_eager",
              "torch_peer_compile", "torch_peer_cudagraphs", "verify_nodes", "verify_loop", "drafter_b16"]
 

@@ -112,9 +112,9 @@ def test_jax_variants_ran_and_agree(quick):
     assert json.loads((quick[3] / "jobs" / "skinny_cmdbuf_while.spec.json").read_text())["matmul"] == "mosaic_gpu"
     fused = json.loads((quick[3] / "jobs" / "fused_norm.spec.json").read_text())
     assert (fused["matmul"], fused["norm"], fused["pdl"]) == ("mosaic_gpu", "mosaic_gpu", False)
-    spec = json.loads((quick[3] / "jobs" / "pdl_decode_loop.spec.json").read_text())
+    spec = json.loads((quick[3] / "jobs" / "pdl.spec.json").read_text())
     assert (spec["matmul"], spec["norm"], spec["pdl"]) == ("mosaic_gpu", "mosaic_gpu", True)
-    assert json.loads((quick[3] / "jobs" / "pdl_decode_loop.json").read_text())["pdl"] is True
+    assert json.loads((quick[3] / "jobs" / "pdl.json").read_text())["pdl"] is True
     split = json.loads((quick[3] / "jobs" / "split.spec.json").read_text())
     assert split["skinny_splits"] == {"256x512": 2, "64x64": 1} and split["norm"] == "mosaic_gpu"
     assert json.loads((quick[3] / "jobs" / "split.json").read_text())["skinny_splits"] == split["skinny_splits"]

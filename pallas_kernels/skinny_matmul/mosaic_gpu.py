@@ -158,6 +158,7 @@ def _call(x2, w, norm=None, swiglu=False, *, tile_m, tile_k, max_concurrent_step
         row = m_block * tile_m + r
         pl.when(row < rows)(functools.partial(row_inverse_rms, r, row))
         pl.when(row >= rows)(functools.partial(inv_smem.__setitem__, r, jnp.float32(0)))
+      plgpu.commit_smem()  # every thread's 1 / rms stores visible to the whole warpgroup before the steps read them
 
     extra = ()
     if norm is not None:

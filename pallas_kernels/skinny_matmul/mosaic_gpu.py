@@ -21,8 +21,9 @@ are ``[split_k, Mp, N]`` (f32 when split, as two 16-bit halves, else bf16): afte
 split slabs, slices the padding off and casts, with no transpose. The channel-major first version needed
 one, a kernel of its own (at 16 tokens, 9.7 us per Qwen3-8B layer).
 
-The RMSNorm in the prologue (``norm=(g, eps)``: ``rms_norm(x) * g @ W`` in one kernel). Each block reads its
-token rows whole from GMEM (8 KB a row), keeps ``1 / rms`` per row in SMEM, and normalises every activation tile
+The RMSNorm in the prologue (``norm=(g, eps)``: ``rms_norm(x) * g @ W`` in one kernel). In its first pipeline step
+(the first weight tiles already in flight) each block reads its token rows whole from GMEM (8 KB a row), keeps
+``1 / rms`` per row in SMEM, and normalises every activation tile
 between its TMA load and the wgmma, rounding as ``add_rms_norm.reference.rms_norm`` does (only the order of the f32
 sum of squares differs). Why: in a decode step the norm is a kernel of its own (XLA's three, or ``add_rms_norm``'s
 one: ~4 us either way, going by the H200's step times), 73 times a step; here its work hides under the weight
@@ -111,8 +112,8 @@ def _call(x2, w, norm=None, swiglu=False, *, tile_m, tile_k, max_concurrent_step
   ``x2`` has at most ``mp`` rows (``pad_for_tma``): the activation tiles are TMA boxes of ``tile_m`` rows, and TMA
   fills the rows past ``x2``'s with zeros. The output rows past them are zeros.
 
-  ``norm=(g, eps)``: every block first computes ``1 / rms`` of each of ``x2``'s rows (its whole row, read from GMEM),
-  then each pipeline step normalises its activation tile into ``xn_smem`` before the wgmma. ``swiglu``: ``x2`` is
+  ``norm=(g, eps)``: in its first step every block computes ``1 / rms`` of each of ``x2``'s rows (its whole row,
+  read from GMEM), and each step normalises its activation tile into ``xn_smem`` before the wgmma. ``swiglu``: ``x2`` is
   ``[gate | up]`` (``2 K`` wide) and each step multiplies ``silu(gate)`` by ``up`` tile by tile into ``xn_smem``.
   Either way ``tile_m`` must be ``NORM_TILE_M``."""
   k, n = w.shape
@@ -142,13 +143,16 @@ def _call(x2, w, norm=None, swiglu=False, *, tile_m, tile_k, max_concurrent_step
     in_specs = [plgpu.BlockSpec((tile_k, TILE_N), lambda s: (first + s, 0), transforms=w_transforms),
                 plgpu.BlockSpec((tile_m, tile_k), lambda s: (0, first + s), transforms=x_transforms)]
     if norm is not None:
-      eps = norm[1]
       in_specs.append(plgpu.BlockSpec((tile_k,), lambda s: (first + s,)))
-      def row_inverse_rms(r, row):
-        s32 = x_gmem[row, :].astype(jnp.float32)
-        inv_smem[r] = lax.rsqrt(jnp.sum(s32 * s32) / k + eps)
 
-      for r in range(tile_m):  # 1 / rms of this block's token rows; 0 past the last row (whose tiles are zeros)
+    def row_inverse_rms(r, row):
+      s32 = x_gmem[row, :].astype(jnp.float32)
+      inv_smem[r] = lax.rsqrt(jnp.sum(s32 * s32) / k + norm[1])
+
+    def inverse_rms_of_rows():
+      """1 / rms of this block's token rows into ``inv_smem``; 0 past the last row (whose tiles are zeros). Run in
+      the first step, so the pipeline's first weight loads are already in flight while the rows are read."""
+      for r in range(tile_m):
         if mp == tile_m:  # one row block (every decode step): which rows exist is static
           if r < rows:
             row_inverse_rms(r, r)
@@ -158,7 +162,7 @@ def _call(x2, w, norm=None, swiglu=False, *, tile_m, tile_k, max_concurrent_step
         row = m_block * tile_m + r
         pl.when(row < rows)(functools.partial(row_inverse_rms, r, row))
         pl.when(row >= rows)(functools.partial(inv_smem.__setitem__, r, jnp.float32(0)))
-      plgpu.commit_smem()  # every thread's 1 / rms stores visible to the whole warpgroup before the steps read them
+      plgpu.commit_smem()  # every thread's stores visible to the whole warpgroup before the tiles read them
 
     extra = ()
     if norm is not None:
@@ -169,9 +173,10 @@ def _call(x2, w, norm=None, swiglu=False, *, tile_m, tile_k, max_concurrent_step
       extra = (x_gmem.at[m_slice],)
 
     def accumulate(acc_ref):
-      def step(_, w_smem, x_smem, *more):
+      def step(indices, w_smem, x_smem, *more):
         f32, dtype = jnp.float32, x_smem.dtype
         if norm is not None:  # rms_norm's roundings: (x / rms) to bf16, then times g to bf16
+          pl.when(indices[0] == 0)(inverse_rms_of_rows)
           y = (x_smem[...].astype(f32) * inv_smem[...][:, None]).astype(dtype)
           xn_smem[...] = (more[0][...].astype(f32)[None, :] * y.astype(f32)).astype(dtype)
         elif swiglu:  # jax.nn.silu(gate) * up op by op as its HLO has them, each rounded to bf16

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from specpilot.models.config import DrafterConfig
 from specpilot.models.kv_cache import KVCache, init_cache, write_layer
-from specpilot.models.target import apply_rope, attention, rms_norm, rope_tables
+from specpilot.models.target import apply_rope, attention, rms_norm, rope_tables, split_heads
 from specpilot.models.weights import DrafterWeights, linear
 
 
@@ -81,12 +81,7 @@ def draft_logits(
     mask = jnp.broadcast_to(visible[:, None, :], (b, t, visible.shape[1]))
     for i, lw in enumerate(weights.layers):
         x = rms_norm(h, lw.attn_norm, lc.rms_norm_eps)
-        qkv = linear(x, lw.w_qkv)
-        q = qkv[..., : lc.q_size].reshape(b, t, lc.num_heads, lc.head_dim)
-        k = qkv[..., lc.q_size : lc.q_size + lc.kv_size].reshape(b, t, lc.num_kv_heads, lc.head_dim)
-        v = qkv[..., lc.q_size + lc.kv_size :].reshape(b, t, lc.num_kv_heads, lc.head_dim)
-        q = apply_rope(rms_norm(q, lw.q_norm, lc.rms_norm_eps), cos, sin)
-        k = apply_rope(rms_norm(k, lw.k_norm, lc.rms_norm_eps), cos, sin)
+        q, k, v = split_heads(linear(x, lw.w_qkv), lc, lw.q_norm, lw.k_norm, cos, sin)
         keys = jnp.concatenate([ctx.k[i], k.astype(ctx.k.dtype)], axis=1)
         vals = jnp.concatenate([ctx.v[i], v.astype(ctx.v.dtype)], axis=1)
         h = h + linear(attention(q, keys, vals, mask), lw.w_o)

@@ -94,6 +94,22 @@ def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, i
     return out.reshape(b, t, hq * d)
 
 
+def split_heads(qkv: jax.Array, cfg: ModelConfig, q_norm, k_norm, cos, sin):
+    """``(q, k, v)`` ``[B, T, H, D]`` from a fused projection ``[B, T, (Hq + 2 Hkv) D]``: q and k RMS-normed per head
+    (when ``q_norm`` / ``k_norm`` are given: Qwen3) and rotated. q's and k's heads go side by side, so their norms
+    and rope run as one reduction and one elementwise kernel, not two each (the same per-row and per-element
+    arithmetic as norming and rotating q and k apart)."""
+    b, t, _ = qkv.shape
+    hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    qk = qkv[..., : cfg.q_size + cfg.kv_size].reshape(b, t, hq + hkv, d)
+    v = qkv[..., cfg.q_size + cfg.kv_size :].reshape(b, t, hkv, d)
+    if q_norm is not None:
+        g = jnp.concatenate([jnp.broadcast_to(q_norm, (hq, d)), jnp.broadcast_to(k_norm, (hkv, d))])
+        qk = rms_norm(qk, g, cfg.rms_norm_eps)
+    qk = apply_rope(qk, cos, sin)
+    return qk[:, :, :hq], qk[:, :, hq:], v
+
+
 def _add_norm_linear(x, update, g, eps: float, w):
     """``(s, rms_norm(s) * g @ w)`` with ``s = x + update`` (``update=None``: ``s = x``). Where the few-token kernel
     takes the norm into its prologue (``skinny_matmul.ops.fuses_norm``), XLA adds and the kernel norms and
@@ -126,16 +142,7 @@ def _layer(cfg: ModelConfig, lw: Layer, i: int, x, qkv, cos, sin, cache: KVCache
     stream after the attention block, the MLP block's output (the next residual update: the next norm adds it and
     norms the sum), the cache and this step's K/V."""
     b, t, _ = x.shape
-    hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    # q's and k's heads side by side: their norms and rope run as one reduction and one elementwise kernel each,
-    # not two (the same per-row and per-element arithmetic as norming and rotating q and k apart)
-    qk = qkv[..., : cfg.q_size + cfg.kv_size].reshape(b, t, hq + hkv, d)
-    v = qkv[..., cfg.q_size + cfg.kv_size :].reshape(b, t, hkv, d)
-    if cfg.qk_norm:
-        g = jnp.concatenate([jnp.broadcast_to(lw.q_norm, (hq, d)), jnp.broadcast_to(lw.k_norm, (hkv, d))])
-        qk = rms_norm(qk, g, cfg.rms_norm_eps)
-    qk = apply_rope(qk, cos, sin)
-    q, k = qk[:, :, :hq], qk[:, :, hq:]
+    q, k, v = split_heads(qkv, cfg, *((lw.q_norm, lw.k_norm) if cfg.qk_norm else (None, None)), cos, sin)
     if tree_bits is None:  # XLA / cuDNN attention read the new tokens' K/V from the cache: write them first
         cache = dataclasses.replace(
             cache, k=write_layer(cache.k, i, k, cache.lengths), v=write_layer(cache.v, i, v, cache.lengths)

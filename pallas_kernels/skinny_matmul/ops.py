@@ -51,9 +51,15 @@ FUSE_SWIGLU = False
 ``prologue_decode_loop`` times both prologues together."""
 
 
+def _kernel_chosen(x: jax.Array) -> bool:
+  """``DEFAULT`` asks for the kernel, ``x`` has at most ``MAX_TOKENS`` token rows and the device is a Hopper."""
+  return DEFAULT == "mosaic_gpu" and math.prod(x.shape[:-1]) <= MAX_TOKENS and _on_hopper()
+
+
 def _kernel_serves(x: jax.Array, w) -> bool:
-  return (DEFAULT == "mosaic_gpu" and isinstance(w, jax.Array) and w.dtype == jnp.bfloat16
-          and x.dtype == jnp.bfloat16 and math.prod(x.shape[:-1]) <= MAX_TOKENS and _on_hopper())
+  """``_kernel_chosen`` and the kernel takes the operands as they are: bf16 ``x`` and a plain bf16 weight."""
+  return (_kernel_chosen(x) and isinstance(w, jax.Array) and w.dtype == jnp.bfloat16
+          and x.dtype == jnp.bfloat16)
 
 
 def fuses_norm(x: jax.Array, w) -> bool:
@@ -91,7 +97,7 @@ def matmul(x: jax.Array, w: jax.Array, *, norm: tuple[jax.Array, float] | None =
     raise ValueError(f"unknown skinny_matmul implementation {implementation!r}; expected one of {_IMPLEMENTATIONS}")
   if implementation == "mosaic_gpu":
     return _mosaic_gpu(x, w, config, norm, swiglu)
-  if implementation == "xla" or DEFAULT == "xla" or math.prod(x.shape[:-1]) > MAX_TOKENS or not _on_hopper():
+  if implementation == "xla" or not _kernel_chosen(x):
     return _reference(x, w, norm, swiglu)
   try:
     return _mosaic_gpu(x, w, config, norm, swiglu)

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from pallas_kernels.add_rms_norm import add_rms_norm
 from pallas_kernels.add_rms_norm.reference import rms_norm
+from pallas_kernels.skinny_matmul import ops as skinny_ops
 from specpilot.models.config import ModelConfig, rope_inv_freq
 from specpilot.models.kv_cache import KVCache, write_layer
 from specpilot.models.weights import Layer, TargetWeights, linear
@@ -114,12 +115,9 @@ def _add_norm_linear(x, update, g, eps: float, w):
     """``(s, rms_norm(s) * g @ w)`` with ``s = x + update`` (``update=None``: ``s = x``). Where the few-token kernel
     takes the norm into its prologue (``skinny_matmul.ops.fuses_norm``), XLA adds and the kernel norms and
     multiplies; otherwise ``add_rms_norm`` (one kernel or XLA's) and then ``linear``."""
-    from pallas_kernels import skinny_matmul
-    from pallas_kernels.skinny_matmul import ops as skinny_ops
-
     if skinny_ops.fuses_norm(x, w):
         s = x if update is None else x + update.astype(x.dtype)
-        return s, skinny_matmul.matmul(s, w, norm=(g, eps))
+        return s, skinny_ops.matmul(s, w, norm=(g, eps))
     s, h = add_rms_norm(x, update, g, eps)
     return s, linear(h, w)
 
@@ -127,11 +125,8 @@ def _add_norm_linear(x, update, g, eps: float, w):
 def _swiglu_linear(gate_up, w):
     """``(silu(gate) * up) @ w`` for ``gate_up = [gate | up]``: in the few-token kernel's prologue where it serves
     (``skinny_matmul.ops.fuses_swiglu``), else XLA's elementwise kernel and ``linear``."""
-    from pallas_kernels import skinny_matmul
-    from pallas_kernels.skinny_matmul import ops as skinny_ops
-
     if skinny_ops.fuses_swiglu(gate_up, w):
-        return skinny_matmul.matmul(gate_up, w, swiglu=True)
+        return skinny_ops.matmul(gate_up, w, swiglu=True)
     gate, up = jnp.split(gate_up, 2, axis=-1)
     return linear(jax.nn.silu(gate) * up, w)
 
@@ -142,7 +137,7 @@ def _layer(cfg: ModelConfig, lw: Layer, i: int, x, qkv, cos, sin, cache: KVCache
     stream after the attention block, the MLP block's output (the next residual update: the next norm adds it and
     norms the sum), the cache and this step's K/V."""
     b, t, _ = x.shape
-    q, k, v = split_heads(qkv, cfg, *((lw.q_norm, lw.k_norm) if cfg.qk_norm else (None, None)), cos, sin)
+    q, k, v = split_heads(qkv, cfg, lw.q_norm, lw.k_norm, cos, sin)  # q_norm is None where cfg.qk_norm is off
     if tree_bits is None:  # XLA / cuDNN attention read the new tokens' K/V from the cache: write them first
         cache = dataclasses.replace(
             cache, k=write_layer(cache.k, i, k, cache.lengths), v=write_layer(cache.v, i, v, cache.lengths)

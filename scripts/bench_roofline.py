@@ -51,7 +51,9 @@ beyond the 60 MB L2, so no step reads them from cache:
   ≤ 1.05× AR, 256 ≤ 1.25×);
 - `drafter_b16`: one DFlash-b16 drafter pass (`specpilot.models.dflash.draft_logits`, 5 layers, 16 block rows
   over 1k context, LM head, argmax: the stock loop's draft; DDTree's vocabulary top-k belongs to the tree stage and
-  its `tree.vocab_top_k`) against its roofline.
+  its `tree.vocab_top_k`) against its roofline; `drafter_b16_tree` is the same pass with the block attention on the
+  tree-attention kernel (`draft_logits(attention="pallas_tree")`: no context/block concatenation, no dense mask),
+  its argmax compared with `drafter_b16`'s.
 
 Roofline of a row = bytes of weights + KV read (`specpilot.costmodel.counts`: target_pass / draft_pass) ÷ the
 read bandwidth measured by `specpilot.costmodel.hardware` (a jitted reduction over 2 GiB), and ÷ 4.3 TB/s, the
@@ -96,6 +98,7 @@ sys.path.insert(0, str(REPO))
 
 NOMINAL_BYTES_PER_S = 4.3e12  # the H200's device-to-device copy rate (shared/GPU.md)
 XLA_JOB = ("xla_forward", "xla_decode_loop", "verify_nodes", "verify_loop", "drafter")
+DRAFTER_ROWS = {"drafter_b16": "xla", "drafter_b16_tree": "pallas_tree"}  # the "drafter" variant's rows: attention
 W12_JOB = ("xla_forward_w12", "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "w12_kernel_decode_loop")
 W12_IMPLEMENTATION = {"xla_forward_w12": "reference", "xla_forward_w12_xla_decode": "xla_decode",
                       "xla_forward_w12_kernel": "mosaic_gpu", "w12_kernel_decode_loop": "mosaic_gpu"}
@@ -480,11 +483,14 @@ class Worker:
                                     dtype)
             block = jnp.asarray([[s["start_token"]] + [dcfg.mask_token_id] * (dcfg.block_size - 1)], jnp.int32)
 
-            def draft(dw, embed, lm_head, ctx, block):
-                logits = draft_logits(dw, dcfg, embed, lm_head, ctx, block)
-                return jnp.argmax(logits[:, 1:], axis=-1)  # the stock loop's draft; DDTree's top-k is the tree stage
+            def drafter(attention):
+                def draft(dw, embed, lm_head, ctx, block):
+                    logits = draft_logits(dw, dcfg, embed, lm_head, ctx, block, attention=attention)
+                    return jnp.argmax(logits[:, 1:], axis=-1)  # the stock loop's draft; DDTree's top-k: tree stage
+                return draft
 
-            lower("drafter_b16", draft, (), dw, w.embed, w.lm_head, ctx, block)
+            for name, attention in DRAFTER_ROWS.items():
+                lower(name, drafter(attention), (), dw, w.embed, w.lm_head, ctx, block)
         log(f"traced {len(lowered)} programs in {time.perf_counter() - t0:.1f}s")
         compiled, errors = self.compile_all(lowered)
         for name, e in errors.items():
@@ -527,17 +533,20 @@ class Worker:
                     self.measure_verify_loop(name, t, compiled[name], w, trees[t], dtype)
                 except Exception as e:
                     self.fail(name, e)
-        if "drafter_b16" in compiled:
-            exe, secs = compiled["drafter_b16"]
+        for name, attention in DRAFTER_ROWS.items():
+            if name not in compiled:
+                continue
+            exe, secs = compiled[name]
             try:
-                draft_call = lambda st: exe(dw, w.embed, w.lm_head, ctx, block)  # noqa: E731
+                draft_call = lambda st, exe=exe: exe(dw, w.embed, w.lm_head, ctx, block)  # noqa: E731
                 ms, _ = self.timed_calls(draft_call, None, s["warmup"], s["verify_iters"])
-                self.row("drafter_b16", **self.stats(ms), compile_s=secs, drafter_layers=dcfg.layers.num_layers,
-                         block_size=dcfg.block_size)
-                self.kernel_split("drafter_b16", draft_call, None)
-                log(f"drafter_b16: {statistics.median(ms):.3f} ms")
+                tokens = [int(t) for t in np.asarray(draft_call(None))[0]]
+                self.row(name, **self.stats(ms), compile_s=secs, drafter_layers=dcfg.layers.num_layers,
+                         block_size=dcfg.block_size, attention=attention, tokens=tokens)
+                self.kernel_split(name, draft_call, None)
+                log(f"{name}: {statistics.median(ms):.3f} ms")
             except Exception as e:
-                self.fail("drafter_b16", e)
+                self.fail(name, e)
 
     def verify_fn(self):
         """One verify pass of a tree over a filled cache: the target's argmax per node and the cache."""
@@ -999,7 +1008,7 @@ def plan_jobs(args, s: dict, run: Path, chosen: list[str]) -> tuple[list[Job], J
     def rows_of(v):
         if v in ("verify_nodes", "verify_loop"):
             return [f"{v}@{n}" for n in s["nodes"]]
-        return ["drafter_b16"] if v == "drafter" else [v]
+        return list(DRAFTER_ROWS) if v == "drafter" else [v]
 
     jobs = []
     xla = [v for v in XLA_JOB if v in chosen]
@@ -1230,7 +1239,8 @@ def roofline_costs(s: dict) -> dict:
     costs.update({f"{v}@{t}": counts.target_pass(cfg, 1, t, s["context"], "bf16", act) for t in s["nodes"]
                   for v in ("verify_nodes", "verify_loop")})
     dcfg = synthetic_drafter_config(cfg, s["drafter_layers"], s["block_size"])
-    costs["drafter_b16"] = counts.draft_pass(dcfg, cfg, 1, s["block_size"], s["context"], "bf16", act)
+    costs.update(dict.fromkeys(DRAFTER_ROWS, counts.draft_pass(dcfg, cfg, 1, s["block_size"], s["context"], "bf16",
+                                                              act)))
     return costs
 
 
@@ -1266,11 +1276,13 @@ def build_report(s: dict, results: dict, records: list, order: list[str], args, 
         # which greedy tokens this row must reproduce
         if name in W12_JOB:
             ref, ref_name = r.get("bf16_tokens"), "bf16 forward, same process"
+        elif name in DRAFTER_ROWS:
+            ref, ref_name = (results.get("drafter_b16") or {}).get("tokens"), "drafter_b16 (XLA attention)"
         elif name.startswith("torch_peer") and "exported" not in str(r.get("weights", "")):
             ref, ref_name = None, "n/a: random torch weights"
         else:
             ref, ref_name = ref_tokens, "xla_forward"
-        if r.get("tokens") is not None and name != "xla_forward":
+        if r.get("tokens") is not None and name not in ("xla_forward", "drafter_b16"):
             row["tokens_ref"] = ref_name
             row["tokens_match"] = (r["tokens"] == ref) if ref is not None else None
         rows.append(row)
@@ -1300,6 +1312,11 @@ def build_report(s: dict, results: dict, records: list, order: list[str], args, 
         if r.get("x_roofline_nominal"):
             targets.append({"what": f"{name} / roofline at 4.3 TB/s", "value": r["x_roofline_nominal"],
                             "target": "→ 1", "ok": None})
+    for name in DRAFTER_ROWS:
+        r = by.get(name) or {}
+        if r.get("x_roofline_nominal"):
+            targets.append({"what": f"{name} / roofline at 4.3 TB/s", "value": r["x_roofline_nominal"],
+                            "target": "≤ 1.2", "ok": r["x_roofline_nominal"] <= 1.2})
     device = next((r.get("device") for r in results.values() if r.get("device")), None)
     torch_v = next((r.get("torch") for r in results.values() if r.get("torch")), None)
     jax_v = next((r.get("jax") for r in results.values() if r.get("jax")), None)
@@ -1317,8 +1334,9 @@ def build_report(s: dict, results: dict, records: list, order: list[str], args, 
 
 
 def what_of(name: str, s: dict) -> str:
-    if name == "drafter_b16":
-        return f"DFlash drafter pass ({s['drafter_layers']} layers, {s['block_size']} rows, argmax)"
+    if name in DRAFTER_ROWS:
+        return (f"DFlash drafter pass ({s['drafter_layers']} layers, {s['block_size']} rows, argmax), "
+                f"attention {DRAFTER_ROWS[name]}")
     if name.startswith("verify_nodes@"):
         return f"XLA forward, {name.split('@')[1]} tree tokens (verify)"
     if name.startswith("verify_loop@"):
@@ -1513,7 +1531,7 @@ def row_rank(name: str) -> int:
 
 ROW_ORDER = ["xla_forward", "xla_decode_loop", *SKINNY_VARIANTS, *FUSED_NORM_VARIANTS, *SKINNY_FLAG_VARIANTS, "xla_flags",
              *W12_JOB, "torch_peer_eager",
-             "torch_peer_compile", "torch_peer_cudagraphs", "verify_nodes", "verify_loop", "drafter_b16"]
+             "torch_peer_compile", "torch_peer_cudagraphs", "verify_nodes", "verify_loop", *DRAFTER_ROWS]
 
 
 if __name__ == "__main__":

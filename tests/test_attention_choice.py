@@ -11,7 +11,7 @@ import pytest
 
 import pallas_kernels.tree_attention as ta
 from specpilot.decoding import make_engine
-from specpilot.models import target
+from specpilot.models import dflash, target
 from specpilot.models.kv_cache import KVCache
 from specpilot.models.weights import init_random_target
 from tests import models as tm
@@ -96,6 +96,58 @@ def test_pallas_tree_kernel_in_interpret_mode_inside_the_model(monkeypatch):
     assert np.mean(np.argmax(np.asarray(got), -1) == np.argmax(np.asarray(want), -1)) > 0.9
 
 
+def draft(dcfg, tw, dw, dtype, attention, lengths, block_valid=None, seed=0):
+    """Drafter logits over a random context cache of `lengths` tokens per request (capacity 128)."""
+    rng = np.random.default_rng(seed)
+    lc = dcfg.layers
+    kv = rng.normal(size=(2, lc.num_layers, len(lengths), 128, lc.num_kv_heads, lc.head_dim))
+    ctx = KVCache(k=jnp.asarray(kv[0], dtype), v=jnp.asarray(kv[1], dtype), lengths=jnp.asarray(lengths, jnp.int32))
+    block = jnp.asarray(rng.integers(0, dcfg.layers.vocab_size, size=(len(lengths), dcfg.block_size)), jnp.int32)
+    valid = None if block_valid is None else jnp.asarray(block_valid, jnp.int32)
+    return dflash.draft_logits(dw, dcfg, tw.embed, tw.lm_head, ctx, block, valid, attention=attention)
+
+
+@pytest.mark.parametrize("block_valid", [None, [8, 3]])
+def test_drafter_pallas_tree_reference_path_equals_xla_attention(block_valid):
+    """The drafter's block attention through the tree-attention op (its jnp reference on the CPU): the context read
+    up to its length, every valid block row seen by every row (`block_valid` cuts keys, not queries)."""
+    tcfg, tw, dcfg, dw = tm.random_pair(tm.target_config(vocab=32, hidden=64),
+                                        drafter_layers=tm.drafter_layers_config(tm.target_config(vocab=32, hidden=64),
+                                                                                num_layers=2, heads=4, kv_heads=2))
+    want = draft(dcfg, tw, dw, jnp.float32, "xla", [5, 60], block_valid)
+    got = draft(dcfg, tw, dw, jnp.float32, "pallas_tree", [5, 60], block_valid)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-5)
+    if block_valid is not None:  # the cut matters: without it the logits differ
+        full = draft(dcfg, tw, dw, jnp.float32, "pallas_tree", [5, 60])
+        assert not np.allclose(np.asarray(full), np.asarray(got), atol=1e-3)
+    with pytest.raises(ValueError, match="attention: unknown implementation 'flash'"):
+        draft(dcfg, tw, dw, jnp.float32, "flash", [5, 60])
+
+
+def test_drafter_pallas_tree_kernel_in_interpret_mode(monkeypatch):
+    """The Mosaic GPU kernel itself (CPU interpret mode) as the drafter's attention: 16 block rows over a context,
+    bf16, head_dim 64, one call per drafter layer."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    from pallas_kernels.tree_attention import mosaic_gpu
+
+    calls = []
+
+    def kernel(*args, **kw):
+        calls.append(args[0].shape)
+        return mosaic_gpu.tree_attention(*args, interpret=plgpu.InterpretGPUParams())
+
+    monkeypatch.setattr(ta, "tree_attention", kernel)
+    tcfg = tm.target_config(vocab=32, hidden=128)
+    dlayers = tm.drafter_layers_config(tcfg, num_layers=2, heads=4, kv_heads=1, head_dim=64)
+    tcfg, tw, dcfg, dw = tm.random_pair(tcfg, block_size=16, drafter_layers=dlayers, dtype=jnp.bfloat16)
+    want = draft(dcfg, tw, dw, jnp.bfloat16, "xla", [70, 3], seed=1)
+    got = draft(dcfg, tw, dw, jnp.bfloat16, "pallas_tree", [70, 3], seed=1)
+    assert calls == [(2, 16, 4, 64)] * 2
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=0.1, rtol=0.05)  # bf16 rounding differs
+    assert np.mean(np.argmax(np.asarray(got), -1) == np.argmax(np.asarray(want), -1)) > 0.9
+
+
 def test_fused_attention_call_equals_the_model_attention():
     """`cudnn` goes through jax.nn.dot_product_attention with the model's mask; its XLA form checks the plumbing
     (mask layout, GQA, scale) on any backend."""
@@ -136,3 +188,15 @@ def test_engine_with_pallas_tree_attention_equals_ar(name):
     eng = make_engine({"name": name, "tree_budget": 12, "attention": "pallas_tree"}, tcfg, tw, dcfg, dw, context=64)
     assert eng.attention == "pallas_tree"
     assert eng.generate(prompts, 24).tokens == ar.tokens
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(jax.devices()[0].platform != "gpu", reason="the tree-attention kernel needs an H100/H200")
+def test_gpu_drafter_pallas_tree_equals_xla():
+    """The drafter's attention on the Mosaic GPU kernel at DFlash-b16 shapes (16 rows, GQA 32/8, head_dim 128)."""
+    tcfg = tm.target_config(vocab=64, hidden=512)
+    dlayers = tm.drafter_layers_config(tcfg, num_layers=2, heads=32, kv_heads=8, head_dim=128)
+    tcfg, tw, dcfg, dw = tm.random_pair(tcfg, block_size=16, drafter_layers=dlayers, dtype=jnp.bfloat16)
+    want = draft(dcfg, tw, dw, jnp.bfloat16, "xla", [100, 7], seed=2)
+    got = draft(dcfg, tw, dw, jnp.bfloat16, "pallas_tree", [100, 7], seed=2)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=0.1, rtol=0.05)

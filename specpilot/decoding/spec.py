@@ -93,7 +93,7 @@ class SpecEngine(Engine):
         self.n_nodes = self.depth if tree == "chain" else int(tree_budget or self.depth)
         self.budget_for_round = budget_for_round
         self.reference_loop = reference_loop
-        self.attention = attention  # of the verify (and level-1) passes; the prefill stays on XLA
+        self.attention = attention  # of the verify (and level-1) passes and the drafter's; the prefill stays on XLA
         self.slack = self.n_nodes + 1  # scratch cache slots one verify writes past the committed prefix
         self.context = context or cfg.max_position_embeddings
         self.dtype = target_weights.embed.dtype
@@ -132,7 +132,8 @@ class SpecEngine(Engine):
             room = ex.prompt_lens + state.max_new + self.n_nodes + 1 - ex.cache.lengths
             block_valid = jnp.minimum(self.block, room)
             shifted = block_valid < self.block
-        logits = dflash.draft_logits(params["drafter"], self.dcfg, tw.embed, tw.lm_head, ctx, block, block_valid)
+        logits = dflash.draft_logits(params["drafter"], self.dcfg, tw.embed, tw.lm_head, ctx, block, block_valid,
+                                     attention=self.attention)
         rows = logits[:, 1:]
         depth_limit = jnp.full((b,), self.depth, jnp.int32)
         if shifted is not None:

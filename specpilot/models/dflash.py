@@ -8,6 +8,11 @@ Semantics (matching z-lab/dflash's model code; see docs/dflash_semantics.md):
   embedding; it is a normal Qwen3 layer stream. Attention is non-causal over (all context, all block).
 - Output: final `norm`, then the target's LM head; block rows 1..block−1 are the drafts.
 
+Attention (`draft_logits(..., attention=)`, the engine's `attention` knob, as the target's): `xla` and `cudnn`
+concatenate the cached context's K/V with the block's and mask the concatenation densely; `pallas_tree` hands the
+context (read up to `ctx.lengths`) and the block's own K/V to the tree-attention kernel with every block row seeing
+every valid block row (an all-ones "ancestor" mask): no concatenation, no dense mask, one kernel a layer.
+
 The context K/V are cached per layer (`ingest`), so a round only projects the newly committed tokens'
 features; the block's own K/V are never cached.
 """
@@ -19,7 +24,8 @@ import jax.numpy as jnp
 
 from specpilot.models.config import DrafterConfig
 from specpilot.models.kv_cache import KVCache, init_cache, write_layer
-from specpilot.models.target import apply_rope, attention, rms_norm, rope_tables, split_heads
+from specpilot.models.target import ATTENTION, apply_rope, fused_attention, rms_norm, rope_tables, split_heads
+from specpilot.models.target import attention as dense_attention
 from specpilot.models.weights import DrafterWeights, linear
 
 
@@ -64,30 +70,44 @@ def draft_logits(
     ctx: KVCache,
     block_tokens: jax.Array,
     block_valid: jax.Array | None = None,
+    attention: str = "xla",
 ) -> jax.Array:
     """Logits [B, T, V] for every block row; block row i sits at position ctx.lengths + i.
 
     block_valid [B] (optional): only the first block_valid[b] block rows exist as keys (reproduces the
-    reference DDTree loop's shortened block near its buffer end).
+    reference DDTree loop's shortened block near its buffer end). attention: "xla" | "cudnn" | "pallas_tree"
+    (module docstring).
     """
+    if attention not in ATTENTION:
+        raise ValueError(f"attention: unknown implementation {attention!r} (choose from {', '.join(ATTENTION)})")
     lc = cfg.layers
     b, t = block_tokens.shape
     h = embed[block_tokens].astype(ctx.k.dtype)
     pos = ctx.lengths[:, None] + jnp.arange(t)[None, :]
     cos, sin = rope_tables(lc, pos)
-    ctx_visible = jnp.arange(ctx.capacity)[None, :] < ctx.lengths[:, None]  # [B, S]
     blk_visible = jnp.ones((b, t), bool) if block_valid is None else jnp.arange(t)[None, :] < block_valid[:, None]
-    visible = jnp.concatenate([ctx_visible, blk_visible], axis=1)  # [B, S + T], same for every query row
-    mask = jnp.broadcast_to(visible[:, None, :], (b, t, visible.shape[1]))
+    if attention == "pallas_tree":
+        from pallas_kernels.tree_attention import dense_to_ancestor_bits, tree_attention
+
+        bits = dense_to_ancestor_bits(jnp.broadcast_to(blk_visible[:, None, :], (b, t, t)))
+    else:
+        ctx_visible = jnp.arange(ctx.capacity)[None, :] < ctx.lengths[:, None]  # [B, S]
+        visible = jnp.concatenate([ctx_visible, blk_visible], axis=1)  # [B, S + T], same for every query row
+        mask = jnp.broadcast_to(visible[:, None, :], (b, t, visible.shape[1]))
     for i, lw in enumerate(weights.layers):
         x = rms_norm(h, lw.attn_norm, lc.rms_norm_eps)
         q, k, v = split_heads(linear(x, lw.w_qkv), lc, lw.q_norm, lw.k_norm, cos, sin)
-        keys = jnp.concatenate([ctx.k[i], k.astype(ctx.k.dtype)], axis=1)
-        vals = jnp.concatenate([ctx.v[i], v.astype(ctx.v.dtype)], axis=1)
-        h = h + linear(attention(q, keys, vals, mask), lw.w_o)
+        k, v = k.astype(ctx.k.dtype), v.astype(ctx.v.dtype)
+        if attention == "pallas_tree":
+            attn = tree_attention(q, ctx.k[i], ctx.v[i], ctx.lengths, k, v, bits).reshape(b, t, -1)
+        else:
+            keys = jnp.concatenate([ctx.k[i], k], axis=1)
+            vals = jnp.concatenate([ctx.v[i], v], axis=1)
+            attn = (dense_attention(q, keys, vals, mask) if attention == "xla"
+                    else fused_attention(q, keys, vals, mask, attention))
+        h = h + linear(attn, lw.w_o)
         x = rms_norm(h, lw.mlp_norm, lc.rms_norm_eps)
         gate, up = jnp.split(linear(x, lw.w_gate_up), 2, axis=-1)
         h = h + linear(jax.nn.silu(gate) * up, lw.w_down)
     h = rms_norm(h, weights.final_norm, lc.rms_norm_eps)
     return linear(h, lm_head).astype(jnp.float32)
-

@@ -71,9 +71,6 @@ def parse_args(argv=None):
     ap.add_argument("--norm", choices=("xla", "mosaic_gpu"), default=None,
                     help="the target's residual add + RMSNorm: XLA's or the add_rms_norm Mosaic GPU kernel (sets "
                          "add_rms_norm.ops.DEFAULT; default: as it is)")
-    ap.add_argument("--prologues", action="store_true",
-                    help="the target's RMSNorms and SwiGLU in the few-token kernel's prologue where it serves "
-                         "(skinny_matmul.ops.FUSE_NORM and FUSE_SWIGLU; needs --matmul mosaic_gpu)")
     ap.add_argument("--pdl", action="store_true",
                     help="launch every Mosaic GPU kernel with programmatic dependent launch (pallas_kernels.pdl)")
     ap.add_argument("--command-buffers", action="store_true",
@@ -203,10 +200,6 @@ def main(argv=None) -> int:
         from pallas_kernels.add_rms_norm import ops as norm_ops
 
         norm_ops.DEFAULT = args.norm
-    if args.prologues:
-        from pallas_kernels.skinny_matmul import ops as skinny_ops
-
-        skinny_ops.FUSE_NORM = skinny_ops.FUSE_SWIGLU = True
     if args.pdl:
         from pallas_kernels import pdl
 
@@ -234,7 +227,7 @@ def main(argv=None) -> int:
     res = {"provenance": provenance(hw), "deployment": dep.describe(), "context": args.context, "rounds": args.rounds,
            "configs": configs, "rows": [], "skipped": [], "xla_flags": os.environ.get("XLA_FLAGS", ""),
            "matmul": args.matmul or "default", "norm": args.norm or "default",
-           "pdl": args.pdl, "prologues": args.prologues}
+           "pdl": args.pdl}
 
     def save(rows, skipped):
         res["rows"], res["skipped"] = rows, skipped

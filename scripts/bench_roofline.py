@@ -110,13 +110,10 @@ SKINNY_VARIANTS = {"skinny_forward": "xla_forward", "skinny_decode_loop": "xla_d
 """Rows measured again in a process of their own with the bf16 linears on ``skinny_matmul``'s Mosaic GPU kernel
 (``skinny_matmul.ops.DEFAULT = "mosaic_gpu"``): the kernel and XLA's dot side by side in one run."""
 FUSED_NORM_VARIANTS = {"fused_norm_decode_loop": "xla_decode_loop", "split_decode_loop": "xla_decode_loop",
-                       "norm_matmul_decode_loop": "xla_decode_loop", "prologue_decode_loop": "xla_decode_loop",
                        "pdl_decode_loop": "xla_decode_loop"}
 """``skinny_decode_loop`` again with every residual add + RMSNorm on ``pallas_kernels.add_rms_norm``'s kernel, in a
 process of its own: the kernel's effect on the best AR configuration, side by side in one run.
-``norm_matmul_decode_loop``: ``skinny_decode_loop`` with every RMSNorm in the prologue of the matmul after it
-(``skinny_matmul.ops.FUSE_NORM``; the residual adds left to XLA); ``prologue_decode_loop``: that and the MLP's
-``silu(gate) * up`` in the down projection's prologue (``FUSE_SWIGLU``). ``split_decode_loop``: ``fused_norm_decode_loop``
+``split_decode_loop``: ``fused_norm_decode_loop``
 with the skinny kernel's K splits from ``--skinny-splits``
 (``skinny_matmul.mosaic_gpu.SPLIT_K_BY_SHAPE``; ``scripts/h200/split_probe.py`` writes them). ``pdl_decode_loop``:
 ``fused_norm_decode_loop`` with every Mosaic GPU kernel launched by programmatic dependent launch
@@ -156,8 +153,6 @@ WHAT = {
     "skinny_cmdbuf_while": "skinny_decode_loop with xla_flags_cmdbuf_while's command buffers",
     "fused_norm_decode_loop": "skinny_decode_loop, residual add + RMSNorm on the add_rms_norm kernel",
     "split_decode_loop": "fused_norm_decode_loop, the skinny kernel's K splits from --skinny-splits",
-    "norm_matmul_decode_loop": "skinny_decode_loop, each RMSNorm in the next matmul's prologue",
-    "prologue_decode_loop": "norm_matmul_decode_loop, and silu(gate) * up in the down projection's prologue",
     "pdl_decode_loop": "fused_norm_decode_loop, the Mosaic GPU kernels launched with PDL",
     "torch_peer_eager": "PyTorch gpt-fast style, eager",
     "torch_peer_cudagraphs": "PyTorch, compile reduce-overhead (CUDA graphs)",
@@ -801,11 +796,6 @@ def worker_main(spec_path: str) -> int:
         from pallas_kernels.add_rms_norm import ops as norm_ops
 
         norm_ops.DEFAULT = spec["norm"]
-    from pallas_kernels.skinny_matmul import ops as skinny_ops
-
-    skinny_ops.FUSE_NORM = skinny_ops.FUSE_NORM or bool(spec.get("fuse_norm"))
-    skinny_ops.FUSE_SWIGLU = skinny_ops.FUSE_SWIGLU or bool(spec.get("fuse_swiglu"))
-    worker.res["fuse_norm"], worker.res["fuse_swiglu"] = skinny_ops.FUSE_NORM, skinny_ops.FUSE_SWIGLU
     if spec.get("skinny_splits"):
         from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
 
@@ -1051,12 +1041,6 @@ def plan_jobs(args, s: dict, run: Path, chosen: list[str]) -> tuple[list[Job], J
     if "fused_norm_decode_loop" in chosen:
         jobs.append(jax_job("fused_norm", ["xla_decode_loop"], t["xla"], ["fused_norm_decode_loop"],
                             matmul="mosaic_gpu", norm="mosaic_gpu", loop_label="fused_norm_decode_loop"))
-    if "norm_matmul_decode_loop" in chosen:
-        jobs.append(jax_job("norm_matmul", ["xla_decode_loop"], t["xla"], ["norm_matmul_decode_loop"],
-                            matmul="mosaic_gpu", fuse_norm=True, loop_label="norm_matmul_decode_loop"))
-    if "prologue_decode_loop" in chosen:
-        jobs.append(jax_job("prologue", ["xla_decode_loop"], t["xla"], ["prologue_decode_loop"],
-                            matmul="mosaic_gpu", fuse_norm=True, fuse_swiglu=True, loop_label="prologue_decode_loop"))
     if "split_decode_loop" in chosen:
         jobs.append(jax_job("split", ["xla_decode_loop"], t["xla"], ["split_decode_loop"], matmul="mosaic_gpu",
                             norm="mosaic_gpu", loop_label="split_decode_loop",

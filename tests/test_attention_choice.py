@@ -111,9 +111,9 @@ def draft(dcfg, tw, dw, dtype, attention, lengths, block_valid=None, seed=0):
 def test_drafter_pallas_tree_reference_path_equals_xla_attention(block_valid):
     """The drafter's block attention through the tree-attention op (its jnp reference on the CPU): the context read
     up to its length, every valid block row seen by every row (`block_valid` cuts keys, not queries)."""
-    tcfg, tw, dcfg, dw = tm.random_pair(tm.target_config(vocab=32, hidden=64),
-                                        drafter_layers=tm.drafter_layers_config(tm.target_config(vocab=32, hidden=64),
-                                                                                num_layers=2, heads=4, kv_heads=2))
+    tcfg = tm.target_config(vocab=32, hidden=64)
+    dlayers = tm.drafter_layers_config(tcfg, num_layers=2, heads=4, kv_heads=2)
+    _, tw, dcfg, dw = tm.random_pair(tcfg, drafter_layers=dlayers)
     want = draft(dcfg, tw, dw, jnp.float32, "xla", [5, 60], block_valid)
     got = draft(dcfg, tw, dw, jnp.float32, "pallas_tree", [5, 60], block_valid)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-5)

@@ -46,7 +46,7 @@ def test_bench_runs_without_hydra_or_pydantic(tmp_path, cache_env):
            "--context", "12", "--rounds", "2", "--drafter-layers", "1", "--block-size", "4",
            "--compile-cache", str(tmp_path / "jit"), "--compile-workers", "2", "--calibration-ddtree-budgets", "4",
            "--calibration-specpilot-candidates", "2", "4", "--tau-profile", str(tau),
-           "--matmul", "mosaic_gpu", "--norm", "mosaic_gpu", "--prologues",  # off a Hopper: XLA's dot and norm
+           "--matmul", "mosaic_gpu", "--norm", "mosaic_gpu",  # off a Hopper: XLA's dot and norm
            "--command-buffers",  # the flag parses on any XLA
            "--gpu-time"]  # no CUPTI on a CPU: every row says so
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=cache_env, cwd=tmp_path)
@@ -54,7 +54,7 @@ def test_bench_runs_without_hydra_or_pydantic(tmp_path, cache_env):
     assert "compiled B=1 in 2 threads" in proc.stdout
     assert json.loads(proc.stdout.strip().splitlines()[-1])["rows"] == 9
     res = json.loads((out / "bench.json").read_text())
-    assert res["matmul"] == res["norm"] == "mosaic_gpu" and res["prologues"] is True and res["pdl"] is False
+    assert res["matmul"] == res["norm"] == "mosaic_gpu" and res["pdl"] is False
     assert res["xla_flags"].endswith("--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL")
     assert [(r["label"], r["role"]) for r in res["rows"]] == [
         ("ar", "calibration"), ("stock", "calibration"), ("ddtree@4", "calibration"),
@@ -74,7 +74,7 @@ def test_bench_runs_without_hydra_or_pydantic(tmp_path, cache_env):
     md = (out / "bench.md").read_text()
     assert "PROJECTED speedup" in md and "Components against their ceilings" in md and "leave one out" in md
     assert ("- bf16 linears: mosaic_gpu (`skinny_matmul.ops.DEFAULT`); residual add + RMSNorm: mosaic_gpu "
-            "(`add_rms_norm.ops.DEFAULT`); norm and SwiGLU in the matmul prologue: yes; PDL: no; XLA_FLAGS: `") in md
+            "(`add_rms_norm.ops.DEFAULT`); PDL: no; XLA_FLAGS: `") in md
     assert all("stage_gpu_ms" not in r and "NVIDIA GPU" in r["stage_gpu_error"] for r in res["rows"])
     assert "- not measured: CUPTI kernel timings need an NVIDIA GPU; this backend is 'cpu'" in md
     assert res["provenance"]["command"].startswith("python ") and res["provenance"]["device"]

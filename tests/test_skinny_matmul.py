@@ -14,7 +14,6 @@ import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import skinny_matmul, tma
-from pallas_kernels.add_rms_norm.reference import rms_norm
 from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
 from pallas_kernels.skinny_matmul import ops as skinny_ops
 
@@ -139,25 +138,12 @@ class TestMosaicGpu(SkinnyMatmulSuite):
     x, w = random_pair((m,), 12288, 4096, seed=m)
     assert_matches_f32(self.run(x, w, None), x, w)
 
-  def test_swiglu_prologue_at_the_down_projection(self):
-    gate_up = jnp.asarray((np.random.default_rng(5).normal(size=(3, 24576)) * 4).astype(BF16))
-    w = random_pair((3,), 12288, 4096, seed=5)[1]
-    run = jax.jit(lambda x, w: skinny_matmul.matmul(x, w, swiglu=True, implementation="mosaic_gpu"))
-    gate, up = jnp.split(gate_up, 2, axis=-1)
-    assert_matches_f32(run(gate_up, w), jax.nn.silu(gate) * up, w)
-
-  @pytest.mark.parametrize("m,n", [(1, 6144), (5, 24576), (1, 151936)])
-  def test_norm_prologue_at_qwen3_shapes(self, m, n):
-    x, g, w = _norm_inputs((m,), 4096, n, seed=m + n)
-    run = jax.jit(lambda x, g, w: skinny_matmul.matmul(x, w, norm=(g, EPS), implementation="mosaic_gpu"))
-    assert_matches_f32(run(x, g, w), rms_norm(x, g, EPS), w)
-
 
 def test_dispatch(monkeypatch, caplog):
   """XLA unless DEFAULT says the kernel and the device is a Hopper; prefill-sized M and unsupported
   inputs fall back to XLA, the latter with a warning."""
   calls = []
-  monkeypatch.setattr(skinny_ops, "_mosaic_gpu", lambda x, w, c, norm, swiglu: calls.append(x.shape) or skinny_matmul.skinny_matmul_reference(x, w))
+  monkeypatch.setattr(skinny_ops, "_mosaic_gpu", lambda x, w, c: calls.append(x.shape) or skinny_matmul.skinny_matmul_reference(x, w))
   x, w = random_pair((3,), 128, 64, seed=0)
   skinny_matmul.matmul(x, w)
   monkeypatch.setattr(skinny_ops, "DEFAULT", "mosaic_gpu")
@@ -224,151 +210,3 @@ def test_split_probe_runs_and_picks_a_split(tmp_path, monkeypatch):
                      "--interpret", "--json", str(out)])
   assert set(best) == {"256x128", "128x256"} and all(s in (1, 2) for s in best.values())
   assert json.loads(out.read_text()) == best
-
-
-# ---- the RMSNorm prologue (norm=(g, eps)) ---------------------------------------------------------------------
-
-
-def _norm_inputs(lead, k, n, seed):
-  x, w = random_pair(lead, k, n, seed)
-  rows = np.exp(np.random.default_rng(seed + 1).uniform(-3, 3, (*lead, 1)))  # rows of very different scales
-  g = (1 + 0.1 * np.random.default_rng(seed + 2).normal(size=(k,))).astype(BF16)
-  return (x.astype(jnp.float32) * rows).astype(jnp.bfloat16), jnp.asarray(g), w
-
-
-def _norm_reference(x, g, w):
-  return skinny_matmul.skinny_matmul_reference(rms_norm(x, g, EPS), w)
-
-
-EPS = 1e-6
-
-
-@pytest.mark.parametrize("lead,k,n", [((1,), 512, 128), ((3,), 1024, 192), ((20,), 256, 64), ((2, 35), 256, 128)])
-def test_norm_prologue_is_rms_norm_then_matmul_in_interpret_mode(lead, k, n):
-  """The kernel norms each token row (whole-row statistics, rows of scales 1e-1.3 to 1e1.3) and multiplies: the
-  reference's roundings, so equal to it but for the order of the f32 sums (the norm's and the matmul's)."""
-  x, g, w = _norm_inputs(lead, k, n, seed=k + n)
-  got = skinny_mosaic_gpu.skinny_matmul(x, w, norm=(g, EPS), interpret=plgpu.InterpretGPUParams())
-  want = _norm_reference(x, g, w)
-  assert got.shape == want.shape and got.dtype == jnp.bfloat16
-  a, b = np.asarray(got, np.float32), np.asarray(want, np.float32)
-  scale = np.abs(b).max(axis=tuple(range(b.ndim - 1)), keepdims=True)
-  assert np.all(np.abs(a - b) <= 2.0 ** -7 * np.abs(b) + 1e-3 * scale), np.max(np.abs(a - b))
-  assert np.mean(a == b) > 0.95
-  with pytest.raises(ValueError, match="norm weight has shape"):
-    skinny_mosaic_gpu.skinny_matmul(x, w, norm=(g[:-1], EPS), interpret=plgpu.InterpretGPUParams())
-
-
-@pytest.mark.parametrize("lead,k,n", [((1,), 256, 128), ((6,), 512, 64), ((2, 35), 128, 64)])
-def test_swiglu_prologue_is_silu_times_up_then_matmul_in_interpret_mode(lead, k, n):
-  """``x = [gate | up]``; the kernel multiplies silu(gate) by up tile by tile (gates of either sign and large
-  magnitude: exp's overflow side included) and then by W."""
-  rng = np.random.default_rng(k + n)
-  gate_up = jnp.asarray((rng.normal(size=(*lead, 2 * k)) * 4).astype(BF16))
-  w = random_pair(lead, k, n, seed=k)[1]
-  got = skinny_mosaic_gpu.skinny_matmul(gate_up, w, swiglu=True, interpret=plgpu.InterpretGPUParams())
-  gate, up = jnp.split(gate_up, 2, axis=-1)
-  assert_matches_f32(got, jax.nn.silu(gate) * up, w)
-  eye = jnp.eye(k, n, dtype=jnp.bfloat16)  # the activations themselves: jax.nn.silu's bf16 ops, bit for bit
-  acts = skinny_mosaic_gpu.skinny_matmul(gate_up, eye, swiglu=True, interpret=plgpu.InterpretGPUParams())
-  np.testing.assert_array_equal(np.asarray(acts, np.float32), np.asarray((jax.nn.silu(gate) * up)[..., :n], np.float32))
-  with pytest.raises(ValueError, match=r"\[gate \| up\]"):
-    skinny_mosaic_gpu.skinny_matmul(gate, w, swiglu=True, interpret=plgpu.InterpretGPUParams())
-  with pytest.raises(ValueError, match="one prologue at a time"):
-    skinny_mosaic_gpu.skinny_matmul(gate_up, w, swiglu=True, norm=(jnp.ones((k,), jnp.bfloat16), EPS))
-
-
-def test_swiglu_prologue_lowers_for_hopper_at_the_down_projection():
-  run = jax.jit(lambda x, w: skinny_mosaic_gpu.skinny_matmul(x, w, swiglu=True))
-  sds = jax.ShapeDtypeStruct
-  text = run.trace(sds((1, 24576), jnp.bfloat16), sds((12288, 4096), jnp.bfloat16)).lower(
-      lowering_platforms=("cuda",)).as_text()
-  assert "mosaic_gpu" in text
-
-
-@pytest.mark.parametrize("k,n", [(4096, 6144), (4096, 24576), (4096, 151936)])
-def test_norm_prologue_lowers_for_hopper_at_qwen3_shapes(k, n):
-  """Warpgroup semantics, the 64-row activation tile and the whole-row reads lower for sm_90 on the CPU (register
-  <-> swizzled SMEM moves of 8-row tiles do not: the reason for the 64-row tile)."""
-  run = jax.jit(lambda x, g, w: skinny_mosaic_gpu.skinny_matmul(x, w, norm=(g, EPS)))
-  sds = jax.ShapeDtypeStruct
-  text = run.trace(sds((1, k), jnp.bfloat16), sds((k,), jnp.bfloat16), sds((k, n), jnp.bfloat16)).lower(
-      lowering_platforms=("cuda",)).as_text()
-  assert "mosaic_gpu" in text
-
-
-def test_fuses_norm_only_where_the_kernel_serves(monkeypatch):
-  x, w = jnp.ones((1, 128), jnp.bfloat16), jnp.ones((128, 64), jnp.bfloat16)
-  assert not skinny_ops.fuses_norm(x, w)  # FUSE_NORM off
-  monkeypatch.setattr(skinny_ops, "FUSE_NORM", True)
-  monkeypatch.setattr(skinny_ops, "DEFAULT", "mosaic_gpu")
-  assert not skinny_ops.fuses_norm(x, w)  # not a Hopper
-  monkeypatch.setattr(skinny_ops, "_on_hopper", lambda: True)
-  assert skinny_ops.fuses_norm(x, w)
-  assert not skinny_ops.fuses_norm(jnp.ones((skinny_ops.MAX_TOKENS + 1, 128), jnp.bfloat16), w)  # a verify pass
-  assert not skinny_ops.fuses_norm(x.astype(jnp.float32), w)
-  assert not skinny_ops.fuses_norm(x, w.astype(jnp.float32))
-  assert not skinny_ops.fuses_swiglu(x, w)  # FUSE_SWIGLU off
-  monkeypatch.setattr(skinny_ops, "FUSE_SWIGLU", True)
-  assert skinny_ops.fuses_swiglu(x, w)
-
-
-def test_norm_prologue_inside_the_model(monkeypatch):
-  """A bf16 decode step with the norms in the kernel's prologue (interpret mode): the same logits and hidden states
-  as the XLA path within bf16 rounding, and the kernel took a norm at both norms of every layer and the final one."""
-  from specpilot.models import target
-  from specpilot.models.kv_cache import KVCache
-  from specpilot.models.weights import init_random_target
-  from tests import models as tm
-
-  normed, swiglus = [], []
-
-  def kernel(x, w, config, norm, swiglu):
-    normed.append(norm is not None)
-    swiglus.append(swiglu)
-    return skinny_mosaic_gpu.skinny_matmul(x, w, norm=norm, swiglu=swiglu, config=config,
-                                           interpret=plgpu.InterpretGPUParams())
-
-  cfg = tm.target_config(vocab=64, hidden=128, layers=2, heads=2, kv_heads=1, head_dim=64, intermediate=128)
-  w = init_random_target(cfg, 1, jnp.bfloat16)
-  kv = np.random.default_rng(0).normal(size=(2, cfg.num_layers, 1, 16, cfg.num_kv_heads, cfg.head_dim))
-  cache = KVCache(k=jnp.asarray(kv[0], jnp.bfloat16), v=jnp.asarray(kv[1], jnp.bfloat16),
-                  lengths=jnp.asarray([5], jnp.int32))
-  tokens = jnp.asarray([[3]], jnp.int32)
-
-  def run():
-    out = target.forward(w, cfg, tokens, cache.lengths[:, None], cache, None, (0,))
-    return np.asarray(out.logits), np.asarray(out.hidden, np.float32)
-
-  want_logits, want_hidden = run()
-  monkeypatch.setattr(skinny_ops, "DEFAULT", "mosaic_gpu")
-  monkeypatch.setattr(skinny_ops, "FUSE_NORM", True)
-  monkeypatch.setattr(skinny_ops, "_on_hopper", lambda: True)
-  monkeypatch.setattr(skinny_ops, "_mosaic_gpu", kernel)
-  got_logits, got_hidden = run()
-  assert normed.count(True) == 2 * cfg.num_layers + 1 and normed.count(False) == 2 * cfg.num_layers  # o, down
-  assert [c for c in swiglus if c] == []
-  np.testing.assert_allclose(got_hidden, want_hidden, rtol=0.02, atol=0.02)
-  np.testing.assert_allclose(got_logits, want_logits, rtol=0.02, atol=0.05)
-  assert (got_logits.argmax(-1) == want_logits.argmax(-1)).all()
-  monkeypatch.setattr(skinny_ops, "FUSE_SWIGLU", True)  # and the MLP's silu(gate) * up in the down projection's
-  normed.clear()
-  swiglus.clear()
-  both_logits, both_hidden = run()
-  assert swiglus.count(True) == cfg.num_layers and normed.count(True) == 2 * cfg.num_layers + 1
-  np.testing.assert_allclose(both_hidden, want_hidden, rtol=0.02, atol=0.02)
-  np.testing.assert_allclose(both_logits, want_logits, rtol=0.02, atol=0.05)
-
-
-def test_prologue_depth_keeps_two_blocks_per_sm():
-  """A prologue's 64-row activation tiles take SMEM: the pipeline is as deep as two resident blocks allow."""
-  depth = skinny_mosaic_gpu._prologue_depth
-  assert depth(4, 64, 64, 2, True, False, 2) == 4  # the norm at PROLOGUE_CONFIG's tile_k
-  assert depth(4, 64, 64, 2, False, True, 2) == 3  # the SwiGLU: two activation tiles a stage
-  assert depth(4, 64, 128, 2, True, False, 2) == 2
-  assert depth(4, 64, 256, 2, False, True, 2) == 1  # never below one stage
-  for norm, swiglu in ((True, False), (False, True)):
-    d = depth(8, 64, 64, 2, norm, swiglu, 2)
-    stage = 64 * 64 * 2 + 64 * 64 * 2 * (1 + swiglu) + 128 * norm
-    fixed = 2 * 64 * 64 * 2 + 64 * 64 * 2 + 256 * norm + 1024
-    assert 2 * (fixed + d * stage) <= skinny_mosaic_gpu.SMEM_PER_SM < 2 * (fixed + (d + 1) * stage)

@@ -25,7 +25,6 @@ import jax.numpy as jnp
 
 from pallas_kernels.add_rms_norm import add_rms_norm
 from pallas_kernels.add_rms_norm.reference import rms_norm
-from pallas_kernels.skinny_matmul import ops as skinny_ops
 from specpilot.models.config import ModelConfig, rope_inv_freq
 from specpilot.models.kv_cache import KVCache, write_layer
 from specpilot.models.weights import Layer, TargetWeights, linear
@@ -111,33 +110,13 @@ def split_heads(qkv: jax.Array, cfg: ModelConfig, q_norm, k_norm, cos, sin):
     return qk[:, :, :hq], qk[:, :, hq:], v
 
 
-def _add_norm_linear(x, update, g, eps: float, w):
-    """``(s, rms_norm(s) * g @ w)`` with ``s = x + update`` (``update=None``: ``s = x``). Where the few-token kernel
-    takes the norm into its prologue (``skinny_matmul.ops.fuses_norm``), XLA adds and the kernel norms and
-    multiplies; otherwise ``add_rms_norm`` (one kernel or XLA's) and then ``linear``."""
-    if skinny_ops.fuses_norm(x, w):
-        s = x if update is None else x + update.astype(x.dtype)
-        return s, skinny_ops.matmul(s, w, norm=(g, eps))
-    s, h = add_rms_norm(x, update, g, eps)
-    return s, linear(h, w)
-
-
-def _swiglu_linear(gate_up, w):
-    """``(silu(gate) * up) @ w`` for ``gate_up = [gate | up]``: in the few-token kernel's prologue where it serves
-    (``skinny_matmul.ops.fuses_swiglu``), else XLA's elementwise kernel and ``linear``."""
-    if skinny_ops.fuses_swiglu(gate_up, w):
-        return skinny_ops.matmul(gate_up, w, swiglu=True)
-    gate, up = jnp.split(gate_up, 2, axis=-1)
-    return linear(jax.nn.silu(gate) * up, w)
-
-
-def _layer(cfg: ModelConfig, lw: Layer, i: int, x, qkv, cos, sin, cache: KVCache, mask, tree_bits=None,
+def _layer(cfg: ModelConfig, lw: Layer, i: int, x, h, cos, sin, cache: KVCache, mask, tree_bits=None,
            fused: str | None = None):
-    """Layer `i` on the residual stream `x` entering it and `qkv`, its input-normed form's projection. Returns the
-    stream after the attention block, the MLP block's output (the next residual update: the next norm adds it and
-    norms the sum), the cache and this step's K/V."""
+    """Layer `i` on the residual stream `x` entering it and `h`, its input-normed form. Returns the stream after
+    the attention block, the MLP block's output (the next residual update: the next `add_rms_norm` adds it and
+    norms the sum in one go), the cache and this step's K/V."""
     b, t, _ = x.shape
-    q, k, v = split_heads(qkv, cfg, lw.q_norm, lw.k_norm, cos, sin)  # q_norm is None where cfg.qk_norm is off
+    q, k, v = split_heads(linear(h, lw.w_qkv), cfg, lw.q_norm, lw.k_norm, cos, sin)  # no q_norm: cfg.qk_norm off
     if tree_bits is None:  # XLA / cuDNN attention read the new tokens' K/V from the cache: write them first
         cache = dataclasses.replace(
             cache, k=write_layer(cache.k, i, k, cache.lengths), v=write_layer(cache.v, i, v, cache.lengths)
@@ -150,8 +129,9 @@ def _layer(cfg: ModelConfig, lw: Layer, i: int, x, qkv, cos, sin, cache: KVCache
         from pallas_kernels.tree_attention import tree_attention
 
         attn = tree_attention(q, cache.k[i], cache.v[i], cache.lengths, k, v, tree_bits).reshape(b, t, -1)
-    x, gate_up = _add_norm_linear(x, linear(attn, lw.w_o), lw.mlp_norm, cfg.rms_norm_eps, lw.w_gate_up)
-    return x, _swiglu_linear(gate_up, lw.w_down), cache, (k, v)
+    x, h = add_rms_norm(x, linear(attn, lw.w_o), lw.mlp_norm, cfg.rms_norm_eps)
+    gate, up = jnp.split(linear(h, lw.w_gate_up), 2, axis=-1)
+    return x, linear(jax.nn.silu(gate) * up, lw.w_down), cache, (k, v)
 
 
 def forward(
@@ -191,11 +171,10 @@ def forward(
     x, update = weights.embed[tokens].astype(cache.k.dtype), None
     hidden, new_kv = {}, []
     for i, lw in enumerate(weights.layers):
-        # x: the stream after layer i - 1
-        x, qkv = _add_norm_linear(x, update, lw.attn_norm, cfg.rms_norm_eps, lw.w_qkv)
+        x, h = add_rms_norm(x, update, lw.attn_norm, cfg.rms_norm_eps)  # x: the stream after layer i - 1
         if i - 1 in hidden_layer_ids:
             hidden[i - 1] = x
-        x, update, cache, kv = _layer(cfg, lw, i, x, qkv, cos, sin, cache, mask, tree_bits,
+        x, update, cache, kv = _layer(cfg, lw, i, x, h, cos, sin, cache, mask, tree_bits,
                                       "cudnn" if attention == "cudnn" else None)
         new_kv.append(kv)
     if tree_bits is not None:  # the kernel read the new K/V from k, v: write every layer's in one scatter each
@@ -203,12 +182,9 @@ def forward(
         every = slice(None)
         cache = dataclasses.replace(cache, k=write_layer(cache.k, every, ks, cache.lengths),
                                     v=write_layer(cache.v, every, vs, cache.lengths))
-    if cfg.num_layers - 1 in hidden_layer_ids:  # the drafter reads the normed state itself
-        x = add_rms_norm(x, update, weights.final_norm, cfg.rms_norm_eps)[1]
+    x = add_rms_norm(x, update, weights.final_norm, cfg.rms_norm_eps)[1]
+    if cfg.num_layers - 1 in hidden_layer_ids:
         hidden[cfg.num_layers - 1] = x
-        logits = linear(x, weights.lm_head)
-    else:
-        logits = _add_norm_linear(x, update, weights.final_norm, cfg.rms_norm_eps, weights.lm_head)[1]
-    logits = logits.astype(jnp.float32)
+    logits = linear(x, weights.lm_head).astype(jnp.float32)
     hid = jnp.concatenate([hidden[i] for i in hidden_layer_ids], axis=-1) if hidden_layer_ids else None
     return StepOutput(logits=logits, cache=cache, hidden=hid)

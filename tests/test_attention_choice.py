@@ -3,13 +3,11 @@ computes the same step as the dense-mask XLA attention, inside the forward pass 
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import pallas_kernels.tree_attention as ta
 from specpilot.decoding import make_engine
 from specpilot.models import dflash, target
 from specpilot.models.kv_cache import KVCache
@@ -84,14 +82,14 @@ def test_pallas_tree_kernel_in_interpret_mode_inside_the_model(monkeypatch):
 
     def kernel(*args, **kw):
         calls.append(args[0].shape)
-        return mosaic_gpu.tree_attention(*args, interpret=plgpu.InterpretGPUParams())
+        return mosaic_gpu.tree_attention_packed(*args, interpret=plgpu.InterpretGPUParams())
 
-    monkeypatch.setattr(ta, "tree_attention", kernel)
+    monkeypatch.setattr(target, "tree_attention_packed", kernel)
     cfg = tm.target_config(vocab=32, hidden=128, layers=1, heads=4, kv_heads=1, head_dim=64)
     w = init_random_target(cfg, 1, jnp.bfloat16)
     want, _ = step(cfg, w, jnp.bfloat16, "xla", [70, 3], 12, seed=1)
     got, _ = step(cfg, w, jnp.bfloat16, "pallas_tree", [70, 3], 12, seed=1)
-    assert calls == [(2, 12, 4, 64)]
+    assert calls == [(2, 12, 6, 64)]  # 4 q heads, 1 k head, 1 v head in one array
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=0.1, rtol=0.05)  # bf16 rounding differs
     assert np.mean(np.argmax(np.asarray(got), -1) == np.argmax(np.asarray(want), -1)) > 0.9
 
@@ -135,15 +133,15 @@ def test_drafter_pallas_tree_kernel_in_interpret_mode(monkeypatch):
 
     def kernel(*args, **kw):
         calls.append(args[0].shape)
-        return mosaic_gpu.tree_attention(*args, interpret=plgpu.InterpretGPUParams())
+        return mosaic_gpu.tree_attention_packed(*args, interpret=plgpu.InterpretGPUParams())
 
-    monkeypatch.setattr(ta, "tree_attention", kernel)
+    monkeypatch.setattr(dflash, "tree_attention_packed", kernel)
     tcfg = tm.target_config(vocab=32, hidden=128)
     dlayers = tm.drafter_layers_config(tcfg, num_layers=2, heads=4, kv_heads=1, head_dim=64)
     tcfg, tw, dcfg, dw = tm.random_pair(tcfg, block_size=16, drafter_layers=dlayers, dtype=jnp.bfloat16)
     want = draft(dcfg, tw, dw, jnp.bfloat16, "xla", [70, 3], seed=1)
     got = draft(dcfg, tw, dw, jnp.bfloat16, "pallas_tree", [70, 3], seed=1)
-    assert calls == [(2, 16, 4, 64)] * 2
+    assert calls == [(2, 16, 6, 64)] * 2
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=0.1, rtol=0.05)  # bf16 rounding differs
     assert np.mean(np.argmax(np.asarray(got), -1) == np.argmax(np.asarray(want), -1)) > 0.9
 

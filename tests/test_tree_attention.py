@@ -193,6 +193,46 @@ class TestMosaicGpuInterpret(TreeAttentionSuite):
             self.run(args, config)
 
 
+def pack(args):
+    """The suite's inputs with the nodes' q, k and v packed head-wise: ``tree_attention_packed``'s arguments."""
+    q, k_cache, v_cache, lengths, k_tree, v_tree, bits = args
+    return jnp.concatenate([q, k_tree, v_tree], axis=2), k_cache, v_cache, lengths, bits
+
+
+class TestPackedReference(TreeAttentionSuite):
+    def run(self, args, config):
+        return ta.tree_attention_packed(*pack(args), implementation="reference")
+
+    def test_unpack_heads_inverts_pack(self):
+        args, _ = make_inputs(2, 5, 8, 2, 64, 64, "random", [3, 9], seed=4)
+        for got, want in zip(ta.unpack_heads(pack(args)[0], 2), (args[0], args[4], args[5])):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+class TestPackedMosaicGpuInterpret(TreeAttentionSuite):
+    """The kernel reading q, k and v at their head offsets in one array, every case of the suite."""
+
+    def run(self, args, config):
+        return ta_mosaic_gpu.tree_attention_packed(*pack(args), config=config, interpret=plgpu.InterpretGPUParams())
+
+    def test_too_few_heads_is_a_clear_error(self):
+        args, _ = make_inputs(1, 8, 4, 2, 64, 128, "random", [10], seed=0)
+        qkv = pack(args)[0][:, :, :5]
+        with pytest.raises(ValueError, match="qkv has 5 heads"):
+            ta_mosaic_gpu.tree_attention_packed(qkv, *pack(args)[1:], interpret=plgpu.InterpretGPUParams())
+
+
+@pytest.mark.parametrize("b,n", [(1, 1), (1, 16), (1, 64)])
+def test_packed_kernel_lowers_for_cuda(b, n):
+    """The packed form at Qwen3-8B shapes (48 heads: 32 q, 8 k, 8 v) lowers for the H200 on the CPU: TMA boxes at
+    head offsets 0, 32 and 40 of one array."""
+    sds = jax.ShapeDtypeStruct
+    kv = sds((b, 2048, 8, 128), jnp.bfloat16)
+    shapes = (sds((b, n, 48, 128), jnp.bfloat16), kv, kv, sds((b,), jnp.int32), sds((b, n, ta.num_words(n)), jnp.uint32))
+    run = jax.jit(lambda *a: ta_mosaic_gpu.tree_attention_packed(*a, interpretable=False))
+    assert "mosaic_gpu" in run.trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+
+
 @pytest.mark.parametrize(
     "b,n,config",
     [
@@ -244,6 +284,13 @@ class TestMosaicGpu(TreeAttentionSuite):
         out = self.run(args, None)
         err = np.abs(np.asarray(out, np.float64) - oracle(*args[:-1], visible))
         assert err.max() < 2e-2 and err.mean() < 2e-3, (err.max(), err.mean())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ta_ops._on_hopper(), reason="needs an H100/H200")
+class TestPackedMosaicGpu(TestMosaicGpu):
+    def run(self, args, config):
+        return jax.jit(lambda *a: ta.tree_attention_packed(*a, implementation="pallas", config=config))(*pack(args))
 
 
 def test_default_falls_back_to_reference_loudly(caplog):

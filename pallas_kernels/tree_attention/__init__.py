@@ -1,7 +1,8 @@
 """Tree-verification attention: every draft-tree node attends to its request's cached
 prefix and to its own ancestors, in one pass.
 
-``tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, ancestor_bits)``; the
+``tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, ancestor_bits)``, or
+``tree_attention_packed(qkv, k_cache, v_cache, lengths, ancestor_bits)`` with q, k and v in one array; the
 ancestor bitmask layout is specified in ``ancestors.py``, the kernel's layout and
 algorithm in ``mosaic_gpu.py``, the benchmark is ``python -m pallas_kernels.tree_attention.bench``.
 """
@@ -13,7 +14,7 @@ from pallas_kernels.tree_attention.ancestors import (
     parents_to_ancestor_bits,
 )
 from pallas_kernels.tree_attention.config import TuningConfig
-from pallas_kernels.tree_attention.ops import tree_attention
+from pallas_kernels.tree_attention.ops import tree_attention, tree_attention_packed, unpack_heads
 from pallas_kernels.tree_attention.reference import tree_attention_reference
 
 __all__ = [
@@ -23,5 +24,7 @@ __all__ = [
     "num_words",
     "parents_to_ancestor_bits",
     "tree_attention",
+    "tree_attention_packed",
     "tree_attention_reference",
+    "unpack_heads",
 ]

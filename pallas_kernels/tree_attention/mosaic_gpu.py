@@ -119,7 +119,7 @@ def smem_bytes(d: int, row_words: int, config: TuningConfig, *, final: bool, int
 
 
 def _kernel_call(
-    q5,
+    q,
     k_cache,
     v_cache,
     lengths,
@@ -127,6 +127,8 @@ def _kernel_call(
     v_tree,
     row_bits,
     *,
+    groups: int,
+    head0: tuple[int, int, int],
     config: TuningConfig,
     n_pad: int,
     splits: int,
@@ -134,10 +136,16 @@ def _kernel_call(
     interpretable: bool,
     interpret,
 ):
-    """The ``(B, Hkv, row blocks, splits)`` grid over ``n_pad`` nodes (``q5`` may hold fewer: TMA reads zeros past
-    them and stores nothing there); returns the output, plus lse when ``splits > 1``."""
-    b, _, hkv, g, d = q5.shape
-    dtype = q5.dtype
+    """The ``(B, Hkv, row blocks, splits)`` grid over ``n_pad`` nodes (``q`` may hold fewer: TMA reads zeros past
+    them and stores nothing there); returns the output ``[B, n, Hkv, G, D]``, plus lse when ``splits > 1``.
+
+    ``q``, ``k_tree`` and ``v_tree`` are ``[B, n, heads, D]`` arrays in which the query heads start at head
+    ``head0[0]`` (``G = groups`` of them per KV head, KV head-major), the tree's key heads at ``head0[1]`` and its
+    value heads at ``head0[2]``: three arrays of their own (offsets 0), or one array holding all three."""
+    b, n_q, _, d = q.shape
+    hkv, g = k_cache.shape[2], groups
+    q0, k0, v0 = head0
+    dtype = q.dtype
     block_m, block_kv = config.block_m, config.block_kv
     nodes = block_m // g  # T: nodes per row block
     row_blocks = n_pad // nodes
@@ -158,7 +166,8 @@ def _kernel_call(
 
         for gi in range(g):
             plgpu.copy_gmem_to_smem(
-                q_ref.at[bi, pl.ds(node0, nodes), hi, gi], q_smem.at[pl.ds(gi * nodes, nodes)], load_barrier
+                q_ref.at[bi, pl.ds(node0, nodes), q0 + hi * g + gi], q_smem.at[pl.ds(gi * nodes, nodes)],
+                load_barrier,
             )
         plgpu.copy_gmem_to_smem(bits_ref.at[bi, row_block], bits_smem, load_barrier)
         plgpu.barrier_wait(load_barrier)
@@ -244,7 +253,7 @@ def _kernel_call(
             in_specs=[kv_spec(tree_lo)] * 2,
             max_concurrent_steps=min(config.max_concurrent_steps, tree_blocks),
             init_carry=carry,
-        )(k_tree_ref.at[bi, :, hi], v_tree_ref.at[bi, :, hi])
+        )(k_tree_ref.at[bi, :, k0 + hi], v_tree_ref.at[bi, :, v0 + hi])
         acc, row_max, row_sum = carry
 
         seen = row_sum > 0  # rows with no visible key (padding) write 0, lse -inf
@@ -261,10 +270,10 @@ def _kernel_call(
         plgpu.wait_smem_to_gmem(0)
 
     if final:
-        out_type = jax.ShapeDtypeStruct(q5.shape, dtype)
+        out_type = jax.ShapeDtypeStruct((b, n_q, hkv, g, d), dtype)
     else:
         out_type = (
-            jax.ShapeDtypeStruct((splits, *q5.shape), jnp.float32),
+            jax.ShapeDtypeStruct((splits, b, n_q, hkv, g, d), jnp.float32),
             jax.ShapeDtypeStruct((splits, b, hkv, row_blocks, block_m), jnp.float32),
         )
     scratch = (
@@ -284,7 +293,7 @@ def _kernel_call(
         compiler_params=plgpu.CompilerParams(approx_math=True, lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
         interpret=interpret,
     )
-    return call(q5, k_cache, v_cache, lengths, k_tree, v_tree, row_bits)
+    return call(q, k_cache, v_cache, lengths, k_tree, v_tree, row_bits)
 
 
 def _row_bits(ancestor_bits, n, n_pad, nodes, g, words):
@@ -346,7 +355,49 @@ def tree_attention(
     """
     config = config or TuningConfig()
     check_supported(q, k_cache, v_cache, k_tree, v_tree, ancestor_bits, config)
-    b, n, hq, d = q.shape
+    # q, k_tree and v_tree go in unpadded where TMA can tile them (a one-node AR step, any n a multiple of 8):
+    # the boxes past their nodes read zeros (hidden by the ancestor bits) and store nothing
+    q, k_tree, v_tree = (pad_for_tma(x, _NODE_TILES) for x in (q, k_tree, v_tree))
+    return _attend(q, k_tree, v_tree, (0, 0, 0), q.shape[2], k_cache, v_cache, lengths, ancestor_bits, config,
+                   interpret, interpretable)
+
+
+def tree_attention_packed(
+    qkv,
+    k_cache,
+    v_cache,
+    lengths,
+    ancestor_bits,
+    *,
+    config: TuningConfig | None = None,
+    interpret: plgpu.InterpretGPUParams | None = None,
+    interpretable: bool | None = None,
+) -> jax.Array:
+    """``tree_attention`` with the nodes' query, key and value heads side by side in one array ``qkv``
+    ``[B, n, Hq + 2 Hkv, D]`` (Hkv from the cache): the kernel reads each from its head offset, so a model that
+    norms and rotates q and k in one kernel hands that kernel's output over whole, with no copies of q, k or v.
+    """
+    config = config or TuningConfig()
+    hkv = k_cache.shape[2]
+    b, n, heads, d = qkv.shape
+    hq = heads - 2 * hkv
+    if hq < hkv:
+        raise ValueError(f"tree attention: qkv has {heads} heads, fewer than Hq >= Hkv plus 2 Hkv = {3 * hkv}")
+    view = lambda h: jax.ShapeDtypeStruct((b, n, h, d), qkv.dtype)  # noqa: E731
+    check_supported(view(hq), k_cache, v_cache, view(hkv), view(hkv), ancestor_bits, config)
+    qkv = pad_for_tma(qkv, _NODE_TILES)
+    return _attend(qkv, qkv, qkv, (0, hq, hq + hkv), hq, k_cache, v_cache, lengths, ancestor_bits, config, interpret,
+                   interpretable)
+
+
+_NODE_TILES = (1, 8, 1, 1)
+
+
+def _attend(q_src, k_src, v_src, head0, hq, k_cache, v_cache, lengths, ancestor_bits, config, interpret,
+            interpretable):
+    """The kernel and its combine over checked, TMA-ready ``[B, n (or more), heads, D]`` sources."""
+    b, n = ancestor_bits.shape[:2]
+    d = q_src.shape[3]
     s, hkv = k_cache.shape[1], k_cache.shape[2]
     g = hq // hkv
     nodes = config.block_m // g
@@ -360,24 +411,18 @@ def tree_attention(
         raise NotImplementedError(
             f"{smem} bytes of shared memory per CTA exceed {_SMEM_LIMIT}: lower max_concurrent_steps or block_kv"
         )
-
-    # q, k_tree and v_tree go in unpadded where TMA can tile them (a one-node AR step, any n a multiple of 8):
-    # the boxes past their nodes read zeros (hidden by the ancestor bits) and store nothing
-    tiles = (1, 8, 1, 1)
-    q5 = pad_for_tma(q, tiles)
-    n_q = q5.shape[1]
-    q5 = q5.reshape(b, n_q, hkv, g, d)
-    k_tree, v_tree = pad_for_tma(k_tree, tiles), pad_for_tma(v_tree, tiles)
     row_bits = _row_bits(ancestor_bits, n, n_pad, nodes, g, row_words)
     lengths = jnp.clip(lengths, 0, s).astype(jnp.int32)
     result = _kernel_call(
-        q5,
+        q_src,
         k_cache,
         v_cache,
         lengths,
-        k_tree,
-        v_tree,
+        k_src,
+        v_src,
         row_bits,
+        groups=g,
+        head0=head0,
         config=config,
         n_pad=n_pad,
         splits=splits,
@@ -386,5 +431,6 @@ def tree_attention(
         interpret=interpret,
     )
     out = result if splits == 1 else _combine(*result, n_pad)
+    n_q = q_src.shape[1]
     out = out.reshape(b, n_q, hq, d)
-    return (out if n_q == n else out[:, :n]).astype(q.dtype)
+    return (out if n_q == n else out[:, :n]).astype(q_src.dtype)

@@ -17,24 +17,34 @@ Implementation = Literal["pallas", "reference"]
 _IMPLEMENTATIONS = ("pallas", "reference")
 
 
-def _pallas(q, k_cache, v_cache, lengths, k_tree, v_tree, ancestor_bits, config, interpret):
+def _pallas(name, *args, config, interpret):
+    """``mosaic_gpu.<name>(*args)``: ``tree_attention`` or ``tree_attention_packed``."""
     from jax.experimental.pallas import mosaic_gpu as plgpu  # lazy: importing the package stays cheap
 
     from pallas_kernels.tree_attention import mosaic_gpu
 
     if not interpret and not _on_hopper():
         raise NotImplementedError("the tree attention kernel needs an H100/H200 (or interpret=True)")
-    return mosaic_gpu.tree_attention(
-        q,
-        k_cache,
-        v_cache,
-        lengths,
-        k_tree,
-        v_tree,
-        ancestor_bits,
-        config=config,
-        interpret=plgpu.InterpretGPUParams() if interpret else None,
-    )
+    return getattr(mosaic_gpu, name)(*args, config=config,
+                                      interpret=plgpu.InterpretGPUParams() if interpret else None)
+
+
+def _dispatch(name, reference, args, implementation, interpret, config, what):
+    if implementation not in (None, *_IMPLEMENTATIONS):
+        raise ValueError(
+            f"unknown tree attention implementation {implementation!r}; expected one of {_IMPLEMENTATIONS}"
+        )
+    if implementation == "reference":
+        return reference(*args)
+    if implementation == "pallas":
+        return _pallas(name, *args, config=config, interpret=interpret)
+    if not (interpret or _on_hopper()):
+        return reference(*args)
+    try:
+        return _pallas(name, *args, config=config, interpret=interpret)
+    except NotImplementedError as e:
+        _log.warning("tree attention falls back to the reference for %s, k_cache%s: %s", what, args[1].shape, e)
+        return reference(*args)
 
 
 def tree_attention(
@@ -64,19 +74,37 @@ def tree_attention(
     reference elsewhere; a shape the kernel does not support then falls back to the
     reference with a warning at trace time, so the result is never silently wrong.
     """
-    if implementation not in (None, *_IMPLEMENTATIONS):
-        raise ValueError(
-            f"unknown tree attention implementation {implementation!r}; expected one of {_IMPLEMENTATIONS}"
-        )
     args = (q, k_cache, v_cache, lengths, k_tree, v_tree, ancestor_bits)
-    if implementation == "reference":
-        return tree_attention_reference(*args)
-    if implementation == "pallas":
-        return _pallas(*args, config, interpret)
-    if not (interpret or _on_hopper()):
-        return tree_attention_reference(*args)
-    try:
-        return _pallas(*args, config, interpret)
-    except NotImplementedError as e:
-        _log.warning("tree attention falls back to the reference for q%s, k_cache%s: %s", q.shape, k_cache.shape, e)
-        return tree_attention_reference(*args)
+    return _dispatch("tree_attention", tree_attention_reference, args, implementation, interpret, config,
+                     f"q{q.shape}")
+
+
+def unpack_heads(qkv: jax.Array, num_kv_heads: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(q, k, v)`` from heads packed as ``[B, n, Hq + 2 Hkv, D]`` (query heads, then key, then value heads)."""
+    hq = qkv.shape[2] - 2 * num_kv_heads
+    return qkv[:, :, :hq], qkv[:, :, hq : hq + num_kv_heads], qkv[:, :, hq + num_kv_heads :]
+
+
+def _packed_reference(qkv, k_cache, v_cache, lengths, ancestor_bits):
+    q, k_tree, v_tree = unpack_heads(qkv, k_cache.shape[2])
+    return tree_attention_reference(q, k_cache, v_cache, lengths, k_tree, v_tree, ancestor_bits)
+
+
+def tree_attention_packed(
+    qkv: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    lengths: jax.Array,
+    ancestor_bits: jax.Array,
+    *,
+    implementation: Implementation | None = None,
+    interpret: bool = False,
+    config: TuningConfig | None = None,
+) -> jax.Array:
+    """``tree_attention`` with the nodes' q, k and v heads in one array ``[B, n, Hq + 2 Hkv, D]`` (``unpack_heads``'s
+    layout; Hkv is the cache's): the kernel reads each part at its head offset, so no slice of q, k or v is copied
+    out first (at 16 rows those were three XLA kernels a layer). Implementations and fallback as ``tree_attention``.
+    """
+    args = (qkv, k_cache, v_cache, lengths, ancestor_bits)
+    return _dispatch("tree_attention_packed", _packed_reference, args, implementation, interpret, config,
+                     f"qkv{qkv.shape}")

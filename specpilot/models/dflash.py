@@ -11,7 +11,8 @@ Semantics (matching z-lab/dflash's model code; see docs/dflash_semantics.md):
 Attention (`draft_logits(..., attention=)`, the engine's `attention` knob, as the target's): `xla` and `cudnn`
 concatenate the cached context's K/V with the block's and mask the concatenation densely; `pallas_tree` hands the
 context (read up to `ctx.lengths`) and the block's own K/V to the tree-attention kernel with every block row seeing
-every valid block row (an all-ones "ancestor" mask): no concatenation, no dense mask, one kernel a layer.
+every valid block row (an all-ones "ancestor" mask), reading q, k and v from `rotate_heads`'s one array: no
+concatenation, no dense mask, no q/k/v copies, one kernel a layer.
 
 The context K/V are cached per layer (`ingest`), so a round only projects the newly committed tokens'
 features; the block's own K/V are never cached.
@@ -24,7 +25,8 @@ import jax.numpy as jnp
 
 from specpilot.models.config import DrafterConfig
 from specpilot.models.kv_cache import KVCache, init_cache, write_layer
-from specpilot.models.target import ATTENTION, apply_rope, fused_attention, rms_norm, rope_tables, split_heads
+from pallas_kernels.tree_attention import dense_to_ancestor_bits, tree_attention_packed, unpack_heads
+from specpilot.models.target import ATTENTION, apply_rope, fused_attention, rms_norm, rope_tables, rotate_heads
 from specpilot.models.target import attention as dense_attention
 from specpilot.models.weights import DrafterWeights, linear
 
@@ -71,12 +73,13 @@ def draft_logits(
     block_tokens: jax.Array,
     block_valid: jax.Array | None = None,
     attention: str = "xla",
+    attention_config=None,
 ) -> jax.Array:
     """Logits [B, T, V] for every block row; block row i sits at position ctx.lengths + i.
 
     block_valid [B] (optional): only the first block_valid[b] block rows exist as keys (reproduces the
     reference DDTree loop's shortened block near its buffer end). attention: "xla" | "cudnn" | "pallas_tree"
-    (module docstring).
+    (module docstring); attention_config: the tree-attention kernel's `TuningConfig` (None: its default).
     """
     if attention not in ATTENTION:
         raise ValueError(f"attention: unknown implementation {attention!r} (choose from {', '.join(ATTENTION)})")
@@ -87,8 +90,6 @@ def draft_logits(
     cos, sin = rope_tables(lc, pos)
     blk_visible = jnp.ones((b, t), bool) if block_valid is None else jnp.arange(t)[None, :] < block_valid[:, None]
     if attention == "pallas_tree":
-        from pallas_kernels.tree_attention import dense_to_ancestor_bits, tree_attention
-
         bits = dense_to_ancestor_bits(jnp.broadcast_to(blk_visible[:, None, :], (b, t, t)))
     else:
         ctx_visible = jnp.arange(ctx.capacity)[None, :] < ctx.lengths[:, None]  # [B, S]
@@ -96,11 +97,12 @@ def draft_logits(
         mask = jnp.broadcast_to(visible[:, None, :], (b, t, visible.shape[1]))
     for i, lw in enumerate(weights.layers):
         x = rms_norm(h, lw.attn_norm, lc.rms_norm_eps)
-        q, k, v = split_heads(linear(x, lw.w_qkv), lc, lw.q_norm, lw.k_norm, cos, sin)
-        k, v = k.astype(ctx.k.dtype), v.astype(ctx.v.dtype)
+        heads = rotate_heads(linear(x, lw.w_qkv), lc, lw.q_norm, lw.k_norm, cos, sin).astype(ctx.k.dtype)
         if attention == "pallas_tree":
-            attn = tree_attention(q, ctx.k[i], ctx.v[i], ctx.lengths, k, v, bits).reshape(b, t, -1)
+            attn = tree_attention_packed(heads, ctx.k[i], ctx.v[i], ctx.lengths, bits,
+                                         config=attention_config).reshape(b, t, -1)
         else:
+            q, k, v = unpack_heads(heads, lc.num_kv_heads)
             keys = jnp.concatenate([ctx.k[i], k], axis=1)
             vals = jnp.concatenate([ctx.v[i], v], axis=1)
             attn = (dense_attention(q, keys, vals, mask) if attention == "xla"

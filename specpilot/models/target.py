@@ -13,6 +13,7 @@ Attention implementations (`forward(..., attention=)`, the engines' `attention` 
   (16-bit weights, head_dim a multiple of 64; other shapes fall back to its jnp reference with a warning),
   the jnp reference elsewhere. It does not read the new tokens from the cache, so their K/V are written after the
   last layer, for all layers at once (`kv_cache.write_layer` with every layer: 2 scatters a step, not 2 per layer).
+  The kernel reads the new tokens' q, k and v from `rotate_heads`'s one array (`tree_attention_packed`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import jax.numpy as jnp
 
 from pallas_kernels.add_rms_norm import add_rms_norm
 from pallas_kernels.add_rms_norm.reference import rms_norm
+from pallas_kernels.tree_attention import dense_to_ancestor_bits, tree_attention_packed, unpack_heads
 from specpilot.models.config import ModelConfig, rope_inv_freq
 from specpilot.models.kv_cache import KVCache, write_layer
 from specpilot.models.weights import Layer, TargetWeights, linear
@@ -94,20 +96,21 @@ def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, i
     return out.reshape(b, t, hq * d)
 
 
-def split_heads(qkv: jax.Array, cfg: ModelConfig, q_norm, k_norm, cos, sin):
-    """``(q, k, v)`` ``[B, T, H, D]`` from a fused projection ``[B, T, (Hq + 2 Hkv) D]``: q and k RMS-normed per head
-    (when ``q_norm`` / ``k_norm`` are given: Qwen3) and rotated. q's and k's heads go side by side, so their norms
-    and rope run as one reduction and one elementwise kernel, not two each (the same per-row and per-element
-    arithmetic as norming and rotating q and k apart)."""
+def rotate_heads(qkv: jax.Array, cfg: ModelConfig, q_norm, k_norm, cos, sin) -> jax.Array:
+    """A fused projection ``[B, T, (Hq + 2 Hkv) D]`` as heads ``[B, T, Hq + 2 Hkv, D]``: q's heads, then k's, both
+    RMS-normed per head (when ``q_norm`` / ``k_norm`` are given: Qwen3) and rotated, then v's as projected
+    (``tree_attention.unpack_heads``'s layout). q's and k's heads go side by side, so their norms and rope run as one
+    reduction and one elementwise kernel, not two each (the same per-row and per-element arithmetic as norming and
+    rotating q and k apart); v rides along in that kernel's output, so the tree-attention kernel takes the whole
+    array (``tree_attention_packed``) and nothing is sliced out for it."""
     b, t, _ = qkv.shape
     hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    qk = qkv[..., : cfg.q_size + cfg.kv_size].reshape(b, t, hq + hkv, d)
-    v = qkv[..., cfg.q_size + cfg.kv_size :].reshape(b, t, hkv, d)
+    heads = qkv.reshape(b, t, hq + 2 * hkv, d)
+    qk, v = heads[:, :, : hq + hkv], heads[:, :, hq + hkv :]
     if q_norm is not None:
         g = jnp.concatenate([jnp.broadcast_to(q_norm, (hq, d)), jnp.broadcast_to(k_norm, (hkv, d))])
         qk = rms_norm(qk, g, cfg.rms_norm_eps)
-    qk = apply_rope(qk, cos, sin)
-    return qk[:, :, :hq], qk[:, :, hq:], v
+    return jnp.concatenate([apply_rope(qk, cos, sin), v], axis=2)
 
 
 def _layer(cfg: ModelConfig, lw: Layer, i: int, x, h, cos, sin, cache: KVCache, mask, tree_bits=None,
@@ -116,7 +119,8 @@ def _layer(cfg: ModelConfig, lw: Layer, i: int, x, h, cos, sin, cache: KVCache, 
     the attention block, the MLP block's output (the next residual update: the next `add_rms_norm` adds it and
     norms the sum in one go), the cache and this step's K/V."""
     b, t, _ = x.shape
-    q, k, v = split_heads(linear(h, lw.w_qkv), cfg, lw.q_norm, lw.k_norm, cos, sin)  # no q_norm: cfg.qk_norm off
+    heads = rotate_heads(linear(h, lw.w_qkv), cfg, lw.q_norm, lw.k_norm, cos, sin)  # no q_norm: cfg.qk_norm off
+    q, k, v = unpack_heads(heads, cfg.num_kv_heads)
     if tree_bits is None:  # XLA / cuDNN attention read the new tokens' K/V from the cache: write them first
         cache = dataclasses.replace(
             cache, k=write_layer(cache.k, i, k, cache.lengths), v=write_layer(cache.v, i, v, cache.lengths)
@@ -125,10 +129,8 @@ def _layer(cfg: ModelConfig, lw: Layer, i: int, x, h, cos, sin, cache: KVCache, 
         attn = fused_attention(q, cache.k[i], cache.v[i], mask, fused)
     elif tree_bits is None:
         attn = attention(q, cache.k[i], cache.v[i], mask)
-    else:  # the kernel reads the prefix below `lengths` and the new tokens from k, v (not from the cache)
-        from pallas_kernels.tree_attention import tree_attention
-
-        attn = tree_attention(q, cache.k[i], cache.v[i], cache.lengths, k, v, tree_bits).reshape(b, t, -1)
+    else:  # the kernel reads the prefix below `lengths` and the new tokens' q, k, v from `heads` (not the cache)
+        attn = tree_attention_packed(heads, cache.k[i], cache.v[i], cache.lengths, tree_bits).reshape(b, t, -1)
     x, h = add_rms_norm(x, linear(attn, lw.w_o), lw.mlp_norm, cfg.rms_norm_eps)
     gate, up = jnp.split(linear(h, lw.w_gate_up), 2, axis=-1)
     return x, linear(jax.nn.silu(gate) * up, lw.w_down), cache, (k, v)
@@ -162,8 +164,6 @@ def forward(
         block_mask = causal_block_mask(b, t)
     mask = tree_bits = None
     if attention == "pallas_tree":
-        from pallas_kernels.tree_attention import dense_to_ancestor_bits
-
         tree_bits = dense_to_ancestor_bits(block_mask)
     else:
         mask = cache_mask(cache.lengths, block_mask, cache.capacity)

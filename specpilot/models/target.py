@@ -13,7 +13,9 @@ Attention implementations (`forward(..., attention=)`, the engines' `attention` 
   (16-bit weights, head_dim a multiple of 64; other shapes fall back to its jnp reference with a warning),
   the jnp reference elsewhere. It does not read the new tokens from the cache, so their K/V are written after the
   last layer, for all layers at once (`kv_cache.write_layer` with every layer: 2 scatters a step, not 2 per layer).
-  The kernel reads the new tokens' q, k and v from `rotate_heads`'s one array (`tree_attention_packed`).
+  Above one new token the kernel reads their q, k and v from `rotate_heads`'s one array (`tree_attention_packed`):
+  at 16 rows that removed three copies a layer; at one row the packing itself cost a kernel a layer (+38 launches in
+  the H200's AR step, docs/results/2026-12-01-drafter-tree-h200/), so a one-token step passes q, k and v as they are.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import jax.numpy as jnp
 
 from pallas_kernels.add_rms_norm import add_rms_norm
 from pallas_kernels.add_rms_norm.reference import rms_norm
-from pallas_kernels.tree_attention import dense_to_ancestor_bits, tree_attention_packed, unpack_heads
+from pallas_kernels.tree_attention import dense_to_ancestor_bits, tree_attention, tree_attention_packed, unpack_heads
 from specpilot.models.config import ModelConfig, rope_inv_freq
 from specpilot.models.kv_cache import KVCache, write_layer
 from specpilot.models.weights import Layer, TargetWeights, linear
@@ -129,7 +131,9 @@ def _layer(cfg: ModelConfig, lw: Layer, i: int, x, h, cos, sin, cache: KVCache, 
         attn = fused_attention(q, cache.k[i], cache.v[i], mask, fused)
     elif tree_bits is None:
         attn = attention(q, cache.k[i], cache.v[i], mask)
-    else:  # the kernel reads the prefix below `lengths` and the new tokens' q, k, v from `heads` (not the cache)
+    elif t == 1:  # the kernel reads the prefix below `lengths` and the new token's q, k, v (not from the cache)
+        attn = tree_attention(q, cache.k[i], cache.v[i], cache.lengths, k, v, tree_bits).reshape(b, t, -1)
+    else:  # the same with the new tokens' q, k and v read from `heads`, so none is copied out of it first
         attn = tree_attention_packed(heads, cache.k[i], cache.v[i], cache.lengths, tree_bits).reshape(b, t, -1)
     x, h = add_rms_norm(x, linear(attn, lw.w_o), lw.mlp_norm, cfg.rms_norm_eps)
     gate, up = jnp.split(linear(h, lw.w_gate_up), 2, axis=-1)

@@ -11,7 +11,7 @@ Semantics (matching z-lab/dflash's model code; see docs/dflash_semantics.md):
 Attention (`draft_logits(..., attention=)`, the engine's `attention` knob, as the target's): `xla` and `cudnn`
 concatenate the cached context's K/V with the block's and mask the concatenation densely; `pallas_tree` hands the
 context (read up to `ctx.lengths`) and the block's own K/V to the tree-attention kernel with every block row seeing
-every valid block row (an all-ones "ancestor" mask), reading q, k and v from `rotate_heads`'s one array: no
+every valid block row (an all-ones "ancestor" mask), reading q, k and v from one array (`target.pack_heads`): no
 concatenation, no dense mask, no q/k/v copies, one kernel a layer.
 
 The context K/V are cached per layer (`ingest`), so a round only projects the newly committed tokens'
@@ -25,8 +25,8 @@ import jax.numpy as jnp
 
 from specpilot.models.config import DrafterConfig
 from specpilot.models.kv_cache import KVCache, init_cache, write_layer
-from pallas_kernels.tree_attention import dense_to_ancestor_bits, tree_attention_packed, unpack_heads
-from specpilot.models.target import ATTENTION, apply_rope, fused_attention, rms_norm, rope_tables, rotate_heads
+from pallas_kernels.tree_attention import dense_to_ancestor_bits, tree_attention_packed
+from specpilot.models.target import ATTENTION, apply_rope, fused_attention, pack_heads, rms_norm, rope_tables, rotate_qk
 from specpilot.models.target import attention as dense_attention
 from specpilot.models.weights import DrafterWeights, linear
 
@@ -97,14 +97,14 @@ def draft_logits(
         mask = jnp.broadcast_to(visible[:, None, :], (b, t, visible.shape[1]))
     for i, lw in enumerate(weights.layers):
         x = rms_norm(h, lw.attn_norm, lc.rms_norm_eps)
-        heads = rotate_heads(linear(x, lw.w_qkv), lc, lw.q_norm, lw.k_norm, cos, sin).astype(ctx.k.dtype)
+        qk, v = rotate_qk(linear(x, lw.w_qkv), lc, lw.q_norm, lw.k_norm, cos, sin)
         if attention == "pallas_tree":
-            attn = tree_attention_packed(heads, ctx.k[i], ctx.v[i], ctx.lengths, bits,
-                                         config=attention_config).reshape(b, t, -1)
+            attn = tree_attention_packed(pack_heads(qk, v).astype(ctx.k.dtype), ctx.k[i], ctx.v[i], ctx.lengths,
+                                         bits, config=attention_config).reshape(b, t, -1)
         else:
-            q, k, v = unpack_heads(heads, lc.num_kv_heads)
-            keys = jnp.concatenate([ctx.k[i], k], axis=1)
-            vals = jnp.concatenate([ctx.v[i], v], axis=1)
+            q, k = qk[:, :, : lc.num_heads], qk[:, :, lc.num_heads :]
+            keys = jnp.concatenate([ctx.k[i], k.astype(ctx.k.dtype)], axis=1)
+            vals = jnp.concatenate([ctx.v[i], v.astype(ctx.v.dtype)], axis=1)
             attn = (dense_attention(q, keys, vals, mask) if attention == "xla"
                     else fused_attention(q, keys, vals, mask, attention))
         h = h + linear(attn, lw.w_o)

@@ -7,6 +7,10 @@ back to the next link's input, as rope or silu do in the model), timed by wall c
 calls). Prints µs per link and writes ``{"KxN": best split}`` as JSON for ``bench_roofline.py --skinny-splits``
 (``skinny_matmul.mosaic_gpu.SPLIT_K_BY_SHAPE``).
 
+Caveat, measured (docs/results/2026-12-01-drafter-tree-h200/): its picks on the H200 (qkv 8, o 4, gate/up 1, down 8)
+made the decode loop 0.05 ms slower than the auto split; the chain's per-link times were not monotonic in the split
+and carried host gaps. Decide with ``bench_roofline.py``'s ``split_decode_loop`` against ``fused_norm_decode_loop``.
+
     PYTHONPATH=$PWD python3 scripts/h200/split_probe.py --json $OUT/splits.json > $OUT/splits.txt
 """
 

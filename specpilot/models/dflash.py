@@ -23,9 +23,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.tree_attention import dense_to_ancestor_bits, tree_attention_packed
 from specpilot.models.config import DrafterConfig
 from specpilot.models.kv_cache import KVCache, init_cache, write_layer
-from pallas_kernels.tree_attention import dense_to_ancestor_bits, tree_attention_packed
 from specpilot.models.target import ATTENTION, apply_rope, fused_attention, pack_heads, rms_norm, rope_tables, rotate_qk
 from specpilot.models.target import attention as dense_attention
 from specpilot.models.weights import DrafterWeights, linear

@@ -383,8 +383,8 @@ def tree_attention_packed(
     hq = heads - 2 * hkv
     if hq < hkv:
         raise ValueError(f"tree attention: qkv has {heads} heads, fewer than Hq >= Hkv plus 2 Hkv = {3 * hkv}")
-    view = lambda h: jax.ShapeDtypeStruct((b, n, h, d), qkv.dtype)  # noqa: E731
-    check_supported(view(hq), k_cache, v_cache, view(hkv), view(hkv), ancestor_bits, config)
+    q_view, kv_view = (jax.ShapeDtypeStruct((b, n, h, d), qkv.dtype) for h in (hq, hkv))
+    check_supported(q_view, k_cache, v_cache, kv_view, kv_view, ancestor_bits, config)
     qkv = pad_for_tma(qkv, _NODE_TILES)
     return _attend(qkv, qkv, qkv, (0, hq, hq + hkv), hq, k_cache, v_cache, lengths, ancestor_bits, config, interpret,
                    interpretable)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.tree_attention import dense_to_ancestor_bits, tree_attention_packed
+from pallas_kernels.tree_attention import TuningConfig, dense_to_ancestor_bits, tree_attention_packed
 from specpilot.models.config import DrafterConfig
 from specpilot.models.kv_cache import KVCache, init_cache, write_layer
 from specpilot.models.target import ATTENTION, apply_rope, fused_attention, pack_heads, rms_norm, rope_tables, rotate_qk
@@ -73,7 +73,7 @@ def draft_logits(
     block_tokens: jax.Array,
     block_valid: jax.Array | None = None,
     attention: str = "xla",
-    attention_config=None,
+    attention_config: TuningConfig | None = None,
 ) -> jax.Array:
     """Logits [B, T, V] for every block row; block row i sits at position ctx.lengths + i.
 

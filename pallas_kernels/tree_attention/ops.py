@@ -30,6 +30,7 @@ def _pallas(name, *args, config, interpret):
 
 
 def _dispatch(name, reference, args, implementation, interpret, config, what):
+    """The implementation choice shared by ``tree_attention`` and ``tree_attention_packed`` (their docstrings)."""
     if implementation not in (None, *_IMPLEMENTATIONS):
         raise ValueError(
             f"unknown tree attention implementation {implementation!r}; expected one of {_IMPLEMENTATIONS}"

@@ -98,16 +98,9 @@ sys.path.insert(0, str(REPO))
 
 NOMINAL_BYTES_PER_S = 4.3e12  # the H200's device-to-device copy rate (shared/GPU.md)
 XLA_JOB = ("xla_forward", "xla_decode_loop", "verify_nodes", "verify_loop", "drafter")
-DRAFTER_ROWS = {  # the "drafter" variant's rows: (attention, tree-attention KV splits, linears on the skinny kernel)
-    "drafter_b16": ("xla", None, False),
-    "drafter_b16_tree": ("pallas_tree", None, False),
-    "drafter_b16_tree_split1": ("pallas_tree", 1, False),
-    "drafter_b16_tree_split4": ("pallas_tree", 4, False),
-    "drafter_b16_tree_skinny": ("pallas_tree", None, True),
-}
-"""``_split<S>``: the tree-attention kernel with S KV splits instead of its auto split (8 at 1k context; every split
-above one costs the XLA combine's kernels). ``_skinny``: every drafter linear (and the LM head) at 16 rows on the
-few-token Mosaic GPU kernel (``skinny_matmul.ops.DEFAULT = "mosaic_gpu"``, ``MAX_TOKENS = 16`` while it traces)."""
+DRAFTER_ROWS = {"drafter_b16": "xla", "drafter_b16_tree": "pallas_tree"}
+"""The "drafter" variant's rows and their attention. Rows for 1 and 4 KV splits and for the skinny kernel at 16 rows
+ran at commit 69ccc2d and lost to ``drafter_b16_tree`` (docs/results/2026-12-01-drafter-tree-h200/)."""
 W12_JOB = ("xla_forward_w12", "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "w12_kernel_decode_loop")
 W12_IMPLEMENTATION = {"xla_forward_w12": "reference", "xla_forward_w12_xla_decode": "xla_decode",
                       "xla_forward_w12_kernel": "mosaic_gpu", "w12_kernel_decode_loop": "mosaic_gpu"}
@@ -487,26 +480,14 @@ class Worker:
                                     dtype)
             block = jnp.asarray([[s["start_token"]] + [dcfg.mask_token_id] * (dcfg.block_size - 1)], jnp.int32)
 
-            def drafter(attention, splits):
-                config = None if splits is None else TreeAttentionConfig(num_splits=splits)
-
+            def drafter(attention):
                 def draft(dw, embed, lm_head, ctx, block):
-                    logits = draft_logits(dw, dcfg, embed, lm_head, ctx, block, attention=attention,
-                                          attention_config=config)
+                    logits = draft_logits(dw, dcfg, embed, lm_head, ctx, block, attention=attention)
                     return jnp.argmax(logits[:, 1:], axis=-1)  # the stock loop's draft; DDTree's top-k: tree stage
                 return draft
 
-            from pallas_kernels.skinny_matmul import ops as skinny_ops
-            from pallas_kernels.tree_attention import TuningConfig as TreeAttentionConfig
-
-            for name, (attention, splits, skinny) in DRAFTER_ROWS.items():
-                before = skinny_ops.DEFAULT, skinny_ops.MAX_TOKENS
-                if skinny:  # read at trace time: only this row's program takes the kernel at 16 rows
-                    skinny_ops.DEFAULT, skinny_ops.MAX_TOKENS = "mosaic_gpu", dcfg.block_size
-                try:
-                    lower(name, drafter(attention, splits), (), dw, w.embed, w.lm_head, ctx, block)
-                finally:
-                    skinny_ops.DEFAULT, skinny_ops.MAX_TOKENS = before
+            for name, attention in DRAFTER_ROWS.items():
+                lower(name, drafter(attention), (), dw, w.embed, w.lm_head, ctx, block)
         log(f"traced {len(lowered)} programs in {time.perf_counter() - t0:.1f}s")
         compiled, errors = self.compile_all(lowered)
         for name, e in errors.items():
@@ -549,7 +530,7 @@ class Worker:
                     self.measure_verify_loop(name, t, compiled[name], w, trees[t], dtype)
                 except Exception as e:
                     self.fail(name, e)
-        for name, (attention, splits, skinny) in DRAFTER_ROWS.items():
+        for name, attention in DRAFTER_ROWS.items():
             if name not in compiled:
                 continue
             exe, secs = compiled[name]
@@ -558,8 +539,7 @@ class Worker:
                 ms, _ = self.timed_calls(draft_call, None, s["warmup"], s["verify_iters"])
                 tokens = [int(t) for t in np.asarray(draft_call(None))[0]]
                 self.row(name, **self.stats(ms), compile_s=secs, drafter_layers=dcfg.layers.num_layers,
-                         block_size=dcfg.block_size, attention=attention, attention_splits=splits,
-                         skinny_linears=skinny, tokens=tokens)
+                         block_size=dcfg.block_size, attention=attention, tokens=tokens)
                 self.kernel_split(name, draft_call, None)
                 log(f"{name}: {statistics.median(ms):.3f} ms")
             except Exception as e:
@@ -1341,9 +1321,8 @@ def build_report(s: dict, results: dict, records: list, order: list[str], args, 
 
 def what_of(name: str, s: dict) -> str:
     if name in DRAFTER_ROWS:
-        attention, splits, skinny = DRAFTER_ROWS[name]
-        return (f"DFlash drafter pass ({s['drafter_layers']} layers, {s['block_size']} rows, argmax), attention "
-                f"{attention}" + (f", {splits} KV splits" if splits else "") + (", skinny linears" if skinny else ""))
+        return (f"DFlash drafter pass ({s['drafter_layers']} layers, {s['block_size']} rows, argmax), "
+                f"attention {DRAFTER_ROWS[name]}")
     if name.startswith("verify_nodes@"):
         return f"XLA forward, {name.split('@')[1]} tree tokens (verify)"
     if name.startswith("verify_loop@"):

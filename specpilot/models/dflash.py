@@ -23,7 +23,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.tree_attention import TuningConfig, dense_to_ancestor_bits, tree_attention_packed
+from pallas_kernels.tree_attention import dense_to_ancestor_bits, tree_attention_packed
 from specpilot.models.config import DrafterConfig
 from specpilot.models.kv_cache import KVCache, init_cache, write_layer
 from specpilot.models.target import ATTENTION, apply_rope, fused_attention, pack_heads, rms_norm, rope_tables, rotate_qk
@@ -73,13 +73,12 @@ def draft_logits(
     block_tokens: jax.Array,
     block_valid: jax.Array | None = None,
     attention: str = "xla",
-    attention_config: TuningConfig | None = None,
 ) -> jax.Array:
     """Logits [B, T, V] for every block row; block row i sits at position ctx.lengths + i.
 
     block_valid [B] (optional): only the first block_valid[b] block rows exist as keys (reproduces the
     reference DDTree loop's shortened block near its buffer end). attention: "xla" | "cudnn" | "pallas_tree"
-    (module docstring); attention_config: the tree-attention kernel's `TuningConfig` (None: its default).
+    (module docstring).
     """
     if attention not in ATTENTION:
         raise ValueError(f"attention: unknown implementation {attention!r} (choose from {', '.join(ATTENTION)})")
@@ -100,7 +99,7 @@ def draft_logits(
         qk, v = rotate_qk(linear(x, lw.w_qkv), lc, lw.q_norm, lw.k_norm, cos, sin)
         if attention == "pallas_tree":
             attn = tree_attention_packed(pack_heads(qk, v).astype(ctx.k.dtype), ctx.k[i], ctx.v[i], ctx.lengths,
-                                         bits, config=attention_config).reshape(b, t, -1)
+                                         bits).reshape(b, t, -1)
         else:
             q, k = qk[:, :, : lc.num_heads], qk[:, :, lc.num_heads :]
             keys = jnp.concatenate([ctx.k[i], k.astype(ctx.k.dtype)], axis=1)

@@ -334,6 +334,10 @@ def _combine(out_parts, lse, n_pad):
     return out / jnp.where(total > 0, total, 1.0)
 
 
+_NODE_TILES = (1, 8, 1, 1)
+"""The TMA tiling of q's and the tree K/V's node axis (``pad_for_tma``): 8 nodes, or fewer unpadded."""
+
+
 def tree_attention(
     q,
     k_cache,
@@ -382,15 +386,13 @@ def tree_attention_packed(
     b, n, heads, d = qkv.shape
     hq = heads - 2 * hkv
     if hq < hkv:
-        raise ValueError(f"tree attention: qkv has {heads} heads, fewer than Hq >= Hkv plus 2 Hkv = {3 * hkv}")
+        raise ValueError(f"tree attention: qkv has {heads} heads; packed q, k, v need Hq + 2 Hkv with Hq >= Hkv = "
+                         f"{hkv} (the cache's), so at least {3 * hkv}")
     q_view, kv_view = (jax.ShapeDtypeStruct((b, n, h, d), qkv.dtype) for h in (hq, hkv))
     check_supported(q_view, k_cache, v_cache, kv_view, kv_view, ancestor_bits, config)
     qkv = pad_for_tma(qkv, _NODE_TILES)
     return _attend(qkv, qkv, qkv, (0, hq, hq + hkv), hq, k_cache, v_cache, lengths, ancestor_bits, config, interpret,
                    interpretable)
-
-
-_NODE_TILES = (1, 8, 1, 1)
 
 
 def _attend(q_src, k_src, v_src, head0, hq, k_cache, v_cache, lengths, ancestor_bits, config, interpret,

@@ -307,28 +307,25 @@ def test_named_kernel_does_not_fall_back():
         ta.tree_attention(*args, implementation="pallas", interpret=not ta_ops._on_hopper())
 
 
-def _combine_two_pass(out_parts, lse, n_pad):
-    """The split merge as two passes (the max, then the weighted sums): what ``_combine`` computed before it became
-    one variadic reduction."""
-    splits, b, n, hkv, g, _ = out_parts.shape
-    lse = lse.reshape(splits, b, hkv, -1, g, n_pad // lse.shape[3]).transpose(0, 1, 3, 5, 2, 4)
-    lse = lse.reshape(splits, b, n_pad, hkv, g)[:, :, :n]
+def _combine_two_pass(out_parts, lse):
+    """The split merge as reductions over the split axis (the max, then the weighted sums)."""
     top = jnp.max(lse, axis=0)
     weights = jnp.exp2(lse - jnp.where(jnp.isfinite(top), top, 0.0))
     total = jnp.sum(weights, axis=0)
     return jnp.sum(out_parts * weights[..., None], axis=0) / jnp.where(total > 0, total, 1.0)[..., None]
 
 
-def test_one_pass_split_merge_equals_the_two_pass_one():
-    """Random partials and log-sum-exps with splits that saw no key (-inf) and a row that no split saw (zeros out),
-    in the kernel's row order (2 row blocks of 4 nodes, 3 of them real in the last)."""
+def test_split_by_split_merge_equals_the_two_pass_one():
+    """Random partials and log-sum-exps (as the kernel's lse tiles: each row its value repeated) with splits that
+    saw no key (-inf) and a row that no split saw (zeros out)."""
     rng = np.random.default_rng(7)
-    splits, b, n, n_pad, hkv, g, d = 5, 2, 7, 8, 2, 2, 16
+    splits, b, n, hkv, g, d = 5, 2, 7, 2, 2, 16
     out_parts = jnp.asarray(rng.normal(size=(splits, b, n, hkv, g, d)), jnp.float32)
-    lse = rng.normal(scale=4.0, size=(splits, b, hkv, 2, g * 4)).astype(np.float32)
+    lse = rng.normal(scale=4.0, size=(splits, b, n, hkv, g)).astype(np.float32)
     lse[rng.random(lse.shape) < 0.3] = -np.inf
-    lse[:, 1, 0, 0, 0] = -np.inf  # request 1, head 0, row 0 of block 0: no split saw a key
-    got = jax.jit(ta_mosaic_gpu._combine, static_argnums=2)(out_parts, jnp.asarray(lse), n_pad)
-    want = _combine_two_pass(out_parts, jnp.asarray(lse), n_pad)
+    lse[:, 1, 0, 0, 0] = -np.inf  # request 1, node 0, KV head 0, query head 0: no split saw a key
+    tiles = jnp.broadcast_to(jnp.asarray(lse)[..., None], (*lse.shape, ta_mosaic_gpu._LSE_LANES))
+    got = jax.jit(ta_mosaic_gpu._combine)(out_parts, tiles)
+    want = _combine_two_pass(out_parts, jnp.asarray(lse))
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
     assert np.isfinite(np.asarray(got)).all() and (np.asarray(got)[1, 0, 0, 0] == 0).all()

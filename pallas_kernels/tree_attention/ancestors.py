@@ -20,6 +20,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 WORD_BITS = 32
 
@@ -29,14 +30,18 @@ def num_words(n: int) -> int:
     return -(-n // WORD_BITS)
 
 
-def dense_to_ancestor_bits(mask: jax.Array) -> jax.Array:
-    """Packs a boolean ``[..., n, n]`` visibility mask into uint32 ``[..., n, num_words(n)]``."""
+def dense_to_ancestor_bits(mask: jax.Array | np.ndarray) -> jax.Array | np.ndarray:
+    """Packs a boolean ``[..., n, n]`` visibility mask into uint32 ``[..., n, num_words(n)]``.
+
+    A numpy mask (a mask fixed at trace time: causal, or all-visible) packs on the host into a numpy constant, so a
+    jitted step carries no kernels for it; a traced mask packs with jnp."""
+    xp = np if isinstance(mask, np.ndarray) else jnp
     n = mask.shape[-1]
     words = num_words(n)
-    padded = jnp.pad(mask.astype(jnp.uint32), [(0, 0)] * (mask.ndim - 1) + [(0, words * WORD_BITS - n)])
+    padded = xp.pad(mask.astype(xp.uint32), [(0, 0)] * (mask.ndim - 1) + [(0, words * WORD_BITS - n)])
     padded = padded.reshape(*mask.shape[:-1], words, WORD_BITS)
-    weights = jnp.left_shift(jnp.uint32(1), jnp.arange(WORD_BITS, dtype=jnp.uint32))
-    return jnp.sum(padded * weights, axis=-1, dtype=jnp.uint32)  # distinct bits: the sum is an OR
+    weights = np.left_shift(np.uint32(1), np.arange(WORD_BITS, dtype=np.uint32))
+    return xp.sum(padded * weights, axis=-1, dtype=xp.uint32)  # distinct bits: the sum is an OR
 
 
 def ancestor_bits_to_dense(bits: jax.Array, n: int) -> jax.Array:

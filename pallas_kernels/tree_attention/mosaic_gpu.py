@@ -23,11 +23,13 @@ split ranges follow the live length rather than the cache capacity, blocks past
 ``length`` are never read and every split gets an equal share of the real work.
 
 Combine. With one split the kernel writes the normalised output in q's dtype. With
-more, each split writes its normalised f32 partial and its log2-sum-exp, and a small
-jnp combine (``_combine``) weights them: ``o = sum_s 2**(lse_s - m) o_s / sum_s
-2**(lse_s - m)``. The auto split (``TuningConfig.splits``) keeps ``B * Hkv * row blocks
-* splits`` at about one wave of 132 SMs: B=1, Hkv=8, n=16 (one row block) gets 16
-splits of a 2k prefix.
+more, each split writes its normalised f32 partial and its log2-sum-exp, both in the
+output's node-major order (lse as a ``[rows, 32]`` tile, each row its value repeated:
+the only row-sliceable TMA source a row vector has), and a small jnp combine
+(``_combine``) weights them: ``o = sum_s 2**(lse_s - m) o_s / sum_s 2**(lse_s - m)``.
+The auto split (``TuningConfig.splits``) keeps ``B * Hkv * row blocks * splits`` at
+about one wave of 132 SMs: B=1, Hkv=8, n=16 (one row block) gets 16 splits of a 2k
+prefix.
 
 Status: passes ``tests/test_tree_attention.py`` in Pallas GPU-interpret mode on CPU and on the H200, where it
 beats XLA's masked attention at every size measured (docs/results/2026-11-30-kernels-h200-splitk/) and, as a
@@ -53,6 +55,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -66,6 +69,10 @@ _LOG2E = math.log2(math.e)
 _SUPPORTED_DTYPES = (jnp.bfloat16, jnp.float16)
 _SMEM_LIMIT = 227 * 1024  # per CTA on H100 / H200
 _SMEM_RESERVED = 4 * 1024  # Mosaic GPU's reduction scratch, barriers, alignment
+_LSE_LANES = 32
+"""Columns of the lse tile a split writes (each row its one value repeated): 128 bytes of f32, whose 8-row tiles are
+what TMA stores from a 128-byte swizzled tile. A row vector cannot be stored as ``T``-row slices at 128-byte aligned
+offsets, and the combine then reads lse in the output's node-major order, with no transpose kernel."""
 
 
 def _cdiv(a, b):
@@ -112,7 +119,7 @@ def smem_bytes(d: int, row_words: int, config: TuningConfig, *, final: bool, int
         m * d * 2  # Q tile
         + row_words * m * 4  # ancestor words
         + m * d * (2 if final else 4)
-        + m * 4  # output tile, lse
+        + (0 if final else m * _LSE_LANES * 4)  # output tile, lse tile
         + (m * kv * 2 if interpretable else 0)
         + 2 * config.max_concurrent_steps * kv * d * 2
     )  # K and V stages
@@ -143,7 +150,7 @@ def _kernel_call(
     ``head0[0]`` (``G = groups`` of them per KV head, KV head-major), the tree's key heads at ``head0[1]`` and its
     value heads at ``head0[2]``: three arrays of their own (offsets 0), or one array holding all three."""
     b, n_q, _, d = q.shape
-    hkv, g = k_cache.shape[2], groups
+    capacity, hkv, g = k_cache.shape[1], k_cache.shape[2], groups
     q0, k0, v0 = head0
     dtype = q.dtype
     block_m, block_kv = config.block_m, config.block_kv
@@ -173,7 +180,7 @@ def _kernel_call(
         plgpu.barrier_wait(load_barrier)
 
         # this split's slice [lo, hi) of the blocks: prefix blocks first, then the tree's
-        length = lengths_ref[bi]
+        length = jnp.clip(lengths_ref[bi], 0, capacity)  # here, not in XLA: a launch less a step
         prefix_blocks = (length + block_kv - 1) // block_kv
         total = prefix_blocks + tree_blocks
         per_split = (total + splits - 1) // splits
@@ -260,13 +267,16 @@ def _kernel_call(
         out = acc / lax.broadcast_in_dim(jnp.where(seen, row_sum, 1.0), acc.shape, [0])
         out_smem[...] = out.astype(out_dtype)
         if not final:
-            lse_smem[...] = jnp.where(seen, row_max + jnp.log(row_sum) * _LOG2E, -jnp.inf)
+            lse = jnp.where(seen, row_max + jnp.log(row_sum) * _LOG2E, -jnp.inf)
+            lse_smem[...] = lax.broadcast_in_dim(lse, (block_m, _LSE_LANES), [0])
         plgpu.commit_smem()
         for gi in range(g):
-            rows, out_rows = out_smem.at[pl.ds(gi * nodes, nodes)], (bi, pl.ds(node0, nodes), hi, gi)
-            plgpu.copy_smem_to_gmem(rows, out_ref.at[out_rows] if final else out_ref.at[(split, *out_rows)])
-        if not final:  # whole rows: a TMA source in SMEM wants 128-byte alignment, a T-row slice may lack it
-            plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[split, bi, hi, row_block])
+            rows, out_rows = pl.ds(gi * nodes, nodes), (bi, pl.ds(node0, nodes), hi, gi)
+            if final:
+                plgpu.copy_smem_to_gmem(out_smem.at[rows], out_ref.at[out_rows])
+            else:
+                plgpu.copy_smem_to_gmem(out_smem.at[rows], out_ref.at[(split, *out_rows)])
+                plgpu.copy_smem_to_gmem(lse_smem.at[rows], lse_ref.at[(split, *out_rows)])
         plgpu.wait_smem_to_gmem(0)
 
     if final:
@@ -274,13 +284,14 @@ def _kernel_call(
     else:
         out_type = (
             jax.ShapeDtypeStruct((splits, b, n_q, hkv, g, d), jnp.float32),
-            jax.ShapeDtypeStruct((splits, b, hkv, row_blocks, block_m), jnp.float32),
+            jax.ShapeDtypeStruct((splits, b, n_q, hkv, g, _LSE_LANES), jnp.float32),
         )
     scratch = (
         plgpu.SMEM((block_m, d), dtype, transforms=_smem_transforms(d, dtype)),
         plgpu.SMEM(row_bits.shape[2:], jnp.uint32),
         plgpu.SMEM((block_m, d), out_dtype, transforms=_smem_transforms(d, out_dtype)),
-        plgpu.SMEM((block_m,), jnp.float32),
+        None if final else plgpu.SMEM((block_m, _LSE_LANES), jnp.float32,
+                                      transforms=_smem_transforms(_LSE_LANES, jnp.float32)),
         plgpu.SMEM((block_m, block_kv), dtype, transforms=_smem_transforms(block_kv, dtype)) if interpretable else None,
         plgpu.Barrier(num_arrivals=g + 1),
     )
@@ -297,41 +308,41 @@ def _kernel_call(
 
 
 def _row_bits(ancestor_bits, n, n_pad, nodes, g, words):
-    """uint32 ``[B, row blocks, words, block_m]``: row ``r = g * T + t`` of a block holds node ``t``'s words."""
+    """uint32 ``[B, row blocks, words, block_m]``: row ``r = g * T + t`` of a block holds node ``t``'s words.
+
+    numpy bits (a mask fixed at trace time) are laid out on the host: a constant operand, no kernels a step."""
+    xp = np if isinstance(ancestor_bits, np.ndarray) else jnp
     b = ancestor_bits.shape[0]
     last = n - (num_words(n) - 1) * WORD_BITS  # valid bits in the last word; keys >= n must stay hidden
-    keep = jnp.full((num_words(n),), 0xFFFFFFFF, jnp.uint32).at[-1].set(jnp.uint32((1 << last) - 1))
-    bits = ancestor_bits.astype(jnp.uint32) & keep
-    bits = jnp.pad(bits, ((0, 0), (0, n_pad - n), (0, words - num_words(n))))
+    keep = np.full((num_words(n),), 0xFFFFFFFF, np.uint32)
+    keep[-1] = (1 << last) - 1
+    bits = ancestor_bits.astype(xp.uint32) & keep
+    bits = xp.pad(bits, ((0, 0), (0, n_pad - n), (0, words - num_words(n))))
     bits = bits.reshape(b, n_pad // nodes, nodes, words).transpose(0, 1, 3, 2)
-    return jnp.tile(bits, (1, 1, 1, g))
+    return xp.tile(bits, (1, 1, 1, g))
 
 
-def _combine(out_parts, lse, n_pad):
-    """Merges normalised f32 partials ``[S, B, n, Hkv, G, D]`` by their log2-sum-exp, in one pass over the splits.
+def _combine(out_parts, lse_tiles):
+    """Merges normalised f32 partials ``[S, B, n, Hkv, G, D]`` by their log2-sum-exps ``lse_tiles`` ``[S, B, n, Hkv, G,
+    _LSE_LANES]`` (each row its value repeated): ``sum_s 2^(lse_s - M) out_s / sum_s 2^(lse_s - M)``, ``M`` the
+    largest lse.
 
-    ``lse`` comes in the kernel's row order, ``[S, B, Hkv, row blocks, G * T]``, for ``n_pad`` (>= n) nodes.
-
-    One variadic reduction carries (running max ``M``, ``W = sum 2^(lse - M)``, ``A = sum out * 2^(lse - M)``) and
-    merges pairs as online softmax does; the result is ``A / W``. Why: the two-pass form (the max, then the
-    weighted sums) is two or three XLA kernels a layer, 36 layers a step; this is one reduction. Splits that saw
-    no key (``lse = -inf``) weigh nothing; a row no split saw gives zeros.
+    Written split by split (S is static and small: about one wave of SMs over the grid), so it is elementwise
+    throughout, with no reduction and no transpose: XLA emits one loop kernel for it, where the variadic reduction
+    over a transposed lse it replaces took three a layer (docs/results/2026-12-01-drafter-tree-h200/). Splits that
+    saw no key (``lse = -inf``) weigh nothing; a row no split saw gives zeros.
     """
-    splits, b, n, hkv, g, _ = out_parts.shape
-    lse = lse.reshape(splits, b, hkv, -1, g, n_pad // lse.shape[3]).transpose(0, 1, 3, 5, 2, 4)
-    lse = jnp.broadcast_to(lse.reshape(splits, b, n_pad, hkv, g)[:, :, :n, ..., None], out_parts.shape)
-
-    def merge(x, y):
-        (m1, w1, a1), (m2, w2, a2) = x, y
-        m = jnp.maximum(m1, m2)
-        base = jnp.where(jnp.isfinite(m), m, 0.0)
-        s1, s2 = jnp.exp2(m1 - base), jnp.exp2(m2 - base)
-        return m, w1 * s1 + w2 * s2, a1 * s1 + a2 * s2
-
-    f32 = jnp.float32
-    _, total, out = lax.reduce((lse, jnp.ones_like(out_parts), out_parts),
-                               (f32(-jnp.inf), f32(0), f32(0)), merge, (0,))
-    return out / jnp.where(total > 0, total, 1.0)
+    lse = [lse_tiles[s, ..., :1] for s in range(lse_tiles.shape[0])]
+    top = lse[0]
+    for part in lse[1:]:
+        top = jnp.maximum(top, part)
+    base = jnp.where(jnp.isfinite(top), top, 0.0)
+    total = acc = None
+    for s, part in enumerate(lse):
+        weight = jnp.exp2(part - base)
+        total = weight if total is None else total + weight
+        acc = weight * out_parts[s] if acc is None else acc + weight * out_parts[s]
+    return acc / jnp.where(total > 0, total, 1.0)
 
 
 _NODE_TILES = (1, 8, 1, 1)
@@ -414,7 +425,7 @@ def _attend(q_src, k_src, v_src, head0, hq, k_cache, v_cache, lengths, ancestor_
             f"{smem} bytes of shared memory per CTA exceed {_SMEM_LIMIT}: lower max_concurrent_steps or block_kv"
         )
     row_bits = _row_bits(ancestor_bits, n, n_pad, nodes, g, row_words)
-    lengths = jnp.clip(lengths, 0, s).astype(jnp.int32)
+    lengths = lengths.astype(jnp.int32)  # clipped to [0, S] in the kernel
     result = _kernel_call(
         q_src,
         k_cache,
@@ -432,7 +443,7 @@ def _attend(q_src, k_src, v_src, head0, hq, k_cache, v_cache, lengths, ancestor_
         interpretable=interpretable,
         interpret=interpret,
     )
-    out = result if splits == 1 else _combine(*result, n_pad)
+    out = result if splits == 1 else _combine(*result)
     n_q = q_src.shape[1]
     out = out.reshape(b, n_q, hq, d)
     return (out if n_q == n else out[:, :n]).astype(q_src.dtype)

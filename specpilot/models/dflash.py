@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pallas_kernels.tree_attention import dense_to_ancestor_bits, tree_attention_packed
 from specpilot.models.config import DrafterConfig
@@ -87,9 +88,10 @@ def draft_logits(
     h = embed[block_tokens].astype(ctx.k.dtype)
     pos = ctx.lengths[:, None] + jnp.arange(t)[None, :]
     cos, sin = rope_tables(lc, pos)
-    blk_visible = jnp.ones((b, t), bool) if block_valid is None else jnp.arange(t)[None, :] < block_valid[:, None]
+    # every block row is a key unless block_valid says otherwise; as a host constant, its ancestor bits are too
+    blk_visible = np.ones((b, t), bool) if block_valid is None else jnp.arange(t)[None, :] < block_valid[:, None]
     if attention == "pallas_tree":
-        bits = dense_to_ancestor_bits(jnp.broadcast_to(blk_visible[:, None, :], (b, t, t)))
+        bits = dense_to_ancestor_bits(blk_visible[:, None, :].repeat(t, axis=1))
     else:
         ctx_visible = jnp.arange(ctx.capacity)[None, :] < ctx.lengths[:, None]  # [B, S]
         visible = jnp.concatenate([ctx_visible, blk_visible], axis=1)  # [B, S + T], same for every query row

@@ -26,6 +26,8 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
 from pallas_kernels.add_rms_norm import add_rms_norm
 from pallas_kernels.add_rms_norm.reference import rms_norm
@@ -38,18 +40,28 @@ NEG_INF = -1e30
 
 
 def rope_tables(cfg: ModelConfig, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """cos/sin of shape [..., D] for integer `positions` (HF's half-rotation layout)."""
-    inv = jnp.asarray(rope_inv_freq(cfg.rope, cfg.head_dim))
-    ang = positions.astype(jnp.float32)[..., None] * inv
-    ang = jnp.concatenate([ang, ang], axis=-1)
+    """cos/sin of shape [..., D] for integer `positions` (HF's half-rotation layout: each frequency twice).
+
+    The frequencies are doubled on the host, not the angles on the device: a concatenation of angles would be a
+    kernel of its own for each table (the same products either way)."""
+    inv = rope_inv_freq(cfg.rope, cfg.head_dim)
+    ang = positions.astype(jnp.float32)[..., None] * np.concatenate([inv, inv])
     return jnp.cos(ang), jnp.sin(ang)
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """x: [B, T, H, D]; cos/sin: [B, T, D]."""
-    half = x.shape[-1] // 2
+    """x: [B, T, H, D]; cos/sin: [B, T, D]. HF's ``x cos + rotate_half(x) sin``, ``rotate_half(x) = [-x2, x1]``.
+
+    The halves are swapped by reversing a ``[..., 2, D/2]`` view and negated by a sign, not concatenated: a
+    concatenation is a kernel of its own in XLA (it heads its fusion), so the rope could not share one with the
+    concatenation that packs q, k and v for the tree-attention kernel (``pack_heads``). The same products and sums as
+    the concatenated form (bit-identical eagerly; compiled, XLA may contract a product and a sum into one FMA
+    elsewhere, so f32 results can differ in the last bit).
+    """
+    d = x.shape[-1]
     x32 = x.astype(jnp.float32)
-    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    swapped = lax.rev(x32.reshape(*x.shape[:-1], 2, d // 2), (x.ndim - 1,)).reshape(x.shape)  # [x2, x1]
+    rotated = jnp.where(jnp.arange(d) < d // 2, -swapped, swapped)
     return (x32 * cos[:, :, None] + rotated * sin[:, :, None]).astype(x.dtype)
 
 
@@ -78,8 +90,10 @@ def cache_mask(lengths: jax.Array, block_mask: jax.Array, capacity: int) -> jax.
     return (rel < 0)[:, None, :] | (in_block[:, None, :] & from_block)
 
 
-def causal_block_mask(batch: int, t: int) -> jax.Array:
-    return jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (batch, t, t))
+def causal_block_mask(batch: int, t: int) -> np.ndarray:
+    """Lower-triangular ``[batch, t, t]``, a host constant: its ancestor bits (``dense_to_ancestor_bits``) are then
+    computed once at trace time, not by kernels in every step."""
+    return np.broadcast_to(np.tril(np.ones((t, t), bool)), (batch, t, t))
 
 
 class StepOutput(NamedTuple):
@@ -108,8 +122,8 @@ def rotate_qk(qkv: jax.Array, cfg: ModelConfig, q_norm, k_norm, cos, sin) -> tup
     hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     qk = qkv[..., : cfg.q_size + cfg.kv_size].reshape(b, t, hq + hkv, d)
     v = qkv[..., cfg.q_size + cfg.kv_size :].reshape(b, t, hkv, d)
-    if q_norm is not None:
-        g = jnp.concatenate([jnp.broadcast_to(q_norm, (hq, d)), jnp.broadcast_to(k_norm, (hkv, d))])
+    if q_norm is not None:  # the per-head weight picked by a select, not concatenated: a concatenation of the two
+        g = jnp.where((np.arange(hq + hkv) < hq)[:, None], q_norm, k_norm)  # weights is a kernel of its own
         qk = rms_norm(qk, g, cfg.rms_norm_eps)
     return apply_rope(qk, cos, sin), v
 

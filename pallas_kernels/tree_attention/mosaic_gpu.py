@@ -177,7 +177,7 @@ def _kernel_call(
                 load_barrier,
             )
         plgpu.copy_gmem_to_smem(bits_ref.at[bi, row_block], bits_smem, load_barrier)
-        plgpu.barrier_wait(load_barrier)
+        # awaited in the first step that uses them (``wait_for_q``), so the first K/V loads go out alongside
 
         # this split's slice [lo, hi) of the blocks: prefix blocks first, then the tree's
         length = jnp.clip(lengths_ref[bi], 0, capacity)  # here, not in XLA: a launch less a step
@@ -227,11 +227,20 @@ def _kernel_call(
 
             return pl.run_state(accumulate_values)(plgpu.ACC.init(acc)), new_max, row_sum
 
+        prefix_steps, tree_steps = prefix_hi - prefix_lo, tree_hi - tree_lo
+
+        def wait_for_q(when):
+            """Q and the ancestor words, awaited once: in the first step of the first pipeline with steps (or after
+            both, if this split has none), so their load overlaps the pipeline's first K/V loads."""
+            pl.when(when)(lambda: plgpu.barrier_wait(load_barrier))
+
         def prefix_step(idx, k_smem, v_smem, carry):
+            wait_for_q(idx[0] == 0)
             first_key = (prefix_lo + idx[0]) * block_kv
             return attend(carry, k_smem, v_smem, first_key + column() < length)
 
         def tree_step(idx, k_smem, v_smem, carry):
+            wait_for_q((idx[0] == 0) & (prefix_steps == 0))
             col = column()
             first_word = (tree_lo + idx[0]) * words_per_block
             word = None
@@ -249,18 +258,19 @@ def _kernel_call(
         )
         carry = plgpu.emit_pipeline(
             prefix_step,
-            grid=(prefix_hi - prefix_lo,),
+            grid=(prefix_steps,),
             in_specs=[kv_spec(prefix_lo)] * 2,
             max_concurrent_steps=config.max_concurrent_steps,
             init_carry=carry,
         )(k_cache_ref.at[bi, :, hi], v_cache_ref.at[bi, :, hi])
         carry = plgpu.emit_pipeline(
             tree_step,
-            grid=(tree_hi - tree_lo,),
+            grid=(tree_steps,),
             in_specs=[kv_spec(tree_lo)] * 2,
             max_concurrent_steps=min(config.max_concurrent_steps, tree_blocks),
             init_carry=carry,
         )(k_tree_ref.at[bi, :, k0 + hi], v_tree_ref.at[bi, :, v0 + hi])
+        wait_for_q((prefix_steps == 0) & (tree_steps == 0))
         acc, row_max, row_sum = carry
 
         seen = row_sum > 0  # rows with no visible key (padding) write 0, lse -inf

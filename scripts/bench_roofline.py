@@ -480,14 +480,17 @@ class Worker:
                                     dtype)
             block = jnp.asarray([[s["start_token"]] + [dcfg.mask_token_id] * (dcfg.block_size - 1)], jnp.int32)
 
-            def drafter(attention):
+            def drafter(attention, top2=False):
                 def draft(dw, embed, lm_head, ctx, block):
-                    logits = draft_logits(dw, dcfg, embed, lm_head, ctx, block, attention=attention)
-                    return jnp.argmax(logits[:, 1:], axis=-1)  # the stock loop's draft; DDTree's top-k: tree stage
+                    logits = draft_logits(dw, dcfg, embed, lm_head, ctx, block, attention=attention)[:, 1:]
+                    if top2:  # untimed: the two largest logits per row, for the tokens check (`draft_gaps`)
+                        return jax.lax.top_k(logits, 2)[0]
+                    return jnp.argmax(logits, axis=-1)  # the stock loop's draft; DDTree's top-k: tree stage
                 return draft
 
             for name, attention in DRAFTER_ROWS.items():
                 lower(name, drafter(attention), (), dw, w.embed, w.lm_head, ctx, block)
+                lower(f"{name}:top2", drafter(attention, top2=True), (), dw, w.embed, w.lm_head, ctx, block)
         log(f"traced {len(lowered)} programs in {time.perf_counter() - t0:.1f}s")
         compiled, errors = self.compile_all(lowered)
         for name, e in errors.items():
@@ -538,8 +541,10 @@ class Worker:
                 draft_call = lambda st, exe=exe: exe(dw, w.embed, w.lm_head, ctx, block)  # noqa: E731
                 ms, _ = self.timed_calls(draft_call, None, s["warmup"], s["verify_iters"])
                 tokens = [int(t) for t in np.asarray(draft_call(None))[0]]
+                top2 = compiled.get(f"{name}:top2")
+                top2 = np.asarray(top2[0](dw, w.embed, w.lm_head, ctx, block))[0].tolist() if top2 else None
                 self.row(name, **self.stats(ms), compile_s=secs, drafter_layers=dcfg.layers.num_layers,
-                         block_size=dcfg.block_size, attention=attention, tokens=tokens)
+                         block_size=dcfg.block_size, attention=attention, tokens=tokens, top2_logits=top2)
                 self.kernel_split(name, draft_call, None)
                 log(f"{name}: {statistics.median(ms):.3f} ms")
             except Exception as e:
@@ -1271,6 +1276,8 @@ def build_report(s: dict, results: dict, records: list, order: list[str], args, 
         if r.get("tokens") is not None and name not in ("xla_forward", "drafter_b16"):
             row["tokens_ref"] = ref_name
             row["tokens_match"] = (r["tokens"] == ref) if ref is not None else None
+            if name in DRAFTER_ROWS and row["tokens_match"] is False:
+                row["draft_gaps"] = draft_gaps(r, results.get("drafter_b16") or {})
         rows.append(row)
     by = {r["variant"]: r for r in rows}
     ar_ms = (by.get("xla_forward") or {}).get("ms")
@@ -1332,6 +1339,18 @@ def what_of(name: str, s: dict) -> str:
     return name
 
 
+def draft_gaps(row: dict, ref: dict) -> str | None:
+    """Where a drafter row's argmax differs from the reference row's: the positions and, there, each row's gap between
+    its two largest logits. A difference where the reference's gap is a rounding step of bf16 logits is a near tie
+    that another summation order breaks the other way, not a wrong attention."""
+    if not (row.get("top2_logits") and ref.get("top2_logits")):
+        return None
+    diff = [i for i, (a, b) in enumerate(zip(row["tokens"], ref["tokens"])) if a != b]
+    gaps = ", ".join(f"position {i}: gap {ref['top2_logits'][i][0] - ref['top2_logits'][i][1]:.4f} "
+                     f"(this row {row['top2_logits'][i][0] - row['top2_logits'][i][1]:.4f})" for i in diff)
+    return f"{len(diff)} of {len(row['tokens'])} drafts differ; the reference's top-2 logit gap at {gaps}"
+
+
 def fmt(x, digits=3):
     if x is None:
         return "–"
@@ -1375,6 +1394,8 @@ def markdown(rep: dict) -> str:
                 bits.append(f"cudagraphs skipped ×{r['cudagraph_skips']}")
             if r.get("implementation") and r["variant"].startswith("xla_forward_w12_"):
                 bits.append(r["implementation"])
+            if r.get("draft_gaps"):
+                bits.append(r["draft_gaps"])
             if r.get("compile_s") is not None:
                 bits.append(f"compile {r['compile_s']:.0f}s")
             if r.get("first_steps_s") is not None and r["variant"] != "torch_peer_eager":

@@ -208,6 +208,15 @@ def test_kernel_fields_group_by_name_and_split_matmuls_from_the_rest():
     assert len(many["kernels"]) == br.KERNELS_LISTED and many["kernel_launches"] == br.KERNELS_LISTED + 5
 
 
+def test_draft_gaps_name_the_differing_positions_and_the_top2_gaps():
+    br = _load_script()
+    ref = {"tokens": [5, 7, 9], "top2_logits": [[3.0, 1.0], [2.5, 2.4921875], [4.0, 0.0]]}
+    row = {"tokens": [5, 8, 9], "top2_logits": [[3.0, 1.0], [2.5, 2.4960938], [4.0, 0.0]]}
+    assert br.draft_gaps(row, ref) == ("1 of 3 drafts differ; the reference's top-2 logit gap at position 1: gap "
+                                       "0.0078 (this row 0.0039)")
+    assert br.draft_gaps({"tokens": [1]}, ref) is None  # a row measured without its top-2 logits
+
+
 def test_kernel_split_renders_in_the_report():
     br = _load_script()
     kernels = [{"name": "kernel_mosaic_gpu_kernel", "us": 24.4, "launches": 1}]

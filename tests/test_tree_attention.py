@@ -316,16 +316,17 @@ def _combine_two_pass(out_parts, lse):
 
 
 def test_split_by_split_merge_equals_the_two_pass_one():
-    """Random partials and log-sum-exps (as the kernel's lse tiles: each row its value repeated) with splits that
-    saw no key (-inf) and a row that no split saw (zeros out)."""
+    """Random partials and log-sum-exps as the kernel writes them (the lse repeated along D, a split that saw no key
+    with the finite empty sentinel and zeros), with a row that no split saw (zeros out)."""
     rng = np.random.default_rng(7)
     splits, b, n, hkv, g, d = 5, 2, 7, 2, 2, 16
-    out_parts = jnp.asarray(rng.normal(size=(splits, b, n, hkv, g, d)), jnp.float32)
     lse = rng.normal(scale=4.0, size=(splits, b, n, hkv, g)).astype(np.float32)
-    lse[rng.random(lse.shape) < 0.3] = -np.inf
-    lse[:, 1, 0, 0, 0] = -np.inf  # request 1, node 0, KV head 0, query head 0: no split saw a key
-    tiles = jnp.broadcast_to(jnp.asarray(lse)[..., None], (*lse.shape, ta_mosaic_gpu._LSE_LANES))
-    got = jax.jit(ta_mosaic_gpu._combine)(out_parts, tiles)
-    want = _combine_two_pass(out_parts, jnp.asarray(lse))
+    empty = rng.random(lse.shape) < 0.3
+    empty[:, 1, 0, 0, 0] = True  # request 1, node 0, KV head 0, query head 0: no split saw a key
+    out_parts = np.where(empty[..., None], 0.0, rng.normal(size=(splits, b, n, hkv, g, d))).astype(np.float32)
+    tiles = np.broadcast_to(np.where(empty, ta_mosaic_gpu._EMPTY_LSE, lse)[..., None], out_parts.shape)
+    got = jax.jit(ta_mosaic_gpu._combine)(jnp.asarray(out_parts), jnp.asarray(tiles))
+    want = _combine_two_pass(jnp.asarray(out_parts), jnp.asarray(np.where(empty, -np.inf, lse)))
+    assert (np.asarray(got)[1, 0, 0, 0] == 0).all()
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
     assert np.isfinite(np.asarray(got)).all() and (np.asarray(got)[1, 0, 0, 0] == 0).all()

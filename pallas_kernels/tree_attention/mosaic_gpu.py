@@ -23,10 +23,11 @@ split ranges follow the live length rather than the cache capacity, blocks past
 ``length`` are never read and every split gets an equal share of the real work.
 
 Combine. With one split the kernel writes the normalised output in q's dtype. With
-more, each split writes its normalised f32 partial and its log2-sum-exp, both in the
-output's node-major order (lse as a ``[rows, 32]`` tile, each row its value repeated:
-the only row-sliceable TMA source a row vector has), and a small jnp combine
+more, each split writes its normalised f32 partial and its log2-sum-exp, both as
+``[B, n, Hkv, G, D]`` tiles in the output's order (the lse repeated along D, written
+from the output tile's SMEM once TMA has read the partial), and a jnp combine
 (``_combine``) weights them: ``o = sum_s 2**(lse_s - m) o_s / sum_s 2**(lse_s - m)``.
+Elementwise throughout, so XLA makes it one kernel (``scripts/h200/combine_probe.py``).
 The auto split (``TuningConfig.splits``) keeps ``B * Hkv * row blocks * splits`` at
 about one wave of 132 SMs: B=1, Hkv=8, n=16 (one row block) gets 16 splits of a 2k
 prefix.
@@ -69,10 +70,9 @@ _LOG2E = math.log2(math.e)
 _SUPPORTED_DTYPES = (jnp.bfloat16, jnp.float16)
 _SMEM_LIMIT = 227 * 1024  # per CTA on H100 / H200
 _SMEM_RESERVED = 4 * 1024  # Mosaic GPU's reduction scratch, barriers, alignment
-_LSE_LANES = 32
-"""Columns of the lse tile a split writes (each row its one value repeated): 128 bytes of f32, whose 8-row tiles are
-what TMA stores from a 128-byte swizzled tile. A row vector cannot be stored as ``T``-row slices at 128-byte aligned
-offsets, and the combine then reads lse in the output's node-major order, with no transpose kernel."""
+_EMPTY_LSE = -1e30
+"""The lse of a row that saw no key: finite, so the merge needs no ``isfinite`` guard (``2^(_EMPTY_LSE - m)`` is 0
+for any real lse ``m``; a row empty in every split merges its zeros with equal weights)."""
 
 
 def _cdiv(a, b):
@@ -118,8 +118,7 @@ def smem_bytes(d: int, row_words: int, config: TuningConfig, *, final: bool, int
     return (
         m * d * 2  # Q tile
         + row_words * m * 4  # ancestor words
-        + m * d * (2 if final else 4)
-        + (0 if final else m * _LSE_LANES * 4)  # output tile, lse tile
+        + m * d * (2 if final else 4)  # output tile (and, after it, the lse tile)
         + (m * kv * 2 if interpretable else 0)
         + 2 * config.max_concurrent_steps * kv * d * 2
     )  # K and V stages
@@ -166,7 +165,7 @@ def _kernel_call(
     def kernel(q_ref, k_cache_ref, v_cache_ref, lengths_ref, k_tree_ref, v_tree_ref, bits_ref, *refs):
         pdl.begin_kernel(interpret)
         out_ref, lse_ref = (refs[0], None) if final else refs[:2]
-        q_smem, bits_smem, out_smem, lse_smem, p_smem, load_barrier = refs[1 if final else 2 :]
+        q_smem, bits_smem, out_smem, p_smem, load_barrier = refs[1 if final else 2 :]
         bi, hi = lax.axis_index("b"), lax.axis_index("h")
         row_block, split = lax.axis_index("rows"), lax.axis_index("split")
         node0 = row_block * nodes
@@ -275,18 +274,20 @@ def _kernel_call(
 
         seen = row_sum > 0  # rows with no visible key (padding) write 0, lse -inf
         out = acc / lax.broadcast_in_dim(jnp.where(seen, row_sum, 1.0), acc.shape, [0])
-        out_smem[...] = out.astype(out_dtype)
-        if not final:
-            lse = jnp.where(seen, row_max + jnp.log(row_sum) * _LOG2E, -jnp.inf)
-            lse_smem[...] = lax.broadcast_in_dim(lse, (block_m, _LSE_LANES), [0])
-        plgpu.commit_smem()
-        for gi in range(g):
-            rows, out_rows = pl.ds(gi * nodes, nodes), (bi, pl.ds(node0, nodes), hi, gi)
-            if final:
-                plgpu.copy_smem_to_gmem(out_smem.at[rows], out_ref.at[out_rows])
-            else:
-                plgpu.copy_smem_to_gmem(out_smem.at[rows], out_ref.at[(split, *out_rows)])
-                plgpu.copy_smem_to_gmem(lse_smem.at[rows], lse_ref.at[(split, *out_rows)])
+
+        def store(tile, dst):
+            out_smem[...] = tile
+            plgpu.commit_smem()
+            for gi in range(g):
+                out_rows = (bi, pl.ds(node0, nodes), hi, gi)
+                plgpu.copy_smem_to_gmem(out_smem.at[pl.ds(gi * nodes, nodes)],
+                                        dst.at[out_rows] if final else dst.at[(split, *out_rows)])
+
+        store(out.astype(out_dtype), out_ref)
+        if not final:  # the lse along D, from the same tile once TMA has read the partial out of it
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            lse = jnp.where(seen, row_max + jnp.log(row_sum) * _LOG2E, _EMPTY_LSE)
+            store(lax.broadcast_in_dim(lse, (block_m, d), [0]), lse_ref)
         plgpu.wait_smem_to_gmem(0)
 
     if final:
@@ -294,14 +295,12 @@ def _kernel_call(
     else:
         out_type = (
             jax.ShapeDtypeStruct((splits, b, n_q, hkv, g, d), jnp.float32),
-            jax.ShapeDtypeStruct((splits, b, n_q, hkv, g, _LSE_LANES), jnp.float32),
+            jax.ShapeDtypeStruct((splits, b, n_q, hkv, g, d), jnp.float32),
         )
     scratch = (
         plgpu.SMEM((block_m, d), dtype, transforms=_smem_transforms(d, dtype)),
         plgpu.SMEM(row_bits.shape[2:], jnp.uint32),
         plgpu.SMEM((block_m, d), out_dtype, transforms=_smem_transforms(d, out_dtype)),
-        None if final else plgpu.SMEM((block_m, _LSE_LANES), jnp.float32,
-                                      transforms=_smem_transforms(_LSE_LANES, jnp.float32)),
         plgpu.SMEM((block_m, block_kv), dtype, transforms=_smem_transforms(block_kv, dtype)) if interpretable else None,
         plgpu.Barrier(num_arrivals=g + 1),
     )
@@ -332,27 +331,24 @@ def _row_bits(ancestor_bits, n, n_pad, nodes, g, words):
     return xp.tile(bits, (1, 1, 1, g))
 
 
-def _combine(out_parts, lse_tiles):
-    """Merges normalised f32 partials ``[S, B, n, Hkv, G, D]`` by their log2-sum-exps ``lse_tiles`` ``[S, B, n, Hkv, G,
-    _LSE_LANES]`` (each row its value repeated): ``sum_s 2^(lse_s - M) out_s / sum_s 2^(lse_s - M)``, ``M`` the
-    largest lse.
+def _combine(out_parts, lse):
+    """Merges normalised f32 partials ``[S, B, n, Hkv, G, D]`` by their log2-sum-exps (the same shape: each row's value
+    along D): ``sum_s 2^(lse_s - M) out_s / sum_s 2^(lse_s - M)``, ``M`` the largest lse.
 
-    Written split by split (S is static and small: about one wave of SMs over the grid), so it is elementwise
-    throughout, with no reduction and no transpose: XLA emits one loop kernel for it, where the variadic reduction
-    over a transposed lse it replaces took three a layer (docs/results/2026-12-01-drafter-tree-h200/). Splits that
-    saw no key (``lse = -inf``) weigh nothing; a row no split saw gives zeros.
+    Written split by split (S is static and small: about one wave of SMs over the grid), over an lse with one value
+    per output element: elementwise throughout, with no reduction, no transpose and no broadcast to share, so XLA
+    emits one kernel. An lse of one value per row made it two on the H200 (the rows' max apart from the sums), and
+    the variadic reduction over a transposed lse before it three (docs/results/2026-12-01-combine-h200/). Splits
+    that saw no key (``_EMPTY_LSE``) weigh nothing; a row no split saw merges zeros.
     """
-    lse = [lse_tiles[s, ..., :1] for s in range(lse_tiles.shape[0])]
     top = lse[0]
-    for part in lse[1:]:
-        top = jnp.maximum(top, part)
-    base = jnp.where(jnp.isfinite(top), top, 0.0)
-    total = acc = None
-    for s, part in enumerate(lse):
-        weight = jnp.exp2(part - base)
-        total = weight if total is None else total + weight
-        acc = weight * out_parts[s] if acc is None else acc + weight * out_parts[s]
-    return acc / jnp.where(total > 0, total, 1.0)
+    for s in range(1, lse.shape[0]):
+        top = jnp.maximum(top, lse[s])
+    total = acc = 0.0
+    for s in range(lse.shape[0]):
+        weight = jnp.exp2(lse[s] - top)
+        total, acc = total + weight, acc + weight * out_parts[s]
+    return acc / total
 
 
 _NODE_TILES = (1, 8, 1, 1)

@@ -40,7 +40,9 @@ forms differ only in ``P V``: interpret mode runs neither a register wgmma opera
 the GPU form keeps P in registers and accumulates in place (as jax's ``attention_mgpu`` does), which saves an
 SMEM round trip and a [block_m, D] f32 register tile. ``q`` and the tree's K/V go in unpadded when TMA can
 tile them (``pad_for_tma``: fewer than 8 nodes, or a multiple of 8): an AR step's one node then costs no XLA
-pad kernels (~0.1 ms of a Qwen3-8B step in the H200's kernel split).
+pad kernels (~0.1 ms of a Qwen3-8B step in the H200's kernel split). With its merge as one XLA kernel and Q
+awaited in the first pipeline step, a Qwen3-8B AR forward on it is 587 launches, 16 a layer
+(docs/results/2026-12-01-combine-h200/).
 
 Not done yet (in expected order of gain): warp specialisation (a TMA warpgroup and
 two compute warpgroups ping-ponging softmax and wgmma, as in FA3 / ``attention_mgpu``);

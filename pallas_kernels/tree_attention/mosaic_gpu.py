@@ -274,7 +274,7 @@ def _kernel_call(
         wait_for_q((prefix_steps == 0) & (tree_steps == 0))
         acc, row_max, row_sum = carry
 
-        seen = row_sum > 0  # rows with no visible key (padding) write 0, lse -inf
+        seen = row_sum > 0  # rows with no visible key (padding) write 0, lse _EMPTY_LSE
         out = acc / lax.broadcast_in_dim(jnp.where(seen, row_sum, 1.0), acc.shape, [0])
 
         def store(tile, dst):

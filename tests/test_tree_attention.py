@@ -330,3 +330,16 @@ def test_split_by_split_merge_equals_the_two_pass_one():
     assert (np.asarray(got)[1, 0, 0, 0] == 0).all()
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
     assert np.isfinite(np.asarray(got)).all() and (np.asarray(got)[1, 0, 0, 0] == 0).all()
+
+
+def test_host_masks_pack_to_the_same_bits_as_traced_ones():
+    """A numpy mask (causal or all-visible, fixed at trace time) packs on the host, and the kernel's row layout of its
+    bits is built on the host too: both equal the jnp results bit for bit."""
+    rng = np.random.default_rng(5)
+    mask = rng.random((2, 40, 40)) < 0.5
+    host = ta.dense_to_ancestor_bits(mask)
+    assert isinstance(host, np.ndarray)
+    np.testing.assert_array_equal(host, np.asarray(ta.dense_to_ancestor_bits(jnp.asarray(mask))))
+    rows = ta_mosaic_gpu._row_bits(host, 40, 48, 16, 4, 2)
+    assert isinstance(rows, np.ndarray)
+    np.testing.assert_array_equal(rows, np.asarray(ta_mosaic_gpu._row_bits(jnp.asarray(host), 40, 48, 16, 4, 2)))

@@ -29,7 +29,8 @@ from chain_timing import wall_ms
 EMPTY = -1e30  # the finite sentinel of ``row_finite``: 2^(EMPTY - m) is 0 for any finite m
 
 
-def _weights(lse):
+def _top(lse):
+  """The largest lse of each element, split by split."""
   top = lse[0]
   for part in lse[1:]:
     top = jnp.maximum(top, part)
@@ -38,7 +39,7 @@ def _weights(lse):
 
 def row(out_parts, lse):
   lse = [lse[s, ..., :1] for s in range(lse.shape[0])]
-  top = _weights(lse)
+  top = _top(lse)
   base = jnp.where(jnp.isfinite(top), top, 0.0)
   total = acc = 0.0
   for s, part in enumerate(lse):
@@ -49,7 +50,7 @@ def row(out_parts, lse):
 
 def row_finite(out_parts, lse):
   lse = [lse[s, ..., :1] for s in range(lse.shape[0])]
-  top = _weights(lse)
+  top = _top(lse)
   total = acc = 0.0
   for s, part in enumerate(lse):
     w = jnp.exp2(part - top)
@@ -61,7 +62,7 @@ def lanes(out_parts, lse):
   shape = out_parts.shape
   grouped = out_parts.reshape(*shape[:-1], shape[-1] // lse.shape[-1], lse.shape[-1])
   lse = [lse[s, ..., None, :] for s in range(lse.shape[0])]
-  top = _weights(lse)
+  top = _top(lse)
   total = acc = 0.0
   for s, part in enumerate(lse):
     w = jnp.exp2(part - top)

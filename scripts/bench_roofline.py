@@ -112,7 +112,7 @@ SKINNY_VARIANTS = {"skinny_forward": "xla_forward", "skinny_decode_loop": "xla_d
 """Rows measured again in a process of their own with the bf16 linears on ``skinny_matmul``'s Mosaic GPU kernel
 (``skinny_matmul.ops.DEFAULT = "mosaic_gpu"``): the kernel and XLA's dot side by side in one run."""
 FUSED_NORM_VARIANTS = {"fused_norm_decode_loop": "xla_decode_loop", "split_decode_loop": "xla_decode_loop",
-                       "pdl_decode_loop": "xla_decode_loop", "prefetch_decode_loop": "xla_decode_loop"}
+                       "pdl_decode_loop": "xla_decode_loop"}
 """``skinny_decode_loop`` again with every residual add + RMSNorm on ``pallas_kernels.add_rms_norm``'s kernel, in a
 process of its own: the kernel's effect on the best AR configuration, side by side in one run.
 ``split_decode_loop``: ``fused_norm_decode_loop``
@@ -156,7 +156,6 @@ WHAT = {
     "fused_norm_decode_loop": "skinny_decode_loop, residual add + RMSNorm on the add_rms_norm kernel",
     "split_decode_loop": "fused_norm_decode_loop, the skinny kernel's K splits from --skinny-splits",
     "pdl_decode_loop": "fused_norm_decode_loop, the Mosaic GPU kernels launched with PDL",
-    "prefetch_decode_loop": "fused_norm_decode_loop, each skinny matmul prefetching the next weight into L2",
     "torch_peer_eager": "PyTorch gpt-fast style, eager",
     "torch_peer_cudagraphs": "PyTorch, compile reduce-overhead (CUDA graphs)",
     "torch_peer_compile": "PyTorch, compile max-autotune-no-cudagraphs",
@@ -814,14 +813,9 @@ def worker_main(spec_path: str) -> int:
         from pallas_kernels import pdl
 
         pdl.ENABLED = True
-    if spec.get("prefetch"):
-        from pallas_kernels.skinny_matmul import ops as skinny_ops
-
-        skinny_ops.PREFETCH = True
     worker.res["matmul"] = spec.get("matmul") or "default"
     worker.res["norm"] = spec.get("norm") or "default"
     worker.res["pdl"] = bool(spec.get("pdl"))
-    worker.res["prefetch"] = bool(spec.get("prefetch"))
     try:
         if spec.get("calibrate"):
             from specpilot.costmodel.hardware import load_or_calibrate
@@ -1061,9 +1055,6 @@ def plan_jobs(args, s: dict, run: Path, chosen: list[str]) -> tuple[list[Job], J
     if "pdl_decode_loop" in chosen:
         jobs.append(jax_job("pdl", ["xla_decode_loop"], t["xla"], ["pdl_decode_loop"], matmul="mosaic_gpu",
                             norm="mosaic_gpu", pdl=True, loop_label="pdl_decode_loop"))
-    if "prefetch_decode_loop" in chosen:
-        jobs.append(jax_job("prefetch", ["xla_decode_loop"], t["xla"], ["prefetch_decode_loop"], matmul="mosaic_gpu",
-                            norm="mosaic_gpu", prefetch=True, loop_label="prefetch_decode_loop"))
     for name, of in SKINNY_FLAG_VARIANTS.items():
         flag_job(name, XLA_FLAG_VARIANTS[of], matmul="mosaic_gpu")
     torch_job("torch_peer_cudagraphs")

@@ -143,9 +143,7 @@ def test_dispatch(monkeypatch, caplog):
   """XLA unless DEFAULT says the kernel and the device is a Hopper; prefill-sized M and unsupported
   inputs fall back to XLA, the latter with a warning."""
   calls = []
-  monkeypatch.setattr(skinny_ops, "_mosaic_gpu",
-                      lambda x, w, c, p: calls.append(x.shape) or hints.append(p) or skinny_matmul.skinny_matmul_reference(x, w))
-  hints = []
+  monkeypatch.setattr(skinny_ops, "_mosaic_gpu", lambda x, w, c: calls.append(x.shape) or skinny_matmul.skinny_matmul_reference(x, w))
   x, w = random_pair((3,), 128, 64, seed=0)
   skinny_matmul.matmul(x, w)
   monkeypatch.setattr(skinny_ops, "DEFAULT", "mosaic_gpu")
@@ -155,10 +153,6 @@ def test_dispatch(monkeypatch, caplog):
   skinny_matmul.matmul(x, w)
   skinny_matmul.matmul(jnp.ones((skinny_ops.MAX_TOKENS + 1, 128), jnp.bfloat16), w)  # above MAX_TOKENS: XLA
   assert calls == [(3, 128)]
-  skinny_matmul.matmul(x, w, prefetch=w)  # the L2 prefetch hint reaches the kernel only when PREFETCH says so
-  monkeypatch.setattr(skinny_ops, "PREFETCH", True)
-  skinny_matmul.matmul(x, w, prefetch=w)
-  assert hints[1] is None and hints[2] is w
   monkeypatch.undo()
   monkeypatch.setattr(skinny_ops, "DEFAULT", "mosaic_gpu")
   monkeypatch.setattr(skinny_ops, "_on_hopper", lambda: True)
@@ -216,64 +210,3 @@ def test_split_probe_runs_and_picks_a_split(tmp_path, monkeypatch):
                      "--interpret", "--json", str(out)])
   assert set(best) == {"256x128", "128x256"} and all(s in (1, 2) for s in best.values())
   assert json.loads(out.read_text()) == best
-
-
-def test_prefetch_plan_covers_the_first_rows_of_every_split_once():
-  """The L2 prefetch's boxes, as the kernel's blocks share them out, are each box of the first ``rows`` rows of
-  every K split of the next weight, once: the tiles the next call's blocks load first."""
-  k, n, split, rows = 4096, 1024, 8, 128
-  blocks = 96
-  total = skinny_mosaic_gpu.prefetch_boxes(n, split, rows)
-  issued = []
-  for block in range(blocks):
-    for t in range(-(-total // blocks)):
-      box = block + t * blocks
-      if box < total:
-        issued.append(tuple(int(v) for v in skinny_mosaic_gpu.prefetch_box(np.int32(box), k, n, split, rows)))
-  box_r, box_c = skinny_mosaic_gpu.PREFETCH_BOX
-  want = {(s * (k // split) + r, c) for s in range(split) for r in range(0, rows, box_r) for c in range(0, n, box_c)}
-  assert len(issued) == len(want) == total and set(issued) == want
-
-
-def test_prefetch_plan_is_about_the_asked_bytes():
-  config = skinny_mosaic_gpu.DEFAULT_CONFIG
-  for k, n in ((4096, 6144), (4096, 4096), (4096, 24576), (12288, 4096)):
-    split, rows = skinny_mosaic_gpu._prefetch_plan(jnp.ones((k, n), jnp.bfloat16), 8, 8, config)
-    got = split * rows * n * 2
-    assert rows % skinny_mosaic_gpu.PREFETCH_BOX[0] == 0 and rows <= k // split
-    assert 0.5 * skinny_mosaic_gpu.PREFETCH_BYTES <= got <= skinny_mosaic_gpu.PREFETCH_BYTES, (k, n, got)
-
-
-def test_prefetch_changes_no_value_and_skips_what_it_cannot_tile():
-  """With ``prefetch=`` the kernel computes the same (GPU interpret mode runs the prefetch as a no-op, after the
-  same index arithmetic); a weight off whole boxes (the LM head's N = 151936) is not passed to the kernel."""
-  x, w = random_pair((3,), 512, 128, seed=7)
-  run = functools.partial(skinny_mosaic_gpu.skinny_matmul, config=Config(tile_m=8),
-                          interpret=plgpu.InterpretGPUParams())
-  nxt = jnp.ones((512, 512), jnp.bfloat16)
-  np.testing.assert_array_equal(np.asarray(run(x, w, prefetch=nxt), np.float32), np.asarray(run(x, w), np.float32))
-
-  def kernel_inputs(prefetch):
-    jaxpr = jax.make_jaxpr(functools.partial(skinny_mosaic_gpu.skinny_matmul, prefetch=prefetch))(x, w)
-    (eqn,) = [e for e in jaxpr.eqns if e.primitive.name in ("pallas_call", "custom_vmap_call")]
-    return len(eqn.invars)
-
-  assert kernel_inputs(nxt) == kernel_inputs(None) + 1
-  assert kernel_inputs(jnp.ones((512, 200), jnp.bfloat16)) == kernel_inputs(None)
-
-
-@pytest.mark.parametrize("m", [1, 16])
-def test_hopper_lowering_with_prefetch_at_qwen3_shapes(m):
-  """The prefetch boxes are legal TMA for sm_90 at the Qwen3-8B shapes: each matmul prefetching the next."""
-  shapes = ((4096, 6144), (4096, 4096), (4096, 24576), (12288, 4096))
-
-  def layer(x, ws):
-    y = None
-    for j, w in enumerate(ws):
-      y = skinny_mosaic_gpu.skinny_matmul(x, w, prefetch=ws[(j + 1) % len(ws)])
-      x = jnp.ones((m, ws[(j + 1) % len(ws)].shape[0]), jnp.bfloat16) * y[..., :1]
-    return y
-
-  ws = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in shapes]
-  lowered = jax.jit(layer).trace(jax.ShapeDtypeStruct((m, 4096), jnp.bfloat16), ws).lower(lowering_platforms=("cuda",))
-  assert lowered.as_text().count("mosaic_gpu") >= len(shapes)

@@ -75,62 +75,7 @@ def check_supported(x: jax.Array, w: jax.Array, config: TuningConfig) -> None:
     raise NotImplementedError(f"split_k={config.split_k} does not divide the {k // config.tile_k} K steps")
 
 
-PREFETCH_BOX = (64, 256)  # rows x columns of one L2 prefetch (a TMA box: at most 256 a side)
-PREFETCH_BYTES = 16 * 2**20
-"""How much of the next weight a kernel given ``prefetch=`` puts into L2 (rounded to whole boxes per K split)."""
-PREFETCH_AT = "end"
-"""When a block issues its prefetches: ``"end"``, once its own loads are done (HBM would idle after it), or
-``"start"``, before them (into the ramp of its own pipeline)."""
-
-
-def _split_k(k: int, n: int, mp: int, tile_m: int, config: TuningConfig) -> int:
-  """The K splits of W[k, n] at ``mp`` padded token rows: the config's, the shape table's or ``auto_split_k``'s."""
-  return config.split_k or SPLIT_K_BY_SHAPE.get((k, n)) or auto_split_k(
-      (n // TILE_N) * (mp // tile_m), k // config.tile_k, num_sms(), config.blocks_per_sm)
-
-
-def _prefetch_plan(w_next: jax.Array, mp: int, tile_m: int, config: TuningConfig) -> tuple[int, int]:
-  """(K splits, rows per split) of the next weight's L2 prefetch: the first rows of each K split, which its
-  blocks read first when the next call has the same token rows and config; about ``PREFETCH_BYTES`` in all."""
-  k, n = w_next.shape
-  split = _split_k(k, n, mp, tile_m, config)
-  rows = int(PREFETCH_BYTES / (2 * n * split)) // PREFETCH_BOX[0] * PREFETCH_BOX[0]
-  return split, min(k // split, max(PREFETCH_BOX[0], rows))
-
-
-def _prefetchable(w_next) -> bool:
-  """A bf16 ``[K, N]`` weight tiled by whole prefetch boxes. Anything else (the LM head's N = 151936, a W12 leaf)
-  is not prefetched: the matmul runs as without ``prefetch=``."""
-  return (isinstance(w_next, jax.Array) and w_next.ndim == 2 and w_next.dtype == jnp.bfloat16
-          and w_next.shape[1] % PREFETCH_BOX[1] == 0 and w_next.shape[0] % PREFETCH_BOX[0] == 0)
-
-
-def prefetch_box(box, k: int, n: int, split: int, rows: int):
-  """The (row, column) at which box number ``box`` of the prefetch plan of W[k, n] starts: split after split,
-  within a split row block after row block of ``PREFETCH_BOX[0]``, within those column chunk after chunk. Plain
-  integer arithmetic: traced in the kernel, numpy in the tests."""
-  cols = n // PREFETCH_BOX[1]
-  per_split = rows // PREFETCH_BOX[0] * cols
-  return (box // per_split * (k // split) + box % per_split // cols * PREFETCH_BOX[0],
-          box % cols * PREFETCH_BOX[1])
-
-
-def prefetch_boxes(n: int, split: int, rows: int) -> int:
-  return split * (rows // PREFETCH_BOX[0]) * (n // PREFETCH_BOX[1])
-
-
-def _issue_prefetch(next_gmem, block: jax.Array, blocks: int, split: int, rows: int) -> None:
-  """This block's share of the next weight's prefetch: boxes ``block``, ``block + blocks``, ... of the plan."""
-  k, n = next_gmem.shape
-  total = prefetch_boxes(n, split, rows)
-  for t in range(-(-total // blocks)):
-    box = block + t * blocks
-    row, col = prefetch_box(jnp.minimum(box, total - 1), k, n, split, rows)
-    plgpu.async_prefetch(next_gmem.at[pl.ds(row, PREFETCH_BOX[0]), pl.ds(col, PREFETCH_BOX[1])],
-                         predicate=box < total)
-
-
-def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, interpret, mp, prefetch=None):
+def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, interpret, mp):
   """``[split_k, halves, Mp, N]`` bf16: each block's accumulator stored transposed (tokens-major). With
   ``halves`` = 1 the bf16 result; with 2 the f32 partial sum's high and low 16 bits (``f32_from_halves``):
   Mosaic GPU stores a transposed wgmma accumulator into swizzled SMEM for 16-bit types only.
@@ -143,8 +88,7 @@ def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, inter
   w_transforms = smem_transforms(TILE_N, jnp.bfloat16)
   x_transforms = smem_transforms(tile_k, jnp.bfloat16)
 
-  def kernel(w_gmem, x_gmem, *rest, out_smem):
-    *next_gmem, out_gmem = rest
+  def kernel(w_gmem, x_gmem, out_gmem, out_smem):
     pdl.begin_kernel(interpret)
     n_slice = pl.ds(lax.axis_index("n") * TILE_N, TILE_N)
     m_slice = pl.ds(lax.axis_index("m") * tile_m, tile_m)
@@ -163,13 +107,7 @@ def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, inter
       pipeline(w_gmem.at[:, n_slice], x_gmem.at[m_slice])
       return acc_ref[...]
 
-    grid_m = mp // tile_m
-    block = (lax.axis_index("n") * grid_m + lax.axis_index("m")) * split_k + split
-    if next_gmem and PREFETCH_AT == "start":
-      _issue_prefetch(next_gmem[0], block, (n // TILE_N) * grid_m * split_k, *prefetch[1:])
     acc = pl.run_scoped(accumulate, plgpu.ACC((TILE_N, tile_m), jnp.float32))
-    if next_gmem and PREFETCH_AT == "end":
-      _issue_prefetch(next_gmem[0], block, (n // TILE_N) * grid_m * split_k, *prefetch[1:])
     if halves == 1:
       out_smem.at[0].T[...] = acc.astype(jnp.bfloat16)
     else:
@@ -188,7 +126,7 @@ def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, inter
                                             transforms=smem_transforms(TILE_N, jnp.bfloat16))},
       interpret=interpret,
   )
-  return call(w, x2, *prefetch[:1]) if prefetch else call(w, x2)
+  return call(w, x2)
 
 
 def f32_from_halves(halves: jax.Array) -> jax.Array:
@@ -199,11 +137,8 @@ def f32_from_halves(halves: jax.Array) -> jax.Array:
 
 
 def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = None,
-                  interpret: plgpu.InterpretGPUParams | None = None, prefetch: jax.Array | None = None) -> jax.Array:
+                  interpret: plgpu.InterpretGPUParams | None = None) -> jax.Array:
   """``x @ w`` for bf16 ``x`` ``[..., K]`` and ``w`` ``[K, N]``, f32 accumulation, bf16 result.
-
-  ``prefetch``: the bf16 weight ``[K2, N2]`` the next matmul reads, whose first tiles the kernel puts into L2 as it
-  finishes (module docstring); it changes no value.
 
   ``interpret=plgpu.InterpretGPUParams()`` runs it on CPU for tests. Unsupported shapes raise
   NotImplementedError (at trace time) so ``skinny_matmul.matmul`` can fall back loudly.
@@ -216,16 +151,14 @@ def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = N
   tile_m = min(config.tile_m, round_up(max(m, 1), 8))
   mp = round_up(max(m, 1), tile_m)
   k_steps = k // config.tile_k
-  split_k = _split_k(k, n, mp, tile_m, config)
+  split_k = config.split_k or SPLIT_K_BY_SHAPE.get((k, n)) or auto_split_k(
+      (n // TILE_N) * (mp // tile_m), k_steps, num_sms(), config.blocks_per_sm)
   if k_steps % split_k:
     raise ValueError(f"skinny matmul: split_k={split_k} for W[{k}, {n}] does not divide its {k_steps} K steps "
                      f"(tile_k={config.tile_k}; SPLIT_K_BY_SHAPE or the config)")
   x2 = pad_for_tma(x.reshape(m, k), X_TILE)
-  plan = None
-  if prefetch is not None and _prefetchable(prefetch):
-    plan = (prefetch, *_prefetch_plan(prefetch, mp, tile_m, config))
   partial = _call(x2, w, tile_m=tile_m, tile_k=config.tile_k,
                   max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, halves=2 if split_k > 1 else 1,
-                  interpret=interpret, mp=mp, prefetch=plan)
+                  interpret=interpret, mp=mp)
   y = partial[0, 0] if split_k == 1 else f32_from_halves(partial).sum(0).astype(x.dtype)
   return y[:m].reshape(*lead, n)

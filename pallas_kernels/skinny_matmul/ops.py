@@ -32,9 +32,6 @@ tree-attention kernel (``attention=pallas_tree``) its loop is the best AR step s
 in 45 s instead of 7 (Mosaic GPU compiles each of its ~145 call sites), which the search loop would pay per
 candidate. Benchmarks and deployments that want it set it
 (``bench.py --matmul mosaic_gpu --command-buffers``, ``bench_roofline.py --matmul mosaic_gpu``)."""
-PREFETCH = False
-"""Whether the kernel is handed the next matmul's weight to prefetch into L2 (``mosaic_gpu`` module docstring).
-Read at trace time, like ``DEFAULT``."""
 MAX_TOKENS = 8
 """Above this many token rows, XLA's dot: on the H200 the kernel beats it at M = 1 (Qwen3-8B's five layer shapes,
 4.06 against 4.30 ms per step of matmuls) and only ties at M = 16 and 64
@@ -47,27 +44,23 @@ def _kernel_chosen(x: jax.Array) -> bool:
   return DEFAULT == "mosaic_gpu" and math.prod(x.shape[:-1]) <= MAX_TOKENS and _on_hopper()
 
 
-def _mosaic_gpu(x, w, config, prefetch=None):
+def _mosaic_gpu(x, w, config):
   from pallas_kernels.skinny_matmul import mosaic_gpu  # lazy: needs a Mosaic GPU capable jaxlib
 
-  return mosaic_gpu.skinny_matmul(x, w, config=config, prefetch=prefetch)
+  return mosaic_gpu.skinny_matmul(x, w, config=config)
 
 
 def matmul(x: jax.Array, w: jax.Array, *, implementation: Implementation | None = None,
-           config: TuningConfig | None = None, prefetch=None) -> jax.Array:
-  """``x @ w`` for ``x`` ``[..., K]`` and ``w`` ``[K, N]``, f32 accumulation, returned in ``x.dtype``.
-
-  ``prefetch``: the weight leaf the next matmul reads; the kernel puts its first tiles into L2 as it finishes
-  (``mosaic_gpu`` module docstring). A hint: XLA's dot ignores it, and no value depends on it."""
+           config: TuningConfig | None = None) -> jax.Array:
+  """``x @ w`` for ``x`` ``[..., K]`` and ``w`` ``[K, N]``, f32 accumulation, returned in ``x.dtype``."""
   if implementation not in (None, *_IMPLEMENTATIONS):
     raise ValueError(f"unknown skinny_matmul implementation {implementation!r}; expected one of {_IMPLEMENTATIONS}")
-  prefetch = prefetch if PREFETCH else None
   if implementation == "mosaic_gpu":
-    return _mosaic_gpu(x, w, config, prefetch)
+    return _mosaic_gpu(x, w, config)
   if implementation == "xla" or not _kernel_chosen(x):
     return skinny_matmul_reference(x, w)
   try:
-    return _mosaic_gpu(x, w, config, prefetch)
+    return _mosaic_gpu(x, w, config)
   except (NotImplementedError, ImportError) as e:
     _log.warning("skinny matmul falls back to XLA for x%s %s, W%s %s: %s", x.shape, x.dtype, w.shape, w.dtype, e)
     return skinny_matmul_reference(x, w)

@@ -13,6 +13,11 @@ kernel of its own right after each matmul's sum, split like the next matmul's bl
 every K split. Reported: wall µs per layer (synchronised chain), CUPTI µs per layer of the matmul kernels, of the
 prefetch kernels and of the rest.
 
+Measured on the H200 (docs/results/2026-12-01-fusion-prefetch-h200/): no gain. The separate prefetch kernel never
+showed in CUPTI's kernel list and the chain's wall time grew by 2-5 µs a prefetch; with the prefetches issued by the
+matmul kernel itself (commit 5cb4baa, at its end or its start) the matmuls got slower by up to 9 and 21 µs a layer,
+and the next matmuls no faster. The skinny kernel's ``prefetch=`` was removed after it.
+
     PYTHONPATH=$PWD python3 scripts/h200/prefetch_probe.py > $OUT/prefetch.txt
 """
 
@@ -28,7 +33,6 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.add_rms_norm.reference import rms_norm
-from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
 from pallas_kernels.skinny_matmul.mosaic_gpu import DEFAULT_CONFIG, skinny_matmul
 from pallas_kernels.split_k import auto_split_k, num_sms
 
@@ -70,15 +74,13 @@ def l2_prefetch(w: jax.Array, after: jax.Array, mbytes: float, m: int = 1) -> ja
   return (call(w, after)[0] == 12345).astype(jnp.float32) * 0.0  # never written: any value, a 0 that depends on it
 
 
-def chain(layers: int, mbytes: float, in_kernel: bool = False):
-  """``in_kernel``: each matmul prefetches the next weight itself as it finishes (``skinny_matmul(prefetch=)``,
-  ``PREFETCH_BYTES`` = ``mbytes``), not a kernel of its own."""
+def chain(layers: int, mbytes: float):
   def run(x, ws):
     for i in range(layers):
       for j, w in enumerate(ws[i]):
+        y = skinny_matmul(x, w)
         nxt = ws[i][j + 1] if j + 1 < len(SHAPES) else ws[(i + 1) % layers][0]
-        y = skinny_matmul(x, w, prefetch=nxt if in_kernel and mbytes else None)
-        dep = l2_prefetch(nxt, y, mbytes, x.shape[0]) if mbytes and not in_kernel else 0.0
+        dep = l2_prefetch(nxt, y, mbytes, x.shape[0]) if mbytes else 0.0
         if j == 0:
           x = rms_norm(y[..., :4096], jnp.ones(4096, y.dtype), 1e-6)
         elif j == 2:
@@ -91,32 +93,25 @@ def chain(layers: int, mbytes: float, in_kernel: bool = False):
   return jax.jit(run)
 
 
-def cupti_split(fn, args) -> tuple[float, float, float, dict]:
-  """µs per call of the matmul kernels, the prefetch kernels and the rest (CUPTI, one call), and the launches and
-  µs per kernel name."""
+def cupti_split(fn, args) -> tuple[float, float, float]:
+  """µs per call of the matmul kernels, the prefetch kernels and the rest (CUPTI, one call)."""
   from specpilot.costmodel.cupti import kernel_timings
 
   mm = pf = rest = 0.0
-  names: dict[str, list] = {}
   for name, ms in kernel_timings(lambda: fn(*args)):
-    entry = names.setdefault(name, [0, 0.0])
-    entry[0] += 1
-    entry[1] += ms * 1e3
     if "prefetch" in name or "kernel_l2" in name:
       pf += ms
     elif "mosaic" in name:
       mm += ms
     else:
       rest += ms
-  return mm * 1e3, pf * 1e3, rest * 1e3, names
+  return mm * 1e3, pf * 1e3, rest * 1e3
 
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--layers", type=int, default=8)
   ap.add_argument("--prefetch-mb", type=float, nargs="+", default=[0, 4, 8, 16, 32])
-  ap.add_argument("--in-kernel", action="store_true", help="the matmuls prefetch (skinny_matmul(prefetch=))")
-  ap.add_argument("--at", default="end", choices=("start", "end"), help="skinny_matmul's PREFETCH_AT")
   ap.add_argument("--tokens", type=int, default=1, help="token rows (the drafter: 16)")
   ap.add_argument("--iters", type=int, default=30)
   args = ap.parse_args(argv)
@@ -134,10 +129,7 @@ def main(argv=None):
           + " -->", flush=True)
   ref = None
   for mb in args.prefetch_mb:
-    if args.in_kernel:
-      skinny_mosaic_gpu.PREFETCH_BYTES = int(mb * 2**20)
-      skinny_mosaic_gpu.PREFETCH_AT = args.at
-    fn = chain(args.layers, mb, args.in_kernel)
+    fn = chain(args.layers, mb)
     try:
       out = jax.block_until_ready(fn(x, ws))
     except Exception as e:  # noqa: BLE001 (a prefetch size this TMA rejects: reported, the rest go on)
@@ -145,15 +137,11 @@ def main(argv=None):
       continue
     ref = out if ref is None else ref
     wall = wall_ms(fn, (x, ws), args.iters) * 1e3 / args.layers
-    names = {}
     try:
-      *split, names = cupti_split(fn, (x, ws))
-      mm, pf, rest = (v / args.layers for v in split)
+      mm, pf, rest = (v / args.layers for v in cupti_split(fn, (x, ws)))
     except RuntimeError:  # no CUPTI (a CPU run)
       mm = pf = rest = float("nan")
     print(f"| {mb} | {wall:.1f} | {mm:.1f} | {pf:.1f} | {rest:.1f} | {bool(jnp.array_equal(out, ref))} |",
-          flush=True)
-    print("<!-- kernels: " + "; ".join(f"{k[:60]} x{n} {us:.0f}us" for k, (n, us) in names.items()) + " -->",
           flush=True)
 
 

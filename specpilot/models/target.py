@@ -127,13 +127,12 @@ def pack_heads(qk: jax.Array, v: jax.Array) -> jax.Array:
 
 
 def _layer(cfg: ModelConfig, lw: Layer, i: int, x, h, cos, sin, cache: KVCache, mask, tree_bits=None,
-           fused: str | None = None, next_w=None):
+           fused: str | None = None):
     """Layer `i` on the residual stream `x` entering it and `h`, its input-normed form. Returns the stream after
     the attention block, the MLP block's output (the next residual update: the next `add_rms_norm` adds it and
-    norms the sum in one go), the cache and this step's K/V. `next_w`: the weight the matmul after this layer's
-    last reads (each matmul is handed the next one's weight as an L2 prefetch hint, `weights.linear`)."""
+    norms the sum in one go), the cache and this step's K/V."""
     b, t, _ = x.shape
-    qk, v = rotate_qk(linear(h, lw.w_qkv, lw.w_o), cfg, lw.q_norm, lw.k_norm, cos, sin)  # no q_norm: cfg.qk_norm off
+    qk, v = rotate_qk(linear(h, lw.w_qkv), cfg, lw.q_norm, lw.k_norm, cos, sin)  # no q_norm: cfg.qk_norm off
     q, k = qk[:, :, : cfg.num_heads], qk[:, :, cfg.num_heads :]
     if tree_bits is None:  # XLA / cuDNN attention read the new tokens' K/V from the cache: write them first
         cache = dataclasses.replace(
@@ -148,9 +147,9 @@ def _layer(cfg: ModelConfig, lw: Layer, i: int, x, h, cos, sin, cache: KVCache, 
     else:  # the same with the new tokens' q, k and v read from one array, so none is copied out for the kernel
         attn = tree_attention_packed(pack_heads(qk, v), cache.k[i], cache.v[i], cache.lengths, tree_bits)
         attn = attn.reshape(b, t, -1)
-    x, h = add_rms_norm(x, linear(attn, lw.w_o, lw.w_gate_up), lw.mlp_norm, cfg.rms_norm_eps)
-    gate, up = jnp.split(linear(h, lw.w_gate_up, lw.w_down), 2, axis=-1)
-    return x, linear(jax.nn.silu(gate) * up, lw.w_down, next_w), cache, (k, v)
+    x, h = add_rms_norm(x, linear(attn, lw.w_o), lw.mlp_norm, cfg.rms_norm_eps)
+    gate, up = jnp.split(linear(h, lw.w_gate_up), 2, axis=-1)
+    return x, linear(jax.nn.silu(gate) * up, lw.w_down), cache, (k, v)
 
 
 def forward(
@@ -191,9 +190,8 @@ def forward(
         x, h = add_rms_norm(x, update, lw.attn_norm, cfg.rms_norm_eps)  # x: the stream after layer i - 1
         if i - 1 in hidden_layer_ids:
             hidden[i - 1] = x
-        next_w = weights.layers[i + 1].w_qkv if i + 1 < len(weights.layers) else weights.lm_head
         x, update, cache, kv = _layer(cfg, lw, i, x, h, cos, sin, cache, mask, tree_bits,
-                                      "cudnn" if attention == "cudnn" else None, next_w)
+                                      "cudnn" if attention == "cudnn" else None)
         new_kv.append(kv)
     if tree_bits is not None:  # the kernel read the new K/V from k, v: write every layer's in one scatter each
         ks, vs = (jnp.stack(parts) for parts in zip(*new_kv))

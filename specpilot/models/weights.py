@@ -63,10 +63,8 @@ def _is_w12(w) -> bool:
     return type(w).__name__ == "W12Array"
 
 
-def linear(x: jax.Array, w: Any, prefetch: Any = None) -> jax.Array:
-    """`x @ w` with float32 accumulation, dispatching on the weight leaf's format. `prefetch`: the weight leaf the
-    next matmul reads, a hint the bf16 few-token kernel may use to put its first tiles into L2
-    (`pallas_kernels.skinny_matmul`); no value depends on it."""
+def linear(x: jax.Array, w: Any) -> jax.Array:
+    """`x @ w` with float32 accumulation, dispatching on the weight leaf's format."""
     if isinstance(w, QuantArray):
         from pallas_kernels import quant_matmul
 
@@ -77,7 +75,7 @@ def linear(x: jax.Array, w: Any, prefetch: Any = None) -> jax.Array:
         return w12.matmul(x, w)
     from pallas_kernels import skinny_matmul
 
-    return skinny_matmul.matmul(x, w, prefetch=prefetch)
+    return skinny_matmul.matmul(x, w)
 
 
 @jax.tree_util.register_dataclass

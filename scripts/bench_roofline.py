@@ -53,7 +53,9 @@ beyond the 60 MB L2, so no step reads them from cache:
   over 1k context, LM head, argmax: the stock loop's draft; DDTree's vocabulary top-k belongs to the tree stage and
   its `tree.vocab_top_k`) against its roofline; `drafter_b16_tree` is the same pass with the block attention on the
   tree-attention kernel (`draft_logits(attention="pallas_tree")`: no context/block concatenation, no dense mask),
-  its argmax compared with `drafter_b16`'s.
+  its argmax compared with `drafter_b16`'s; `drafter_round_b16_tree` / `drafter_fused_b16_tree` add the round's
+  ingest of the last committed rows (fc, then each layer's context K/V): as two calls, or as the engine's one pass
+  (`DRAFTER_ROUND`).
 
 Roofline of a row = bytes of weights + KV read (`specpilot.costmodel.counts`: target_pass / draft_pass) ÷ the
 read bandwidth measured by `specpilot.costmodel.hardware` (a jitted reduction over 2 GiB), and ÷ 4.3 TB/s, the
@@ -98,9 +100,18 @@ sys.path.insert(0, str(REPO))
 
 NOMINAL_BYTES_PER_S = 4.3e12  # the H200's device-to-device copy rate (shared/GPU.md)
 XLA_JOB = ("xla_forward", "xla_decode_loop", "verify_nodes", "verify_loop", "drafter")
-DRAFTER_ROWS = {"drafter_b16": "xla", "drafter_b16_tree": "pallas_tree"}
+DRAFTER_ROWS = {"drafter_b16": "xla", "drafter_b16_tree": "pallas_tree", "drafter_round_b16_tree": "pallas_tree",
+                "drafter_fused_b16_tree": "pallas_tree"}
 """The "drafter" variant's rows and their attention. Rows for 1 and 4 KV splits and for the skinny kernel at 16 rows
 ran at commit 69ccc2d and lost to ``drafter_b16_tree`` (docs/results/2026-12-01-drafter-tree-h200/)."""
+DRAFTER_ROUND = {"drafter_round_b16_tree": "ingest, then draft", "drafter_fused_b16_tree": "ingest_and_draft"}
+"""Rows of the drafter's whole share of a round, as the issue counts it ("5 layers + fc + head"): the last round's
+committed features (``ROUND_NEW`` of the 16 pending rows) through fc into the context, then the block pass.
+``drafter_round_b16_tree`` is the two calls the engine made before (each layer's QKV weight read twice),
+``drafter_fused_b16_tree`` the one pass it makes now (``dflash.ingest_and_draft``: read once); their drafts are
+compared with each other. Their roofline adds fc and the hidden norm (``counts.context_ingest``)."""
+ROUND_NEW = 8
+"""Committed rows a round row ingests (a typical accepted path plus its bonus token)."""
 W12_JOB = ("xla_forward_w12", "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "w12_kernel_decode_loop")
 W12_IMPLEMENTATION = {"xla_forward_w12": "reference", "xla_forward_w12_xla_decode": "xla_decode",
                       "xla_forward_w12_kernel": "mosaic_gpu", "w12_kernel_decode_loop": "mosaic_gpu"}
@@ -471,7 +482,7 @@ class Worker:
                 lower(f"verify_loop@{t}", self.verify_loop_fn(verify), (3,), w, *trees[t][:2], cache, trees[t][2], one)
         if "drafter" in variants:
             from specpilot.models.config import synthetic_drafter_config
-            from specpilot.models.dflash import draft_logits
+            from specpilot.models.dflash import draft_logits, ingest, ingest_and_draft
             from specpilot.models.weights import init_random_drafter
 
             dcfg = synthetic_drafter_config(cfg, s["drafter_layers"], s["block_size"])
@@ -488,9 +499,28 @@ class Worker:
                     return jnp.argmax(logits, axis=-1)  # the stock loop's draft; DDTree's top-k: tree stage
                 return draft
 
+            feats = jax.random.normal(jax.random.key(s["seed"] + 400),
+                                      (1, dcfg.block_size, len(dcfg.target_layer_ids) * cfg.hidden_size), dtype)
+            n_new = jnp.full((1,), ROUND_NEW, jnp.int32)
+
+            def drafter_round(attention, fused, top2=False):
+                def draft(dw, embed, lm_head, ctx, block):
+                    if fused:
+                        logits = ingest_and_draft(dw, dcfg, embed, lm_head, ctx, feats, n_new, block,
+                                                  attention=attention)[0]
+                    else:
+                        logits = draft_logits(dw, dcfg, embed, lm_head, ingest(dw, dcfg, ctx, feats, n_new), block,
+                                              attention=attention)
+                    logits = logits[:, 1:]
+                    return jax.lax.top_k(logits, 2)[0] if top2 else jnp.argmax(logits, axis=-1)
+                return draft
+
             for name, attention in DRAFTER_ROWS.items():
-                lower(name, drafter(attention), (), dw, w.embed, w.lm_head, ctx, block)
-                lower(f"{name}:top2", drafter(attention, top2=True), (), dw, w.embed, w.lm_head, ctx, block)
+                form = DRAFTER_ROUND.get(name)
+                make = (drafter if form is None else
+                        lambda a, top2=False, f=form: drafter_round(a, f == "ingest_and_draft", top2))
+                lower(name, make(attention), (), dw, w.embed, w.lm_head, ctx, block)
+                lower(f"{name}:top2", make(attention, top2=True), (), dw, w.embed, w.lm_head, ctx, block)
         log(f"traced {len(lowered)} programs in {time.perf_counter() - t0:.1f}s")
         compiled, errors = self.compile_all(lowered)
         for name, e in errors.items():
@@ -1230,8 +1260,10 @@ def roofline_costs(s: dict) -> dict:
     costs.update({f"{v}@{t}": counts.target_pass(cfg, 1, t, s["context"], "bf16", act) for t in s["nodes"]
                   for v in ("verify_nodes", "verify_loop")})
     dcfg = synthetic_drafter_config(cfg, s["drafter_layers"], s["block_size"])
-    costs.update(dict.fromkeys(DRAFTER_ROWS, counts.draft_pass(dcfg, cfg, 1, s["block_size"], s["context"], "bf16",
-                                                              act)))
+    draft = counts.draft_pass(dcfg, cfg, 1, s["block_size"], s["context"], "bf16", act)
+    costs.update(dict.fromkeys(DRAFTER_ROWS, draft))
+    costs.update(dict.fromkeys(DRAFTER_ROUND, draft + counts.context_ingest(dcfg, cfg, 1, s["block_size"], "bf16",
+                                                                            act)))
     return costs
 
 
@@ -1267,17 +1299,19 @@ def build_report(s: dict, results: dict, records: list, order: list[str], args, 
         # which greedy tokens this row must reproduce
         if name in W12_JOB:
             ref, ref_name = r.get("bf16_tokens"), "bf16 forward, same process"
-        elif name in DRAFTER_ROWS:
+        elif name == "drafter_fused_b16_tree":
+            ref, ref_name = (results.get("drafter_round_b16_tree") or {}).get("tokens"), "drafter_round_b16_tree"
+        elif name in DRAFTER_ROWS and name not in DRAFTER_ROUND:
             ref, ref_name = (results.get("drafter_b16") or {}).get("tokens"), "drafter_b16 (XLA attention)"
         elif name.startswith("torch_peer") and "exported" not in str(r.get("weights", "")):
             ref, ref_name = None, "n/a: random torch weights"
         else:
             ref, ref_name = ref_tokens, "xla_forward"
-        if r.get("tokens") is not None and name not in ("xla_forward", "drafter_b16"):
+        if r.get("tokens") is not None and name not in ("xla_forward", "drafter_b16", "drafter_round_b16_tree"):
             row["tokens_ref"] = ref_name
             row["tokens_match"] = (r["tokens"] == ref) if ref is not None else None
             if name in DRAFTER_ROWS and row["tokens_match"] is False:
-                row["draft_gaps"] = draft_gaps(r, results.get("drafter_b16") or {})
+                row["draft_gaps"] = draft_gaps(r, results.get(ref_name.split()[0]) or {})
         rows.append(row)
     by = {r["variant"]: r for r in rows}
     ar_ms = (by.get("xla_forward") or {}).get("ms")
@@ -1327,6 +1361,9 @@ def build_report(s: dict, results: dict, records: list, order: list[str], args, 
 
 
 def what_of(name: str, s: dict) -> str:
+    if name in DRAFTER_ROUND:
+        return (f"DFlash drafter's round ({ROUND_NEW} committed rows through fc, {s['drafter_layers']} layers, "
+                f"{s['block_size']} rows, argmax) as {DRAFTER_ROUND[name]}, attention {DRAFTER_ROWS[name]}")
     if name in DRAFTER_ROWS:
         return (f"DFlash drafter pass ({s['drafter_layers']} layers, {s['block_size']} rows, argmax), "
                 f"attention {DRAFTER_ROWS[name]}")

@@ -65,7 +65,7 @@ def test_every_variant_has_a_time_or_an_error_and_a_roofline(quick):
     expected = {"xla_forward", "xla_decode_loop", "xla_flags_no_cmdbuf", "xla_flags_cmdbuf_while",
                 "xla_flags_autotune0", "xla_flags_no_triton_gemm", "xla_forward_w12", "xla_forward_w12_xla_decode",
                 "xla_forward_w12_kernel", "w12_kernel_decode_loop", "verify_nodes@4", "verify_nodes@8", "verify_loop@4",
-                "verify_loop@8", "drafter_b16", "drafter_b16_tree",
+                "verify_loop@8", "drafter_b16", "drafter_b16_tree", "drafter_round_b16_tree", "drafter_fused_b16_tree",
                 "skinny_forward",
                 "skinny_decode_loop", "fused_norm_decode_loop", "skinny_cmdbuf_while",
                 "pdl_decode_loop", "split_decode_loop"}
@@ -108,6 +108,10 @@ def test_jax_variants_ran_and_agree(quick):
     draft, tree = by["drafter_b16"], by["drafter_b16_tree"]
     assert len(draft["tokens"]) == rep["settings"]["block_size"] - 1 and "tokens_match" not in draft
     assert tree["attention"] == "pallas_tree" and tree["tokens"] == draft["tokens"] and tree["tokens_match"] is True
+    # the round rows: the one-pass ingest + draft drafts what the two calls draft; their roofline adds fc
+    two, one = by["drafter_round_b16_tree"], by["drafter_fused_b16_tree"]
+    assert one["tokens"] == two["tokens"] and one["tokens_match"] is True and "tokens_match" not in two
+    assert two["roofline"]["weights_bytes"] == one["roofline"]["weights_bytes"] > tree["roofline"]["weights_bytes"]
     assert by["xla_flags_autotune0"]["xla_flags"].endswith("--xla_gpu_autotune_level=0")
     skinny_job = next(j for j in rep["jobs"] if j["job"] == "skinny")
     assert sorted(skinny_job["rows"]) == ["skinny_decode_loop", "skinny_forward"]

@@ -77,8 +77,8 @@ def test_commit_and_tree_match_hand_count():
 
 def test_context_ingest_matches_hand_count_and_is_billed_to_the_draft_stage():
     c = counts.context_ingest(DRAFTER, TARGET, batch=2, path=4, fmt="bf16")
-    # fc [2·8, 8] + hidden_norm 8 + the drafter layer's fused QKV [8, 16] and k_norm 4, at 2 bytes.
-    assert c.weights == 16 * 8 * 2 + 8 * 2 + (8 * 16 * 2 + 4 * 2) == 536
+    # fc [2·8, 8] + hidden_norm 8 at 2 bytes; the fused QKV and k_norm are the draft pass's (read once)
+    assert c.weights == 16 * 8 * 2 + 8 * 2 == 272
     assert c.kv_read == 0 and c.kv_write == 1 * 2 * 4 * (2 * 4) * 2 == 128  # the drafter context's K/V
     assert c.activations == 2 * 4 * 16 * 2 == 256  # features read
     assert c.flops == 2 * 2 * 4 * 16 * 8 + 1 * 2 * 2 * 4 * 8 * 16 == 4096

@@ -156,3 +156,33 @@ def test_ingest_and_draft_logits_match_numpy_reference(checkpoint, block_valid):
         assert got[r].shape == want.shape
         np.testing.assert_allclose(got[r], want, atol=1e-4, rtol=0, err_msg=f"request {r}")
         assert np.abs(want).max() > 0.5  # the comparison is not vacuous
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("attention", ["xla", "pallas_tree"])
+def test_ingest_and_draft_equals_ingest_then_draft(checkpoint, attention, dtype):
+    """The engine's one-pass form (each layer's QKV weight read once for the new context rows and the block rows)
+    gives the same logits and the same context as the two calls, bit for bit, with junk rows past n_new."""
+    folder, _ = checkpoint
+    dcfg, dw = load_drafter(folder, dtype=dtype)
+    rng = np.random.default_rng(2)
+    embed = jnp.asarray(rng.standard_normal((VOCAB, H)), dtype)
+    lm_head = jnp.asarray(rng.standard_normal((H, VOCAB)) / np.sqrt(H), dtype)
+    f = len(IDS) * H
+    ctx = dflash.ingest(dw, dcfg, dflash.init_context(dcfg, 2, 32, dtype),
+                        jnp.asarray(rng.standard_normal((2, 5, f)), dtype), jnp.asarray([5, 3], jnp.int32))
+    feats = jnp.asarray(rng.standard_normal((2, BLOCK, f)), dtype)
+    n_new = jnp.asarray([4, 1], jnp.int32)
+    block = jnp.asarray([[5, 30, 30, 30], [17, 30, 30, 30]], jnp.int32)
+    bv = jnp.asarray([BLOCK, 2], jnp.int32)
+
+    want_ctx = dflash.ingest(dw, dcfg, ctx, feats, n_new)
+    want = dflash.draft_logits(dw, dcfg, embed, lm_head, want_ctx, block, bv, attention=attention)
+    got, got_ctx = dflash.ingest_and_draft(dw, dcfg, embed, lm_head, ctx, feats, n_new, block, bv,
+                                           attention=attention)
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    assert np.asarray(got_ctx.lengths).tolist() == [9, 4]
+    for name in ("k", "v"):
+        np.testing.assert_array_equal(np.asarray(getattr(got_ctx, name), np.float32),
+                                      np.asarray(getattr(want_ctx, name), np.float32), err_msg=name)
+    assert float(jnp.abs(got).max()) > 0.5

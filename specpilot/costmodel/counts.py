@@ -142,14 +142,14 @@ def spec_commit(target: ModelConfig, batch: int, path: int, act_bytes: int = 2) 
 def context_ingest(dcfg: DrafterConfig, target: ModelConfig, batch: int, path: int, fmt: str,
                    act_bytes: int = 2) -> Cost:
     """The last round's `path` committed target features into the drafter's context, at the start of the draft
-    stage (`SpecEngine._stage_draft`): fc, hidden norm, every drafter layer's fused QKV leaf and k_norm."""
+    stage (`SpecEngine._stage_draft`): fc and hidden norm. The rows then ride the block pass's QKV projection
+    (`dflash.ingest_and_draft`): its FLOPs are counted here, its weights and norms in `draft_pass`, read once."""
     c = dcfg.layers
     b, p, h = batch, path, target.hidden_size
     feat = len(dcfg.target_layer_ids) * h
     qkv_out = c.q_size + 2 * c.kv_size
     return Cost(
-        weights=linear_bytes(feat, h, fmt, act_bytes) + h * act_bytes
-        + c.num_layers * (linear_bytes(h, qkv_out, fmt, act_bytes) + c.head_dim * act_bytes),
+        weights=linear_bytes(feat, h, fmt, act_bytes) + h * act_bytes,
         kv_write=c.num_layers * b * p * 2 * c.kv_size * act_bytes,
         activations=b * p * feat * act_bytes,
         flops=2 * b * p * feat * h + c.num_layers * 2 * b * p * h * qkv_out,

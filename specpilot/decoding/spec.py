@@ -118,8 +118,10 @@ class SpecEngine(Engine):
         return init_loop_state(pick(sub, logits, self.sampling), max_new, self.slack, key, extra, self.reference_loop)
 
     # ---- one round ----------------------------------------------------------------------------------
-    def _draft(self, params, state: LoopState, ex: SpecState, ctx):
-        """Drafter logits for depths 1..D [B, D, V], and the depth limit per request, over context `ctx`."""
+    def _draft(self, params, state: LoopState, ex: SpecState):
+        """The last round's committed features into the drafter's context and the block pass over it, as one pass
+        (`dflash.ingest_and_draft`: each layer's QKV weight read once): drafter logits for depths 1..D [B, D, V],
+        the depth limit per request and the new context."""
         tw = params["target"]
         b = state.last.shape[0]
         block = jnp.concatenate(
@@ -132,14 +134,15 @@ class SpecEngine(Engine):
             room = ex.prompt_lens + state.max_new + self.n_nodes + 1 - ex.cache.lengths
             block_valid = jnp.minimum(self.block, room)
             shifted = block_valid < self.block
-        logits = dflash.draft_logits(params["drafter"], self.dcfg, tw.embed, tw.lm_head, ctx, block, block_valid,
-                                     attention=self.attention)
+        logits, ctx = dflash.ingest_and_draft(params["drafter"], self.dcfg, tw.embed, tw.lm_head, ex.ctx,
+                                              ex.pending_feats, ex.pending_n, block, block_valid,
+                                              attention=self.attention)
         rows = logits[:, 1:]
         depth_limit = jnp.full((b,), self.depth, jnp.int32)
         if shifted is not None:
             rows = jnp.where(shifted[:, None, None], logits[:, :-1], rows)
             depth_limit = jnp.where(shifted, block_valid, depth_limit)
-        return rows, depth_limit
+        return rows, depth_limit, ctx
 
     def _build(self, rows, depth_limit, key):
         """Draft tree per request, plus drafter probabilities (chain sampling only)."""
@@ -201,13 +204,11 @@ class SpecEngine(Engine):
         return jax.random.split(state.key, 3)  # next round's key, tree sampling, acceptance sampling
 
     def _stage_draft(self, params, state, carry):
-        """The drafter's whole share of a round: the last round's committed target features into its context
-        (`dflash.ingest`), then the block pass. Ingesting here rather than in the commit stage computes the same
-        thing in the same order (ingest, then draft) and bills it to the drafter, so the commit stage is the
+        """The drafter's whole share of a round: the last round's committed target features into its context,
+        then the block pass, in one pass (`_draft`). Ingesting here rather than in the commit stage computes the
+        same thing in the same order (ingest, then draft) and bills it to the drafter, so the commit stage is the
         round's bookkeeping and KV compaction alone (issue #8 counts tree + accept + compaction)."""
-        ex: SpecState = state.extra
-        ctx = dflash.ingest(params["drafter"], self.dcfg, ex.ctx, ex.pending_feats, ex.pending_n)
-        rows, depth_limit = self._draft(params, state, ex, ctx)
+        rows, depth_limit, ctx = self._draft(params, state, state.extra)
         return {"rows": rows, "depth_limit": depth_limit, "ctx": ctx}
 
     def _stage_tree(self, params, state, carry):

@@ -206,21 +206,25 @@ def _pool_init():
     os.environ["JAX_PLATFORMS"] = "cpu"  # pack() ends in jnp.asarray: never touch the GPU from a pool process
 
 
-def kernel_fields(timings: list) -> dict:
+def kernel_fields(timings: list, per: int = 1) -> dict:
     """CUPTI's ``(kernel name, ms)`` per launch -> a row's ``kernels`` (GPU µs and launches per name, the
     ``KERNELS_LISTED`` largest), ``kernels_ms`` and ``kernel_launches`` in all, and the matmul-like share
-    (``MATMUL_KERNEL_NAMES``) as ``matmul_kernels_ms`` / ``matmul_launches``."""
+    (``MATMUL_KERNEL_NAMES``) as ``matmul_kernels_ms`` / ``matmul_launches``; all divided by ``per`` (a loop's
+    steps: the fields are then per step, launches as a mean)."""
     by_name: dict[str, list] = {}
     for kernel, ms in timings:
         entry = by_name.setdefault(kernel, [0.0, 0])
-        entry[0] += 1e3 * ms
-        entry[1] += 1
+        entry[0] += 1e3 * ms / per
+        entry[1] += 1 / per
     top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:KERNELS_LISTED]
     heavy = [v for k, v in by_name.items() if any(p in k.lower() for p in MATMUL_KERNEL_NAMES)]
+    count = (lambda n: round(n, 2)) if per > 1 else round  # noqa: E731
     return {"kernels_ms": sum(us for us, _ in by_name.values()) / 1e3,
-            "kernel_launches": sum(n for _, n in by_name.values()),
-            "matmul_kernels_ms": sum(us for us, _ in heavy) / 1e3, "matmul_launches": sum(n for _, n in heavy),
-            "kernels": [{"name": k[:120], "us": round(us, 1), "launches": n} for k, (us, n) in top]}
+            "kernel_launches": count(sum(n for _, n in by_name.values())),
+            "matmul_kernels_ms": sum(us for us, _ in heavy) / 1e3,
+            "matmul_launches": count(sum(n for _, n in heavy)),
+            "kernels": [{"name": k[:120], "us": round(us, 2 if per > 1 else 1), "launches": count(n)}
+                        for k, (us, n) in top]}
 
 
 class Worker:
@@ -350,12 +354,14 @@ class Worker:
         return {"ms": statistics.median(ms), "ms_p10": float(np.percentile(ms, 10)),
                 "ms_p90": float(np.percentile(ms, 90)), "n": len(ms)}
 
-    def kernel_split(self, name: str, call, state) -> None:
+    def kernel_split(self, name: str, call, state, per: int = 1) -> None:
         """With --kernel-split: one more ``call(state)`` under CUPTI, its kernels grouped by name (GPU µs and
         launches, the ``KERNELS_LISTED`` largest) into the row as ``kernels``, their sum as ``kernels_ms``, and the
         matmul-like share (``MATMUL_KERNEL_NAMES``) as ``matmul_kernels_ms`` / ``matmul_launches``
         (``specpilot.costmodel.cupti``: one call, where jax's ``profiler.measure`` calls a function twice with the
-        same arguments, which a program that donates its cache cannot take)."""
+        same arguments, which a program that donates its cache cannot take). ``per``: the call's loop steps; the
+        fields are then per step (``kernels_per_step_of``), and ``gpu_idle_ms`` is the step's wall time the GPU ran
+        no kernel."""
         if not self.spec.get("kernel_split"):
             return
         from specpilot.costmodel.cupti import kernel_timings
@@ -365,9 +371,14 @@ class Worker:
         except Exception as e:  # no CUPTI (a CPU run), or it is taken
             self.row(name, kernels_error=f"{type(e).__name__}: {str(e)[:200]}")
             return
-        fields = kernel_fields(timings)
+        fields = kernel_fields(timings, per)
+        if per > 1:
+            fields["kernels_per_step_of"] = per
+            if self.res["rows"].get(name, {}).get("ms"):
+                fields["gpu_idle_ms"] = self.res["rows"][name]["ms"] - fields["kernels_ms"]
         self.row(name, **fields)
-        log(f"{name}: {fields['kernel_launches']} kernels, {fields['kernels_ms']:.3f} ms GPU time")
+        log(f"{name}: {fields['kernel_launches']} kernels, {fields['kernels_ms']:.3f} ms GPU time"
+            + (" a step" if per > 1 else ""))
 
     def greedy(self, step, w, cache, steps: int):
         """Greedy tokens of `steps` AR steps from the spec's start token (the cache advances)."""
@@ -621,10 +632,12 @@ class Worker:
         toks, pos, mask = tree
         cache = self.verify_cache(t, dtype)
         n = jnp.asarray(s["loop_steps"], jnp.int32)
-        ms, _ = self.timed_calls(lambda st: exe(w, toks, pos, st[1], mask, n), (None, cache), 1, s["loop_reps"])
+        call = lambda st: exe(w, toks, pos, st[1], mask, n)  # noqa: E731
+        ms, state = self.timed_calls(call, (None, cache), 1, s["loop_reps"])
         per_pass = [m / s["loop_steps"] for m in ms]
         self.row(name, **self.stats(per_pass), compile_s=secs, nodes=t, attention=s["verify_attention"],
                  loop_steps=s["loop_steps"])
+        self.kernel_split(name, call, state, per=s["loop_steps"])
         log(f"{name}: {statistics.median(per_pass):.3f} ms per verify over {s['loop_steps']}-pass loops")
 
     def measure_loop(self, name: str, exe, w, dtype, compile_s: float) -> None:
@@ -644,10 +657,11 @@ class Worker:
             tok, cache, _ = exe(w, st[0], st[1], n_arr, zero)
             return tok, cache
 
-        ms, _ = self.timed_calls(call, (tok, cache), 1, s["loop_reps"])
+        ms, state = self.timed_calls(call, (tok, cache), 1, s["loop_reps"])
         per_step = [m / n for m in ms]
         self.row(name, **self.stats(per_step), tokens=tokens, compile_s=compile_s, loop_steps=n,
                  xla_flags=os.environ.get("XLA_FLAGS", ""))
+        self.kernel_split(name, call, state, per=n)
         log(f"{name}: {statistics.median(per_step):.3f} ms/step over {n}-step loops, tokens {tokens}")
 
     # ---- the w12 job ---------------------------------------------------------------------------------------
@@ -1458,7 +1472,10 @@ def markdown(rep: dict) -> str:
                     split = (f", {r['kernel_launches']} launches; matmul-like {r['matmul_kernels_ms']:.3f} ms in "
                              f"{r['matmul_launches']} launches, the rest {total - r['matmul_kernels_ms']:.3f} ms in "
                              f"{r['kernel_launches'] - r['matmul_launches']}")
-                lines += ["", f"Kernels of one call of {label} (CUPTI, {total:.3f} ms GPU time in all{split}; the "
+                per = r.get("kernels_per_step_of") if label == r["variant"] else None
+                what = f"one step of {label} (a {per}-step loop ÷ {per})" if per else f"one call of {label}"
+                idle = f", GPU idle {r['gpu_idle_ms']:.3f} ms of the step" if per and r.get("gpu_idle_ms") else ""
+                lines += ["", f"Kernels of {what} (CUPTI, {total:.3f} ms GPU time in all{split}{idle}; the "
                           f"{len(kernels)} largest names):", "", "| kernel | µs | launches |", "|---|---|---|"]
                 lines += [f"| `{k['name']}` | {k['us']:.1f} | {k['launches']} |" for k in kernels]
     lines += ["", "| job | status | wall s | timeout s |", "|---|---|---|---|"]

@@ -133,9 +133,13 @@ def _block_pass(weights, cfg, embed, lm_head, ctx: KVCache, block_tokens, block_
         visible = jnp.concatenate([ctx_visible, blk_visible], axis=1)  # [B, S + T], same for every query row
         mask = jnp.broadcast_to(visible[:, None, :], (b, t, visible.shape[1]))
     k_all, v_all = ctx.k, ctx.v
+    is_new = None if new is None else (np.arange(tn + t) < tn)[None, :, None]
     for i, lw in enumerate(weights.layers):
-        x = rms_norm(h, lw.attn_norm, lc.rms_norm_eps)
-        rows = x if new is None else jnp.concatenate([new, x], axis=1)
+        if new is None:
+            rows = rms_norm(h, lw.attn_norm, lc.rms_norm_eps)
+        else:  # the context rows skip the input norm; normed beside the block's and selected, the concatenation
+            rows = jnp.concatenate([new, h], axis=1)  # can ride the norm's kernel instead of one of its own
+            rows = jnp.where(is_new, rows, rms_norm(rows, lw.attn_norm, lc.rms_norm_eps))
         qk, v = rotate_qk(linear(rows, lw.w_qkv), lc, lw.q_norm, lw.k_norm, cos, sin)
         if new is not None:  # the context rows' k and v into the cache (their q is dropped); the block's go on
             k_all = write_layer(k_all, i, qk[:, :tn, lc.num_heads :], old_lengths)

@@ -208,6 +208,12 @@ def test_kernel_fields_group_by_name_and_split_matmuls_from_the_rest():
     assert f["kernels_ms"] == pytest.approx(0.1588) and f["matmul_kernels_ms"] == pytest.approx(0.155)
     assert f["kernels"][0] == {"name": "nvjet_sm90_tss", "us": 100.0, "launches": 1}
     assert {"name": "gemm_fusion_dot_1", "us": 30.0, "launches": 2} in f["kernels"]
+    named = br.kernel_fields([("skinny_matmul_body_mosaic_gpu_kernel", 0.02), ("w12_matmul_body_mosaic_gpu_kernel", 0.02),
+                              ("tree_attention_body_mosaic_gpu_kernel", 0.007),
+                              ("add_rms_norm_body_mosaic_gpu_kernel", 0.002)])  # the package's kernels by name
+    assert named["matmul_launches"] == 3 and named["matmul_kernels_ms"] == pytest.approx(0.047)
+    per_step = br.kernel_fields(timings * 4, per=4)  # a 4-step loop's call, per step
+    assert per_step["kernels_ms"] == pytest.approx(f["kernels_ms"]) and per_step["kernel_launches"] == 6
     many = br.kernel_fields([(f"k{i}", 0.001 * (i + 1)) for i in range(br.KERNELS_LISTED + 5)])
     assert len(many["kernels"]) == br.KERNELS_LISTED and many["kernel_launches"] == br.KERNELS_LISTED + 5
 

@@ -95,6 +95,7 @@ def test_hopper_lowering_at_qwen3_shapes(m):
   w = jnp.ones((4096, 12288), jnp.bfloat16)
   lowered = jax.jit(skinny_mosaic_gpu.skinny_matmul).trace(x, w).lower(lowering_platforms=("cuda",))
   assert "mosaic_gpu" in lowered.as_text()
+  assert "skinny_matmul_body" in lowered.as_text()  # the kernel's name in CUPTI profiles (bench_roofline's split)
 
 
 @pytest.mark.parametrize("lead,k,config", [((20,), 256, Config(tile_m=8, tile_k=64, max_concurrent_steps=2)),

@@ -257,3 +257,17 @@ def test_ar_rows_with_the_tree_attention_path_give_the_same_tokens(quick, tmp_pa
     xla_tokens = {r["variant"]: r for r in quick[0]["rows"]}["xla_forward"]["tokens"]
     assert by["xla_forward"]["tokens"] == xla_tokens
     assert by["xla_decode_loop"]["tokens"] == xla_tokens and by["xla_decode_loop"]["tokens_match"] is True
+
+
+def test_drafter_rows_are_checked_on_gpu_time_too():
+    """A drafter row with a kernel split gets the ≤ 1.2× check twice: on its host-synced wall time and on its GPU
+    time (the pass inside the fused round), each against the row's roofline at 4.3 TB/s."""
+    br = _load_script()
+    s = br.settings(br.parse_args(["--quick"]))
+    results = {"drafter_fused_b16_tree": {"ms": 1.5, "kernels_ms": 0.002}}
+    rep = br.build_report(s, results, [], ["drafter_fused_b16_tree"], None, 1.0)
+    roof = rep["rows"][0]["roofline"]["ms_nominal"]
+    checks = {t["what"]: t for t in rep["targets"]}
+    gpu = checks["drafter_fused_b16_tree GPU time / roofline at 4.3 TB/s"]
+    assert gpu["value"] == pytest.approx(0.002 / roof) and gpu["ok"] == (0.002 / roof <= 1.2)
+    assert checks["drafter_fused_b16_tree / roofline at 4.3 TB/s"]["value"] == pytest.approx(1.5 / roof)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -267,7 +268,10 @@ def warm_up(dep: Deployment, configs: Sequence[dict], batch: int, context: int, 
     if not jax.config.jax_compilation_cache_dir:
         log("  warm-up skipped: the persistent compilation cache is off, so it would compile everything twice")
         return
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    # `Engine.profile` silences the stages' donation hint, but a warnings filter is process state: its threads
+    # here would restore each other's filters, so the warm-up holds one around all of them
+    with warnings.catch_warnings(), ThreadPoolExecutor(max_workers=workers) as pool:
+        warnings.filterwarnings("ignore", "Some donated buffers were not usable")
         list(pool.map(one, configs))
 
 

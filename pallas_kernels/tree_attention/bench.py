@@ -54,6 +54,7 @@ SWEEP = (
     TuningConfig(block_kv=128, max_concurrent_steps=2),
     TuningConfig(min_blocks_per_split=4),
     TuningConfig(num_splits=1),
+    TuningConfig(num_splits=16, min_blocks_per_split=1),
 )
 
 

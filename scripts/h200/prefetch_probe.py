@@ -14,9 +14,10 @@ every K split. Reported: wall µs per layer (synchronised chain), CUPTI µs per 
 prefetch kernels and of the rest.
 
 Measured on the H200 (docs/results/2026-12-01-fusion-prefetch-h200/): no gain. The separate prefetch kernel never
-showed in CUPTI's kernel list and the chain's wall time grew by 2-5 µs a prefetch; with the prefetches issued by the
-matmul kernel itself (commit 5cb4baa, at its end or its start) the matmuls got slower by up to 9 and 21 µs a layer,
-and the next matmuls no faster. The skinny kernel's ``prefetch=`` was removed after it.
+showed in CUPTI's kernel list (XLA most likely dropped it: its result enters the chain only multiplied by zero, so
+that row tells nothing); with the prefetches issued by the matmul kernel itself (commit 5cb4baa, at its end or its
+start) the matmuls got slower by up to 9 and 21 µs a layer, and the next matmuls no faster. The skinny kernel's
+``prefetch=`` was removed after it.
 
     PYTHONPATH=$PWD python3 scripts/h200/prefetch_probe.py > $OUT/prefetch.txt
 """

@@ -13,9 +13,9 @@ kernel of its own right after each matmul's sum, split like the next matmul's bl
 every K split. Reported: wall µs per layer (synchronised chain), CUPTI µs per layer of the matmul kernels, of the
 prefetch kernels and of the rest.
 
-Measured on the H200 (docs/results/2026-12-01-fusion-prefetch-h200/): no gain. The separate prefetch kernel never
-showed in CUPTI's kernel list (XLA most likely dropped it: its result enters the chain only multiplied by zero, so
-that row tells nothing); with the prefetches issued by the matmul kernel itself (commit 5cb4baa, at its end or its
+Measured on the H200 (docs/results/2026-12-01-fusion-prefetch-h200/): no gain. At commit 7c9505c the separate
+prefetch kernel never showed in CUPTI's kernel list (XLA most likely dropped it: its result entered the chain only
+multiplied by zero; it is now ordered by ``lax.optimization_barrier``); with the prefetches issued by the matmul kernel itself (commit 5cb4baa, at its end or its
 start) the matmuls got slower by up to 9 and 21 µs a layer, and the next matmuls no faster. The skinny kernel's
 ``prefetch=`` was removed after it.
 
@@ -56,8 +56,9 @@ def prefetch_rows(k: int, n: int, mbytes: float, m: int = 1) -> int:
 
 def l2_prefetch(w: jax.Array, after: jax.Array, mbytes: float, m: int = 1) -> jax.Array:
   """Prefetches about ``mbytes`` MB of ``w`` [K, N] into L2: the first rows of each of its K splits, one block per
-  (256-column chunk, split). Returns an f32 zero that depends on ``after`` (orders the kernel after it) for the
-  caller to add to the next matmul's input (orders the matmul after the prefetch)."""
+  (256-column chunk, split). Takes ``after`` (orders the kernel after it) and returns the kernel's [1] int32 output,
+  never written, for the caller to pass through ``lax.optimization_barrier`` with what must come after the
+  prefetch (a value XLA cannot fold away, unlike a product with zero)."""
   k, n = w.shape
   split = next_split(k, n, m)
   rows = prefetch_rows(k, n, mbytes, m)
@@ -72,7 +73,7 @@ def l2_prefetch(w: jax.Array, after: jax.Array, mbytes: float, m: int = 1) -> ja
 
   call = plgpu.kernel(l2_prefetch_blocks, out_type=jax.ShapeDtypeStruct((1,), jnp.int32), grid=(chunks, split),
                       grid_names=("c", "s"))
-  return (call(w, after)[0] == 12345).astype(jnp.float32) * 0.0  # never written: any value, a 0 that depends on it
+  return call(w, after)
 
 
 def chain(layers: int, mbytes: float):
@@ -81,7 +82,8 @@ def chain(layers: int, mbytes: float):
       for j, w in enumerate(ws[i]):
         y = skinny_matmul(x, w)
         nxt = ws[i][j + 1] if j + 1 < len(SHAPES) else ws[(i + 1) % layers][0]
-        dep = l2_prefetch(nxt, y, mbytes, x.shape[0]) if mbytes else 0.0
+        if mbytes:  # the prefetch right after the matmul, the small kernels after the prefetch
+          y, _ = jax.lax.optimization_barrier((y, l2_prefetch(nxt, y, mbytes, x.shape[0])))
         if j == 0:
           x = rms_norm(y[..., :4096], jnp.ones(4096, y.dtype), 1e-6)
         elif j == 2:
@@ -89,7 +91,6 @@ def chain(layers: int, mbytes: float):
           x = jax.nn.silu(gate) * up
         else:
           x = rms_norm(y, jnp.ones(y.shape[-1], y.dtype), 1e-6)
-        x = (x.astype(jnp.float32) + dep).astype(jnp.bfloat16)
     return x
   return jax.jit(run)
 

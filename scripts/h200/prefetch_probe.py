@@ -13,9 +13,10 @@ kernel of its own right after each matmul's sum, split like the next matmul's bl
 every K split. Reported: wall µs per layer (synchronised chain), CUPTI µs per layer of the matmul kernels, of the
 prefetch kernels and of the rest.
 
-Measured on the H200 (docs/results/2026-12-01-fusion-prefetch-h200/): no gain. At commit 7c9505c the separate
-prefetch kernel never showed in CUPTI's kernel list (XLA most likely dropped it: its result entered the chain only
-multiplied by zero; it is now ordered by ``lax.optimization_barrier``); with the prefetches issued by the matmul kernel itself (commit 5cb4baa, at its end or its
+Measured on the H200 (docs/results/2026-12-01-fusion-prefetch-h200/): no gain. The separate prefetch kernel never
+showed in CUPTI's kernel list, whether its result entered the chain multiplied by zero (commit 7c9505c) or through
+``lax.optimization_barrier`` (now), while the chain's wall time grew: why is not known, so those rows decide nothing;
+with the prefetches issued by the matmul kernel itself (commit 5cb4baa, at its end or its
 start) the matmuls got slower by up to 9 and 21 µs a layer, and the next matmuls no faster. The skinny kernel's
 ``prefetch=`` was removed after it.
 

@@ -41,6 +41,14 @@ def test_fusion_flag_probe_compiles_every_set_and_compares_tokens(monkeypatch, c
   assert "| bogus |" in drafter and "error" in drafter  # an option this XLA lacks: reported, the rest went on
   assert (tmp_path / "drafter_b16_tree_default.txt").read_text().count("ENTRY") == 1
   assert (tmp_path / "AR_multi_output.txt").exists()
+  assert (tmp_path / "MLP16_split_default.txt").exists() and (tmp_path / "MLP1_split_default.txt").exists()
+
+
+def test_fusion_flag_probe_names_an_unknown_set(monkeypatch, capsys):
+  probe = load_probe("fusion_flag_probe", monkeypatch)
+  with pytest.raises(SystemExit):
+    probe.main(["--model", "tiny", "--sets", "default", "--ar-sets", "nope"])
+  assert "--ar-sets: nope not among the sets compiled" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("mbytes", [0, 8])

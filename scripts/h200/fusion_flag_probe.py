@@ -118,7 +118,11 @@ def compile_sets(lowered, option_sets: dict, threads: int) -> dict:
     return dict(pool.map(one, option_sets.items()))
 
 
-def report(title: str, results: dict, calls: int, iters: int, run, tokens_of, dump: Path | None = None) -> None:
+def report(title: str, results: dict, calls: int, iters: int, run, tokens_of, dump: Path | None = None,
+           tag: str = "") -> None:
+  """One table: a row per option set (compile time, kernels of the optimised entry, CUPTI µs and launches, wall ms,
+  tokens against the first set's), then the kernels that moved most per set; ``dump``: each program's optimised
+  HLO as ``{tag}_{set}.txt``."""
   print(f"\n## {title}\n\n| options | compile s | kernels | GPU µs | launches | wall ms | tokens |\n|---|---|---|---|---|---|---|",
         flush=True)
   ref_tokens, ref_names = None, None
@@ -141,7 +145,7 @@ def report(title: str, results: dict, calls: int, iters: int, run, tokens_of, du
     details[name] = by_name
     if dump:
       dump.mkdir(parents=True, exist_ok=True)
-      (dump / f"{title.split()[0]}_{name.replace(' ', '_')}.txt").write_text(exe.as_text())
+      (dump / f"{tag}_{name.replace(' ', '_')}.txt").write_text(exe.as_text())
     ref_names = by_name if ref_names is None else ref_names
   for name, by_name in details.items():
     if by_name is ref_names or not by_name:
@@ -153,9 +157,11 @@ def report(title: str, results: dict, calls: int, iters: int, run, tokens_of, du
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--sets", nargs="+", default=list(OPTION_SETS), help="names from OPTION_SETS")
+  ap.add_argument("--sets", nargs="+", default=list(OPTION_SETS), choices=list(OPTION_SETS), metavar="SET",
+                  help=f"option sets to compile: {', '.join(OPTION_SETS)}")
   ap.add_argument("--extra", nargs="*", default=[], help="more sets: NAME=opt=value,opt=value")
-  ap.add_argument("--mlp", action="store_true", help="also the MLP block written as each of MLP_FORMS")
+  ap.add_argument("--mlp", action="store_true",
+                  help="also the MLP block written as each of MLP_FORMS, under the first two option sets")
   ap.add_argument("--ar", action="store_true", help="also the AR step (36 layers, one token; compiles for minutes)")
   ap.add_argument("--ar-sets", nargs="+", default=None, help="the sets for the AR step (default: --sets)")
   ap.add_argument("--matmul", default=None, help="skinny_matmul.ops.DEFAULT for the AR step (xla | mosaic_gpu)")
@@ -169,6 +175,9 @@ def main(argv=None):
   args = ap.parse_args(argv)
   option_sets = {n: OPTION_SETS[n] for n in args.sets}
   option_sets.update(dict(parse_option_set(t) for t in args.extra))
+  unknown = [n for n in args.ar_sets or () if n not in option_sets]
+  if unknown:
+    ap.error(f"--ar-sets: {', '.join(unknown)} not among the sets compiled (--sets, --extra): {', '.join(option_sets)}")
 
   from specpilot.costmodel.measure import model_config
   from specpilot.models.config import synthetic_drafter_config
@@ -203,7 +212,7 @@ def main(argv=None):
   print(f"drafter: lowered and compiled {len(results)} sets in {time.perf_counter() - t0:.0f} s", flush=True)
   report("drafter_b16_tree (5 layers, 16 rows, argmax)", results, args.cupti_calls, args.iters,
          lambda exe: exe(dw, w.embed, w.lm_head, ctx, block),
-         lambda exe: np.asarray(exe(dw, w.embed, w.lm_head, ctx, block))[0].tolist(), args.dump)
+         lambda exe: np.asarray(exe(dw, w.embed, w.lm_head, ctx, block))[0].tolist(), args.dump, "drafter_b16_tree")
   del results
 
   if args.mlp:
@@ -218,7 +227,7 @@ def main(argv=None):
       report(f"MLP block, {rows} rows (gate_up, SwiGLU, down; tokens: output rounded to 3 digits)", results,
              args.cupti_calls, args.iters, lambda exe, x=x: exe(x, lw.w_gate_up, lw.w_down),
              lambda exe, x=x: np.round(np.asarray(exe(x, lw.w_gate_up, lw.w_down), np.float32)[0, :, :4], 3).tolist(),
-             args.dump)
+             args.dump, f"MLP{rows}")
 
   if not args.ar:
     return
@@ -257,7 +266,7 @@ def main(argv=None):
     return out
 
   report(f"AR step (pallas_tree attention, matmul {args.matmul or 'default'}, norm {args.norm or 'default'})",
-         results, args.cupti_calls, args.iters, run, tokens_of, args.dump)
+         results, args.cupti_calls, args.iters, run, tokens_of, args.dump, "AR")
 
 
 if __name__ == "__main__":

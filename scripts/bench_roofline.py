@@ -82,6 +82,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import shlex
@@ -104,12 +105,14 @@ DRAFTER_ROWS = {"drafter_b16": "xla", "drafter_b16_tree": "pallas_tree", "drafte
                 "drafter_fused_b16_tree": "pallas_tree"}
 """The "drafter" variant's rows and their attention. Rows for 1 and 4 KV splits and for the skinny kernel at 16 rows
 ran at commit 69ccc2d and lost to ``drafter_b16_tree`` (docs/results/2026-12-01-drafter-tree-h200/)."""
-DRAFTER_ROUND = {"drafter_round_b16_tree": "ingest, then draft", "drafter_fused_b16_tree": "ingest_and_draft"}
+DRAFTER_ROUND = {"drafter_round_b16_tree": False, "drafter_fused_b16_tree": True}
 """Rows of the drafter's whole share of a round, as the issue counts it ("5 layers + fc + head"): the last round's
-committed features (``ROUND_NEW`` of the 16 pending rows) through fc into the context, then the block pass.
-``drafter_round_b16_tree`` is the two calls the engine made before (each layer's QKV weight read twice),
-``drafter_fused_b16_tree`` the one pass it makes now (``dflash.ingest_and_draft``: read once); their drafts are
-compared with each other. Their roofline adds fc and the hidden norm (``counts.context_ingest``)."""
+committed features (``ROUND_NEW`` of the 16 pending rows) through fc into the context, then the block pass; the
+value says whether as one pass. ``drafter_round_b16_tree`` is the two calls the engine made before (``ingest``,
+then ``draft_logits``: each layer's QKV weight read twice), ``drafter_fused_b16_tree`` the one pass it makes now
+(``dflash.ingest_and_draft``: read once). Their roofline adds fc and the hidden norm (``counts.context_ingest``)."""
+DRAFTER_REFERENCE = {"drafter_b16_tree": "drafter_b16", "drafter_fused_b16_tree": "drafter_round_b16_tree"}
+"""The row whose drafts a drafter row must reproduce; the rows not listed are references themselves."""
 ROUND_NEW = 8
 """Committed rows a round row ingests (a typical accepted path plus its bonus token)."""
 W12_JOB = ("xla_forward_w12", "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "w12_kernel_decode_loop")
@@ -518,7 +521,7 @@ class Worker:
                                       (1, dcfg.block_size, len(dcfg.target_layer_ids) * cfg.hidden_size), dtype)
             n_new = jnp.full((1,), ROUND_NEW, jnp.int32)
 
-            def drafter_round(attention, fused, top2=False):
+            def drafter_round(fused, attention, top2=False):
                 def draft(dw, embed, lm_head, ctx, block):
                     if fused:
                         logits = ingest_and_draft(dw, dcfg, embed, lm_head, ctx, feats, n_new, block,
@@ -531,9 +534,7 @@ class Worker:
                 return draft
 
             for name, attention in DRAFTER_ROWS.items():
-                form = DRAFTER_ROUND.get(name)
-                make = (drafter if form is None else
-                        lambda a, top2=False, f=form: drafter_round(a, f == "ingest_and_draft", top2))
+                make = functools.partial(drafter_round, DRAFTER_ROUND[name]) if name in DRAFTER_ROUND else drafter
                 lower(name, make(attention), (), dw, w.embed, w.lm_head, ctx, block)
                 lower(f"{name}:top2", make(attention, top2=True), (), dw, w.embed, w.lm_head, ctx, block)
         log(f"traced {len(lowered)} programs in {time.perf_counter() - t0:.1f}s")
@@ -1317,19 +1318,18 @@ def build_report(s: dict, results: dict, records: list, order: list[str], args, 
         # which greedy tokens this row must reproduce
         if name in W12_JOB:
             ref, ref_name = r.get("bf16_tokens"), "bf16 forward, same process"
-        elif name == "drafter_fused_b16_tree":
-            ref, ref_name = (results.get("drafter_round_b16_tree") or {}).get("tokens"), "drafter_round_b16_tree"
-        elif name in DRAFTER_ROWS and name not in DRAFTER_ROUND:
-            ref, ref_name = (results.get("drafter_b16") or {}).get("tokens"), "drafter_b16 (XLA attention)"
+        elif name in DRAFTER_ROWS:
+            ref_name = DRAFTER_REFERENCE.get(name)
+            ref = (results.get(ref_name) or {}).get("tokens")
         elif name.startswith("torch_peer") and "exported" not in str(r.get("weights", "")):
             ref, ref_name = None, "n/a: random torch weights"
         else:
             ref, ref_name = ref_tokens, "xla_forward"
-        if r.get("tokens") is not None and name not in ("xla_forward", "drafter_b16", "drafter_round_b16_tree"):
+        if r.get("tokens") is not None and name != "xla_forward" and ref_name is not None:
             row["tokens_ref"] = ref_name
             row["tokens_match"] = (r["tokens"] == ref) if ref is not None else None
             if name in DRAFTER_ROWS and row["tokens_match"] is False:
-                row["draft_gaps"] = draft_gaps(r, results.get(ref_name.split()[0]) or {})
+                row["draft_gaps"] = draft_gaps(r, results.get(ref_name) or {})
         rows.append(row)
     by = {r["variant"]: r for r in rows}
     ar_ms = (by.get("xla_forward") or {}).get("ms")
@@ -1385,7 +1385,8 @@ def build_report(s: dict, results: dict, records: list, order: list[str], args, 
 def what_of(name: str, s: dict) -> str:
     if name in DRAFTER_ROUND:
         return (f"DFlash drafter's round ({ROUND_NEW} committed rows through fc, {s['drafter_layers']} layers, "
-                f"{s['block_size']} rows, argmax) as {DRAFTER_ROUND[name]}, attention {DRAFTER_ROWS[name]}")
+                f"{s['block_size']} rows, argmax) as {'one pass' if DRAFTER_ROUND[name] else 'ingest, then draft'}, "
+                f"attention {DRAFTER_ROWS[name]}")
     if name in DRAFTER_ROWS:
         return (f"DFlash drafter pass ({s['drafter_layers']} layers, {s['block_size']} rows, argmax), "
                 f"attention {DRAFTER_ROWS[name]}")

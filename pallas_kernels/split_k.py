@@ -1,12 +1,19 @@
 """What the split-K Mosaic GPU matmuls (``w12`` and ``skinny_matmul``) share: weights on the wgmma M side
 (64 output channels per block), tokens on N, the K range cut into ``split_k`` pieces (``auto_split_k``) whose
 partial sums XLA adds afterwards. ``store_partial_sum`` / ``partial_sums_kernel`` / ``reduce_partial_sums`` are
-W12's channel-major ``[split_k, N, Mp]`` epilogue; ``skinny_matmul`` stores tokens-major (its module says why)."""
+W12's channel-major ``[split_k, N, Mp]`` epilogue; ``skinny_matmul`` stores tokens-major (its module says why) as
+``SplitKPartials``, which a consumer kernel may add itself."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import math
+import operator
+
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -59,3 +66,42 @@ def reduce_partial_sums(y_t: jax.Array, m: int, dtype) -> jax.Array:
   """``[split_k, N, Mp]`` partial sums -> ``[m, N]`` in ``dtype``: one XLA fusion (sum, slice, transpose,
   cast), which XLA may fuse further into the consumer."""
   return y_t.sum(0)[:, :m].T.astype(dtype)
+
+
+def f32_from_halves(halves: jax.Array) -> jax.Array:
+  """``[..., 2, Mp, N]`` bf16 bit patterns (high, low 16 bits) -> the f32 values they split, exactly."""
+  hi, lo = (lax.bitcast_convert_type(h, jnp.uint16).astype(jnp.uint32) for h in (halves[..., 0, :, :],
+                                                                                  halves[..., 1, :, :]))
+  return lax.bitcast_convert_type((hi << 16) | lo, jnp.float32)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SplitKPartials:
+  """A matmul result whose K splits are not added yet: what ``skinny_matmul.matmul(..., reduce=False)`` returns when
+  its kernel split K, so that the consumer adds the splits itself. Why: between two Mosaic GPU kernels the sum is an
+  XLA kernel of its own (~1.45 us; two a layer in a Qwen3-8B decode step, after the o and down projections,
+  docs/results/2026-12-01-fusion-prefetch-h200/), while ``add_rms_norm``'s kernel reads the row anyway.
+
+  ``halves``: bf16 ``[S, 2, Mp, N]``, the f32 partial sums' high and low 16 bits (``f32_from_halves``); rows past
+  ``prod(lead)`` are padding. ``lead``: the result's leading shape; ``dtype``: its dtype's name.
+  """
+
+  halves: jax.Array
+  lead: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
+  dtype: str = dataclasses.field(metadata=dict(static=True))
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    return (*self.lead, self.halves.shape[-1])
+
+  @property
+  def num_splits(self) -> int:
+    return self.halves.shape[0]
+
+  def sum(self) -> jax.Array:
+    """The result: the splits added in order (``((p0 + p1) + p2) + ...``, as a consumer kernel adds them, so the two
+    paths round alike) in f32, cast to ``dtype``, the padding rows sliced off."""
+    parts = f32_from_halves(self.halves)
+    total = functools.reduce(operator.add, [parts[s] for s in range(self.num_splits)])
+    return total.astype(self.dtype)[:math.prod(self.lead)].reshape(self.shape)

@@ -10,6 +10,9 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels.add_rms_norm import add_rms_norm, add_rms_norm_reference
 from pallas_kernels.add_rms_norm import mosaic_gpu as norm_mosaic_gpu
 from pallas_kernels.add_rms_norm import ops as norm_ops
+from pallas_kernels.skinny_matmul import TuningConfig as SkinnyConfig
+from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
+from pallas_kernels.split_k import SplitKPartials
 from specpilot.models.target import rms_norm as model_rms_norm
 
 EPS = 1e-6
@@ -78,12 +81,67 @@ class TestMosaicGpu(AddRmsNormSuite):
   def run(self, x, delta, w):
     return jax.jit(lambda x, d, w: add_rms_norm(x, d, w, EPS, implementation="mosaic_gpu"))(x, delta, w)
 
+  @pytest.mark.parametrize("m,split", [(1, 4), (8, 3)])
+  def test_split_k_partials(self, m, split):
+    x, matmul = split_k_update(m, 3072, 4096, split, seed=m, interpret=False)
+    w = (1.0 + 0.1 * jax.random.normal(jax.random.key(9), (4096,))).astype(jnp.bfloat16)
+    got = jax.jit(lambda x, w: add_rms_norm(x, matmul(reduce=False), w, EPS, implementation="mosaic_gpu"))(x, w)
+    assert_close_to_reference(got, add_rms_norm_reference(x, jax.jit(lambda: matmul(reduce=True))(), w, EPS))
+
 
 @pytest.mark.parametrize("m,with_delta", [(1, True), (256, True), (1, False)])
 def test_hopper_lowering_at_qwen3_shapes(m, with_delta):
   x, delta, w = inputs((m,), 4096, seed=1, with_delta=with_delta)
   run = jax.jit(lambda x, d, w: norm_mosaic_gpu.add_rms_norm(x, d, w, EPS))
   assert "mosaic_gpu" in run.trace(x, delta, w).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def split_k_update(m, k, h, split, seed, interpret=True):
+  """A skinny matmul's unsummed ``[m, h]`` output (``SplitKPartials``) and the residual rows it updates."""
+  keys = jax.random.split(jax.random.key(seed), 3)
+  a = jax.random.normal(keys[0], (m, k)).astype(jnp.bfloat16)
+  w = (jax.random.normal(keys[1], (k, h)) / np.sqrt(k)).astype(jnp.bfloat16)
+  x = jax.random.normal(keys[2], (m, h)).astype(jnp.bfloat16)
+  params = plgpu.InterpretGPUParams() if interpret else None
+  run = lambda reduce: skinny_mosaic_gpu.skinny_matmul(a, w, config=SkinnyConfig(split_k=split), interpret=params,
+                                                        reduce=reduce)
+  return x, run
+
+
+@pytest.mark.parametrize("m,split", [(1, 4), (3, 2)])
+def test_kernel_adds_split_k_partials_as_their_sum_would(m, split):
+  """The o / down projections' K splits go into the kernel unsummed: its new residual rows equal the reference's
+  (the splits added in order, rounded to bf16, added to the rows) bit for bit, and the normed rows match."""
+  x, matmul = split_k_update(m, 1024, 1024, split, seed=m)
+  partials = matmul(reduce=False)
+  assert isinstance(partials, SplitKPartials) and partials.num_splits == split and partials.shape == (m, 1024)
+  np.testing.assert_array_equal(np.asarray(partials.sum(), np.float32), np.asarray(matmul(reduce=True), np.float32))
+  w = (1.0 + 0.1 * jax.random.normal(jax.random.key(9), (1024,))).astype(jnp.bfloat16)
+  got = norm_mosaic_gpu.add_rms_norm(x, partials, w, EPS, interpret=plgpu.InterpretGPUParams())
+  want = add_rms_norm_reference(x, partials.sum(), w, EPS)
+  assert_close_to_reference(got, want)
+  assert_close_to_reference(add_rms_norm_reference(x, partials, w, EPS), want)
+
+
+def test_split_k_partials_of_another_dtype_or_shape_are_refused():
+  x, matmul = split_k_update(1, 1024, 1024, 2, seed=0)
+  partials = matmul(reduce=False)
+  w = jnp.ones((1024,), jnp.bfloat16)
+  with pytest.raises(ValueError, match="split-K update is float16"):
+    norm_mosaic_gpu.add_rms_norm(x, SplitKPartials(partials.halves, (1,), "float16"), w, EPS)
+  with pytest.raises(ValueError, match=r"delta \(2, 1024\) does not match"):
+    norm_mosaic_gpu.add_rms_norm(x, SplitKPartials(partials.halves, (2,), "bfloat16"), w, EPS)
+
+
+def test_hopper_lowering_with_split_k_partials_at_qwen3_shapes():
+  """An AR step's o projection (K = 4096, split 4) into the add + norm kernel, lowered for sm_90."""
+  x, matmul = split_k_update(1, 4096, 4096, 4, seed=2, interpret=False)
+  partials = jax.eval_shape(lambda: matmul(reduce=False))
+  assert isinstance(partials, SplitKPartials) and partials.halves.shape == (4, 2, 8, 4096)
+  halves = jnp.zeros(partials.halves.shape, partials.halves.dtype)
+  run = jax.jit(lambda x, p, w: norm_mosaic_gpu.add_rms_norm(x, SplitKPartials(p, (1,), "bfloat16"), w, EPS))
+  assert "mosaic_gpu" in run.trace(x, halves, jnp.ones((4096,), jnp.bfloat16)).lower(
+      lowering_platforms=("cuda",)).as_text()
 
 
 def test_dispatch_is_the_reference_off_hopper_and_refuses_unknown_names(monkeypatch):
@@ -133,3 +191,38 @@ def test_kernel_inside_the_model_in_interpret_mode(monkeypatch):
     np.testing.assert_allclose(np.asarray(got_hidden, np.float32), np.asarray(want_hidden, np.float32), rtol=0.02,
                                atol=0.02)  # the streams after layers 0 and 1 (the last one final-normed)
     np.testing.assert_allclose(np.asarray(got_logits), np.asarray(want_logits), atol=0.05, rtol=0.02)
+
+
+def test_model_hands_the_o_and_down_splits_to_the_kernel(monkeypatch):
+  """With the skinny kernel and the add + norm kernel both chosen (interpret mode), the o and down projections reach
+  the norm kernel as unsummed K splits, and the forward's logits match the XLA path's."""
+  from pallas_kernels.skinny_matmul import ops as skinny_ops
+  from specpilot.models import target
+  from specpilot.models.kv_cache import KVCache
+  from specpilot.models.weights import init_random_target
+  from tests import models as tm
+
+  deltas = []
+
+  def norm_kernel(x, delta, w, eps):
+    deltas.append(type(delta).__name__)
+    return norm_mosaic_gpu.add_rms_norm(x, delta, w, eps, interpret=plgpu.InterpretGPUParams())
+
+  def skinny_kernel(x, w, config, reduce):
+    return skinny_mosaic_gpu.skinny_matmul(x, w, config=config, reduce=reduce, interpret=plgpu.InterpretGPUParams())
+
+  cfg = tm.target_config(vocab=32, hidden=1024, layers=1, heads=8, kv_heads=2, head_dim=128, intermediate=1024)
+  w = init_random_target(cfg, 1, jnp.bfloat16)
+  kv = np.random.default_rng(0).normal(size=(2, cfg.num_layers, 1, 16, cfg.num_kv_heads, cfg.head_dim))
+  cache = KVCache(k=jnp.asarray(kv[0], jnp.bfloat16), v=jnp.asarray(kv[1], jnp.bfloat16),
+                  lengths=jnp.asarray([5], jnp.int32))
+  tokens = jnp.asarray([[3]], jnp.int32)
+  run = lambda: target.forward(w, cfg, tokens, cache.lengths[:, None], cache).logits
+  want = run()
+  for module, kernel in ((norm_ops, norm_kernel), (skinny_ops, skinny_kernel)):
+    monkeypatch.setattr(module, "DEFAULT", "mosaic_gpu")
+    monkeypatch.setattr(module, "_on_hopper", lambda: True)
+    monkeypatch.setattr(module, "_mosaic_gpu", kernel)
+  got = run()
+  assert deltas == ["NoneType", "SplitKPartials", "SplitKPartials"]  # input norm, then after o and after down
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=0.05, rtol=0.02)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels import skinny_matmul, tma
+from pallas_kernels import skinny_matmul, split_k, tma
 from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
 from pallas_kernels.skinny_matmul import ops as skinny_ops
 
@@ -144,7 +144,7 @@ def test_dispatch(monkeypatch, caplog):
   """XLA unless DEFAULT says the kernel and the device is a Hopper; prefill-sized M and unsupported
   inputs fall back to XLA, the latter with a warning."""
   calls = []
-  monkeypatch.setattr(skinny_ops, "_mosaic_gpu", lambda x, w, c: calls.append(x.shape) or skinny_matmul.skinny_matmul_reference(x, w))
+  monkeypatch.setattr(skinny_ops, "_mosaic_gpu", lambda x, w, c, r: calls.append(x.shape) or skinny_matmul.skinny_matmul_reference(x, w))
   x, w = random_pair((3,), 128, 64, seed=0)
   skinny_matmul.matmul(x, w)
   monkeypatch.setattr(skinny_ops, "DEFAULT", "mosaic_gpu")
@@ -170,7 +170,7 @@ def test_f32_from_halves_is_exact_for_every_bit_pattern():
   bits = np.random.default_rng(0).integers(0, 2**32, size=(3, 8, 64), dtype=np.uint64).astype(np.uint32)
   bits[0, 0, :4] = [0x80000000, 0x00000001, 0x7FC00001, 0xFF800000]
   halves = np.stack([(bits >> 16).astype(np.uint16), (bits & 0xFFFF).astype(np.uint16)], axis=1).view(BF16)
-  joined = jax.jit(skinny_mosaic_gpu.f32_from_halves)(jnp.asarray(halves))
+  joined = jax.jit(split_k.f32_from_halves)(jnp.asarray(halves))
   assert joined.shape == (3, 8, 64) and joined.dtype == jnp.float32
   np.testing.assert_array_equal(np.asarray(joined).view(np.uint32), bits)
 

@@ -5,7 +5,9 @@ Why: XLA runs a residual add and the RMSNorm after it as three kernels (the add,
 twice a layer: ~0.3 ms of a Qwen3-8B decode step in 214 launches
 (docs/results/2026-11-30-ar-tree-attention-h200/). This is one kernel per add: one warpgroup per token row reads
 the row and its update from GMEM, writes the new residual row, sums its squares (f32, across the warpgroup) and
-writes the normed row.
+writes the normed row. The update may come as a skinny matmul's unsummed K splits (``split_k.SplitKPartials``):
+the kernel adds them in order as it reads the row, which spares the XLA sum kernel between the two Mosaic GPU
+kernels (two a layer in a decode step).
 
 Numerics: the same operations as ``reference.add_rms_norm_reference`` (the add rounded to the activation dtype,
 statistics in f32, each factor rounded before the weight multiply); only the order of the f32 sum of squares
@@ -23,35 +25,56 @@ from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import pdl
+from pallas_kernels.split_k import SplitKPartials
 
 _SUPPORTED_DTYPES = (jnp.bfloat16, jnp.float16)
 ROW_MULTIPLE = 1024
 """Hidden sizes this kernel tiles: a multiple of 1024 (128 threads x 8-element vectors)."""
 
 
-def check_supported(x: jax.Array, delta: jax.Array | None, w: jax.Array) -> None:
+def check_supported(x: jax.Array, delta: jax.Array | SplitKPartials | None, w: jax.Array) -> None:
   """ValueError for inconsistent inputs; NotImplementedError (the caller falls back) for what the kernel does
   not tile."""
   h = x.shape[-1]
   if w.shape != (h,):
     raise ValueError(f"add_rms_norm: the weight has shape {w.shape}, the rows have {h} features")
-  if delta is not None and delta.shape != x.shape:
-    raise ValueError(f"add_rms_norm: delta {delta.shape} does not match x {x.shape}")
+  if delta is not None and tuple(delta.shape) != x.shape:
+    raise ValueError(f"add_rms_norm: delta {tuple(delta.shape)} does not match x {x.shape}")
   if jnp.dtype(x.dtype) not in map(jnp.dtype, _SUPPORTED_DTYPES):
     raise NotImplementedError(f"the add_rms_norm kernel takes 16-bit activations, got {x.dtype}")
   if h % ROW_MULTIPLE:
     raise NotImplementedError(f"hidden size {h} is not a multiple of {ROW_MULTIPLE}")
 
 
-def add_rms_norm(x: jax.Array, delta: jax.Array | None, w: jax.Array, eps: float, *,
+def _row_update(d_ref, row, dtype):
+  """Row ``row`` of the update: a plain ``[M, H]`` array's, or the sum of ``[S, 2, Mp, H]`` uint16 split-K halves
+  (``SplitKPartials``: f32 high and low 16 bits), added in split order in f32 and rounded to ``dtype`` as
+  ``SplitKPartials.sum`` does."""
+  if len(d_ref.shape) == 2:
+    return d_ref[row, :]
+  total = None
+  for s in range(d_ref.shape[0]):
+    hi, lo = (d_ref[s, half, row, :].astype(jnp.uint32) for half in range(2))
+    part = lax.bitcast_convert_type((hi << 16) | lo, jnp.float32)
+    total = part if total is None else total + part
+  return total.astype(dtype)
+
+
+def add_rms_norm(x: jax.Array, delta: jax.Array | SplitKPartials | None, w: jax.Array, eps: float, *,
                  interpret: plgpu.InterpretGPUParams | None = None) -> tuple[jax.Array, jax.Array]:
-  """``(x + delta, rms_norm(x + delta) * w)`` for ``x``, ``delta`` ``[..., H]`` (``delta=None``: no add); one block
-  of 128 threads per row."""
+  """``(x + delta, rms_norm(x + delta) * w)`` for ``x``, ``delta`` ``[..., H]`` (``delta=None``: no add; a
+  ``SplitKPartials``: summed here); one block of 128 threads per row."""
   check_supported(x, delta, w)
   lead, h = x.shape[:-1], x.shape[-1]
   m = math.prod(lead)
   dtype = x.dtype
   has_delta = delta is not None
+  if isinstance(delta, SplitKPartials):
+    if jnp.dtype(delta.dtype) != jnp.dtype(dtype):
+      raise ValueError(f"add_rms_norm: the split-K update is {delta.dtype}, the rows are {jnp.dtype(dtype).name}")
+    delta_arg = lax.bitcast_convert_type(delta.halves, jnp.uint16)  # a bitcast: no kernel
+  elif has_delta:
+    delta_arg = delta.astype(dtype).reshape(m, h)
 
   def add_rms_norm_body(*refs):  # the body's name is the kernel's name in profiles
     pdl.begin_kernel(interpret)
@@ -62,7 +85,7 @@ def add_rms_norm(x: jax.Array, delta: jax.Array | None, w: jax.Array, eps: float
     row = lax.axis_index("row")
     s = x_ref[row, :]
     if d_ref is not None:
-      s = (s.astype(jnp.float32) + d_ref[row, :].astype(jnp.float32)).astype(dtype)
+      s = (s.astype(jnp.float32) + _row_update(d_ref, row, dtype).astype(jnp.float32)).astype(dtype)
       s_ref[row, :] = s
     s32 = s.astype(jnp.float32)
     inv = lax.rsqrt(jnp.sum(s32 * s32) / h + eps)
@@ -73,7 +96,7 @@ def add_rms_norm(x: jax.Array, delta: jax.Array | None, w: jax.Array, eps: float
   call = plgpu.kernel(add_rms_norm_body, out_type=(rows, rows) if has_delta else (rows,), grid=(m,), grid_names=("row",),
                       interpret=interpret,
                       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
-  args = (x.reshape(m, h), *((delta.astype(dtype).reshape(m, h),) if has_delta else ()), w.astype(dtype))
+  args = (x.reshape(m, h), *((delta_arg,) if has_delta else ()), w.astype(dtype))
   outs = call(*args)
   s = outs[1].reshape(x.shape) if has_delta else x
   return s, outs[0].reshape(x.shape)

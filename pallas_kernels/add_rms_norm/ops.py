@@ -15,6 +15,7 @@ import jax
 
 from pallas_kernels.add_rms_norm.reference import add_rms_norm_reference
 from pallas_kernels.device import on_hopper as _on_hopper  # a module name tests can patch
+from pallas_kernels.split_k import SplitKPartials
 
 _log = logging.getLogger(__name__)
 
@@ -31,9 +32,10 @@ def _mosaic_gpu(x, delta, w, eps):
   return mosaic_gpu.add_rms_norm(x, delta, w, eps)
 
 
-def add_rms_norm(x: jax.Array, delta: jax.Array | None, w: jax.Array, eps: float, *,
+def add_rms_norm(x: jax.Array, delta: jax.Array | SplitKPartials | None, w: jax.Array, eps: float, *,
                  implementation: Implementation | None = None) -> tuple[jax.Array, jax.Array]:
-  """``(s, rms_norm(s) * w)`` with ``s = x + delta`` (``delta=None``: ``s = x``), over the last axis."""
+  """``(s, rms_norm(s) * w)`` with ``s = x + delta`` (``delta=None``: ``s = x``), over the last axis. ``delta`` may
+  be a matmul's unsummed K splits (``SplitKPartials``): the kernel adds them as it reads the row."""
   if implementation not in (None, *_IMPLEMENTATIONS):
     raise ValueError(f"unknown add_rms_norm implementation {implementation!r}; expected one of {_IMPLEMENTATIONS}")
   if implementation == "mosaic_gpu":

@@ -6,6 +6,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.split_k import SplitKPartials
+
 
 def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
   """``w * x / rms(x)`` over the last axis, statistics in f32, each factor rounded to ``x.dtype`` as HF's
@@ -15,8 +17,11 @@ def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
   return w.astype(x.dtype) * y.astype(x.dtype)
 
 
-def add_rms_norm_reference(x: jax.Array, delta: jax.Array | None, w: jax.Array, eps: float
+def add_rms_norm_reference(x: jax.Array, delta: jax.Array | SplitKPartials | None, w: jax.Array, eps: float
                            ) -> tuple[jax.Array, jax.Array]:
-  """``(s, rms_norm(s) * w)`` with ``s = x + delta`` in ``x.dtype`` (``delta=None``: ``s = x``)."""
+  """``(s, rms_norm(s) * w)`` with ``s = x + delta`` in ``x.dtype`` (``delta=None``: ``s = x``; a ``SplitKPartials``
+  is summed first, into its own dtype, as the matmul would have returned it)."""
+  if isinstance(delta, SplitKPartials):
+    delta = delta.sum()
   s = x if delta is None else x + delta.astype(x.dtype)
   return s, rms_norm(s, w, eps)

@@ -18,7 +18,8 @@ and hands it to wgmma as a transposed (M-major) A operand, which wgmma supports 
 ``[tile_m, tile_k]`` activation tile is the B operand. One block owns 64 output channels and ``tile_m``
 tokens and walks ``K / split_k`` of the reduction; its accumulator is stored transposed, so the partial sums
 are ``[split_k, Mp, N]`` (f32 when split, as two 16-bit halves, else bf16): after the kernel XLA adds the
-split slabs, slices the padding off and casts, with no transpose. The channel-major first version needed
+split slabs, slices the padding off and casts, with no transpose; or, with ``reduce=False``, the consumer does
+(``split_k.SplitKPartials``: the residual add + norm kernel). The channel-major first version needed
 one, a kernel of its own (at 16 tokens, 9.7 us per Qwen3-8B layer).
 
 Runs in Pallas GPU-interpret mode (both wgmma operands come from SMEM), so the CPU tests run the kernel.
@@ -36,7 +37,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import pdl
 from pallas_kernels.skinny_matmul.config import TuningConfig
-from pallas_kernels.split_k import auto_split_k, num_sms, round_up, smem_transforms
+from pallas_kernels.split_k import SplitKPartials, auto_split_k, num_sms, round_up, smem_transforms
 from pallas_kernels.tma import pad_for_tma
 
 TILE_N = 64  # output channels per block: one wgmma M
@@ -129,16 +130,11 @@ def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, inter
   return call(w, x2)
 
 
-def f32_from_halves(halves: jax.Array) -> jax.Array:
-  """``[..., 2, Mp, N]`` bf16 bit patterns (high, low 16 bits) -> the f32 values they split, exactly."""
-  hi, lo = (lax.bitcast_convert_type(h, jnp.uint16).astype(jnp.uint32) for h in (halves[..., 0, :, :],
-                                                                                  halves[..., 1, :, :]))
-  return lax.bitcast_convert_type((hi << 16) | lo, jnp.float32)
-
-
 def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = None,
-                  interpret: plgpu.InterpretGPUParams | None = None) -> jax.Array:
-  """``x @ w`` for bf16 ``x`` ``[..., K]`` and ``w`` ``[K, N]``, f32 accumulation, bf16 result.
+                  interpret: plgpu.InterpretGPUParams | None = None,
+                  reduce: bool = True) -> jax.Array | SplitKPartials:
+  """``x @ w`` for bf16 ``x`` ``[..., K]`` and ``w`` ``[K, N]``, f32 accumulation, bf16 result; with
+  ``reduce=False`` and K split, the unsummed ``SplitKPartials`` (for a consumer that adds them itself).
 
   ``interpret=plgpu.InterpretGPUParams()`` runs it on CPU for tests. Unsupported shapes raise
   NotImplementedError (at trace time) so ``skinny_matmul.matmul`` can fall back loudly.
@@ -160,5 +156,7 @@ def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = N
   partial = _call(x2, w, tile_m=tile_m, tile_k=config.tile_k,
                   max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, halves=2 if split_k > 1 else 1,
                   interpret=interpret, mp=mp)
-  y = partial[0, 0] if split_k == 1 else f32_from_halves(partial).sum(0).astype(x.dtype)
-  return y[:m].reshape(*lead, n)
+  if split_k == 1:
+    return partial[0, 0, :m].reshape(*lead, n)
+  partials = SplitKPartials(partial, lead, jnp.dtype(x.dtype).name)
+  return partials.sum() if reduce else partials

@@ -19,6 +19,7 @@ import jax
 from pallas_kernels.device import on_hopper as _on_hopper  # a module name tests can patch
 from pallas_kernels.skinny_matmul.config import TuningConfig
 from pallas_kernels.skinny_matmul.reference import skinny_matmul_reference
+from pallas_kernels.split_k import SplitKPartials
 
 _log = logging.getLogger(__name__)
 
@@ -44,23 +45,26 @@ def _kernel_chosen(x: jax.Array) -> bool:
   return DEFAULT == "mosaic_gpu" and math.prod(x.shape[:-1]) <= MAX_TOKENS and _on_hopper()
 
 
-def _mosaic_gpu(x, w, config):
+def _mosaic_gpu(x, w, config, reduce):
   from pallas_kernels.skinny_matmul import mosaic_gpu  # lazy: needs a Mosaic GPU capable jaxlib
 
-  return mosaic_gpu.skinny_matmul(x, w, config=config)
+  return mosaic_gpu.skinny_matmul(x, w, config=config, reduce=reduce)
 
 
 def matmul(x: jax.Array, w: jax.Array, *, implementation: Implementation | None = None,
-           config: TuningConfig | None = None) -> jax.Array:
-  """``x @ w`` for ``x`` ``[..., K]`` and ``w`` ``[K, N]``, f32 accumulation, returned in ``x.dtype``."""
+           config: TuningConfig | None = None, reduce: bool = True) -> jax.Array | SplitKPartials:
+  """``x @ w`` for ``x`` ``[..., K]`` and ``w`` ``[K, N]``, f32 accumulation, returned in ``x.dtype``.
+
+  ``reduce=False`` lets the kernel return its K splits unsummed (``SplitKPartials``) for a consumer that adds them
+  itself (``add_rms_norm``); XLA's dot and an unsplit kernel return the array either way."""
   if implementation not in (None, *_IMPLEMENTATIONS):
     raise ValueError(f"unknown skinny_matmul implementation {implementation!r}; expected one of {_IMPLEMENTATIONS}")
   if implementation == "mosaic_gpu":
-    return _mosaic_gpu(x, w, config)
+    return _mosaic_gpu(x, w, config, reduce)
   if implementation == "xla" or not _kernel_chosen(x):
     return skinny_matmul_reference(x, w)
   try:
-    return _mosaic_gpu(x, w, config)
+    return _mosaic_gpu(x, w, config, reduce)
   except (NotImplementedError, ImportError) as e:
     _log.warning("skinny matmul falls back to XLA for x%s %s, W%s %s: %s", x.shape, x.dtype, w.shape, w.dtype, e)
     return skinny_matmul_reference(x, w)

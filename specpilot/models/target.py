@@ -147,9 +147,9 @@ def _layer(cfg: ModelConfig, lw: Layer, i: int, x, h, cos, sin, cache: KVCache, 
     else:  # the same with the new tokens' q, k and v read from one array, so none is copied out for the kernel
         attn = tree_attention_packed(pack_heads(qk, v), cache.k[i], cache.v[i], cache.lengths, tree_bits)
         attn = attn.reshape(b, t, -1)
-    x, h = add_rms_norm(x, linear(attn, lw.w_o), lw.mlp_norm, cfg.rms_norm_eps)
+    x, h = add_rms_norm(x, linear(attn, lw.w_o, reduce=False), lw.mlp_norm, cfg.rms_norm_eps)
     gate, up = jnp.split(linear(h, lw.w_gate_up), 2, axis=-1)
-    return x, linear(jax.nn.silu(gate) * up, lw.w_down), cache, (k, v)
+    return x, linear(jax.nn.silu(gate) * up, lw.w_down, reduce=False), cache, (k, v)
 
 
 def forward(

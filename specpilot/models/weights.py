@@ -63,8 +63,10 @@ def _is_w12(w) -> bool:
     return type(w).__name__ == "W12Array"
 
 
-def linear(x: jax.Array, w: Any) -> jax.Array:
-    """`x @ w` with float32 accumulation, dispatching on the weight leaf's format."""
+def linear(x: jax.Array, w: Any, reduce: bool = True):
+    """`x @ w` with float32 accumulation, dispatching on the weight leaf's format. `reduce=False` is for an output
+    that goes straight into `add_rms_norm`: a bf16 leaf's kernel may then return its K splits unsummed
+    (`pallas_kernels.split_k.SplitKPartials`), which the add + norm kernel adds itself."""
     if isinstance(w, QuantArray):
         from pallas_kernels import quant_matmul
 
@@ -75,7 +77,7 @@ def linear(x: jax.Array, w: Any) -> jax.Array:
         return w12.matmul(x, w)
     from pallas_kernels import skinny_matmul
 
-    return skinny_matmul.matmul(x, w)
+    return skinny_matmul.matmul(x, w, reduce=reduce)
 
 
 @jax.tree_util.register_dataclass

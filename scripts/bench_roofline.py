@@ -126,14 +126,16 @@ SKINNY_VARIANTS = {"skinny_forward": "xla_forward", "skinny_decode_loop": "xla_d
 """Rows measured again in a process of their own with the bf16 linears on ``skinny_matmul``'s Mosaic GPU kernel
 (``skinny_matmul.ops.DEFAULT = "mosaic_gpu"``): the kernel and XLA's dot side by side in one run."""
 FUSED_NORM_VARIANTS = {"fused_norm_decode_loop": "xla_decode_loop", "split_decode_loop": "xla_decode_loop",
-                       "pdl_decode_loop": "xla_decode_loop"}
+                       "pdl_decode_loop": "xla_decode_loop", "summed_splits_decode_loop": "xla_decode_loop"}
 """``skinny_decode_loop`` again with every residual add + RMSNorm on ``pallas_kernels.add_rms_norm``'s kernel, in a
 process of its own: the kernel's effect on the best AR configuration, side by side in one run.
 ``split_decode_loop``: ``fused_norm_decode_loop``
 with the skinny kernel's K splits from ``--skinny-splits``
 (``skinny_matmul.mosaic_gpu.SPLIT_K_BY_SHAPE``; ``scripts/h200/split_probe.py`` writes them). ``pdl_decode_loop``:
 ``fused_norm_decode_loop`` with every Mosaic GPU kernel launched by programmatic dependent launch
-(``pallas_kernels.pdl``). On the H200 it changed nothing (4.695 against 4.695 ms), nor did XLA's own PDL for its
+(``pallas_kernels.pdl``). ``summed_splits_decode_loop``: ``fused_norm_decode_loop`` with the o and down projections'
+K splits summed by XLA before the add + norm kernel (``skinny_matmul.ops.PASS_SPLITS = False``, the model before the
+kernel took them). PDL on the H200 changed nothing (4.695 against 4.695 ms), nor did XLA's own PDL for its
 fusions (``--xla-flags "on=--xla_gpu_enable_pdl=true --xla_gpu_enable_pdl_launch=true"``: 4.686 against 4.674 ms
 off; docs/results/2026-12-01-pdl-h200/)."""
 SKINNY_FLAG_VARIANTS = {"skinny_cmdbuf_while": "xla_flags_cmdbuf_while"}
@@ -174,6 +176,7 @@ WHAT = {
     "fused_norm_decode_loop": "skinny_decode_loop, residual add + RMSNorm on the add_rms_norm kernel",
     "split_decode_loop": "fused_norm_decode_loop, the skinny kernel's K splits from --skinny-splits",
     "pdl_decode_loop": "fused_norm_decode_loop, the Mosaic GPU kernels launched with PDL",
+    "summed_splits_decode_loop": "fused_norm_decode_loop, the K splits summed by XLA before the add + norm kernel",
     "torch_peer_eager": "PyTorch gpt-fast style, eager",
     "torch_peer_cudagraphs": "PyTorch, compile reduce-overhead (CUDA graphs)",
     "torch_peer_compile": "PyTorch, compile max-autotune-no-cudagraphs",
@@ -862,6 +865,11 @@ def worker_main(spec_path: str) -> int:
         from pallas_kernels import pdl
 
         pdl.ENABLED = True
+    if spec.get("pass_splits") is False:
+        from pallas_kernels.skinny_matmul import ops as skinny_ops
+
+        skinny_ops.PASS_SPLITS = False
+    worker.res["pass_splits"] = spec.get("pass_splits", True)
     worker.res["matmul"] = spec.get("matmul") or "default"
     worker.res["norm"] = spec.get("norm") or "default"
     worker.res["pdl"] = bool(spec.get("pdl"))
@@ -1101,6 +1109,10 @@ def plan_jobs(args, s: dict, run: Path, chosen: list[str]) -> tuple[list[Job], J
         jobs.append(jax_job("split", ["xla_decode_loop"], t["xla"], ["split_decode_loop"], matmul="mosaic_gpu",
                             norm="mosaic_gpu", loop_label="split_decode_loop",
                             skinny_splits=parse_skinny_splits(args.skinny_splits)))
+    if "summed_splits_decode_loop" in chosen:
+        jobs.append(jax_job("summed_splits", ["xla_decode_loop"], t["xla"], ["summed_splits_decode_loop"],
+                            matmul="mosaic_gpu", norm="mosaic_gpu", pass_splits=False,
+                            loop_label="summed_splits_decode_loop"))
     if "pdl_decode_loop" in chosen:
         jobs.append(jax_job("pdl", ["xla_decode_loop"], t["xla"], ["pdl_decode_loop"], matmul="mosaic_gpu",
                             norm="mosaic_gpu", pdl=True, loop_label="pdl_decode_loop"))

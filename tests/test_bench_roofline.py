@@ -50,7 +50,7 @@ def quick(tmp_path_factory):
         args = ["--torch-python", str(REF_PYTHON), "--torch-compile-backend", "aot_eager"]
     else:
         args = ["--variants", "xla_forward", "xla_decode_loop", "skinny_forward", "skinny_decode_loop",
-                "fused_norm_decode_loop", "split_decode_loop",
+                "fused_norm_decode_loop", "split_decode_loop", "summed_splits_decode_loop",
                 "pdl_decode_loop",
                 "skinny_cmdbuf_while", "xla_flags",
                 "xla_forward_w12",
@@ -68,7 +68,7 @@ def test_every_variant_has_a_time_or_an_error_and_a_roofline(quick):
                 "verify_loop@8", "drafter_b16", "drafter_b16_tree", "drafter_round_b16_tree", "drafter_fused_b16_tree",
                 "skinny_forward",
                 "skinny_decode_loop", "fused_norm_decode_loop", "skinny_cmdbuf_while",
-                "pdl_decode_loop", "split_decode_loop"}
+                "pdl_decode_loop", "split_decode_loop", "summed_splits_decode_loop"}
     if HAS_TORCH_PYTHON:
         expected |= {"torch_peer_eager", "torch_peer_compile", "torch_peer_cudagraphs"}
     assert set(names) == expected
@@ -100,7 +100,7 @@ def test_jax_variants_ran_and_agree(quick):
     ref = by["xla_forward"]["tokens"]
     assert len(ref) == rep["settings"]["check_steps"]
     for name in ("xla_decode_loop", "skinny_forward", "skinny_decode_loop", "fused_norm_decode_loop", "pdl_decode_loop",
-                 "split_decode_loop",
+                 "split_decode_loop", "summed_splits_decode_loop",
                  "skinny_cmdbuf_while", "xla_flags_no_cmdbuf",
                  "xla_flags_cmdbuf_while", "xla_flags_autotune0", "xla_flags_no_triton_gemm"):
         assert by[name]["tokens"] == ref and by[name]["tokens_match"] is True, name

@@ -39,6 +39,11 @@ MAX_TOKENS = 8
 (docs/results/2026-11-30-skinny-matmul-h200/); at 256 a verify pass is compute-bound and this kernel (one
 warpgroup, 64-row wgmmas, waited each step) is built for streaming, not for peak FLOPs."""
 
+PASS_SPLITS = True
+"""``matmul(..., reduce=False)`` hands the kernel's K splits to the consumer unsummed (``SplitKPartials``). False:
+XLA sums them first, as with ``reduce=True`` (the model before the add + norm kernel took them; ``bench_roofline.py``
+row ``summed_splits_decode_loop``). Read at trace time."""
+
 
 def _kernel_chosen(x: jax.Array) -> bool:
   """``DEFAULT`` asks for the kernel, ``x`` has at most ``MAX_TOKENS`` token rows and the device is a Hopper."""
@@ -59,6 +64,7 @@ def matmul(x: jax.Array, w: jax.Array, *, implementation: Implementation | None 
   itself (``add_rms_norm``); XLA's dot and an unsplit kernel return the array either way."""
   if implementation not in (None, *_IMPLEMENTATIONS):
     raise ValueError(f"unknown skinny_matmul implementation {implementation!r}; expected one of {_IMPLEMENTATIONS}")
+  reduce = reduce or not PASS_SPLITS
   if implementation == "mosaic_gpu":
     return _mosaic_gpu(x, w, config, reduce)
   if implementation == "xla" or not _kernel_chosen(x):

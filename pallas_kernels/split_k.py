@@ -62,10 +62,14 @@ def partial_sums_kernel(kernel, *, n, mp, tile_n, tile_m, split_k, out_dtype, **
                       grid=(n // tile_n, mp // tile_m, split_k), grid_names=("n", "m", "s"), **kernel_kwargs)
 
 
-def reduce_partial_sums(y_t: jax.Array, m: int, dtype) -> jax.Array:
-  """``[split_k, N, Mp]`` partial sums -> ``[m, N]`` in ``dtype``: one XLA fusion (sum, slice, transpose,
-  cast), which XLA may fuse further into the consumer."""
-  return y_t.sum(0)[:, :m].T.astype(dtype)
+def reduce_partial_sums(y_t: jax.Array, m: int, dtype, extra: jax.Array | None = None) -> jax.Array:
+  """``[split_k, N, Mp]`` partial sums (plus ``extra`` ``[N, Mp]``, elementwise work such as W12's escape gathers)
+  -> ``[m, N]`` in ``dtype``: one XLA fusion (the splits added in order, slice, transpose, cast; written as adds, not
+  a reduction, so ``extra``'s producers fuse into it), which XLA may fuse further into the consumer."""
+  total = functools.reduce(operator.add, [y_t[s] for s in range(y_t.shape[0])])
+  if extra is not None:
+    total = total + extra
+  return total[:, :m].T.astype(dtype)
 
 
 def f32_from_halves(halves: jax.Array) -> jax.Array:

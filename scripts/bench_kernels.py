@@ -244,18 +244,21 @@ def case_w12_prepare(case: dict, result: Result) -> None:
     packed = w12.pack(w)
     packed_at = time.perf_counter()
     del w
-    np.savez(case["planes"], sign_mantissa=np.asarray(packed.sign_mantissa),
-             exponent_codes=np.asarray(packed.exponent_codes), base_exponent=np.asarray(packed.base_exponent),
-             escape_index=np.asarray(packed.escape_index), escape_bits=np.asarray(packed.escape_bits),
+    np.savez(case["planes"], **{p: np.asarray(getattr(packed, p)) for p in W12_LEAVES},
              shape=np.array(packed.shape), group_k=np.array(packed.group_k))
     result.update(k=k, n=n, bits_per_weight=w12.bits_per_weight(packed), escapes=packed.num_escapes,
                   w12_bytes=w12_stored_bytes(packed), bf16_bytes=2 * k * n,
                   generate_s=generated - start, pack_s=packed_at - generated)
 
 
+W12_LEAVES = ("sign_mantissa", "exponent_codes", "base_exponent", "column_escape_rows", "column_escape_bits",
+              "escape_index", "escape_bits")
+
+
 def w12_stored_bytes(packed) -> int:
+    """Every byte a W12 matmul may read: planes, bases and the whole side table (6 bytes an entry, used or not)."""
     planes = packed.sign_mantissa.size + packed.exponent_codes.size + packed.base_exponent.size
-    return int(planes + 6 * packed.num_escapes)
+    return int(planes + 6 * (packed.column_escape_rows.size + packed.escape_index.size))
 
 
 def case_w12(case: dict, result: Result) -> None:
@@ -269,8 +272,7 @@ def case_w12(case: dict, result: Result) -> None:
 
     planes = np.load(case["planes"])
     packed = w12.W12Array(
-        **{p: jnp.asarray(planes[p]) for p in ("sign_mantissa", "exponent_codes", "base_exponent",
-                                               "escape_index", "escape_bits")},
+        **{p: jnp.asarray(planes[p]) for p in W12_LEAVES},
         shape=tuple(int(d) for d in planes["shape"]), group_k=int(planes["group_k"]))
     k, n = packed.shape
     m, copies = case["m"], case["copies"]

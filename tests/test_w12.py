@@ -86,11 +86,42 @@ class TestRoundTrip:
     packed = assert_round_trip(w)
     assert packed.num_escapes > 0
 
-  def test_infinities_in_window_without_escapes(self):
-    # base 241 reaches exponent field 255: a block of huge values and inf/NaN is native
+  def test_huge_values_are_native_and_inf_nan_escape(self):
+    # the highest window (base 240) ends at exponent field 254: the largest finite values are in it, field 255
+    # (+-inf, NaN with its payload) always goes to the side table
     w = np.array([[3e38], [-1e38], [np.inf], [-np.inf], [np.nan]], np.float32).astype(BF16)
     packed = assert_round_trip(w)
-    assert packed.num_escapes == 0
+    assert int(packed.base_exponent[0, 0]) == w12_format.MAX_BASE == 240
+    assert sorted(w12_format.side_table_positions(packed).tolist()) == [2, 3, 4]
+
+  def test_zeros_and_subnormals_are_exact_without_the_side_table(self):
+    # code 15 is exponent field 0 with the byte as stored: +-0.0 and subnormals in a block of normal weights
+    w = scaled_normal_weights(256, 8, seed=7)
+    bits = w.view(np.uint16).copy()
+    bits[::3, :] = np.array([0x0000, 0x8000, 0x0001, 0x807F, 0x0040, 0x8001, 0x0000, 0x8000], np.uint16)
+    w = bits_to_bf16(bits)
+    packed = assert_round_trip(w)
+    escaped_rows = w12_format.side_table_positions(packed) // 8
+    assert not np.any(escaped_rows % 3 == 0)  # none of the 688 zeros and subnormals is in the side table
+
+  def test_channel_lists_hold_the_first_escapes_and_the_rest_overflow(self):
+    k, n = 1024, 4  # column_capacity(1024) = 1: one listed escape per channel
+    assert w12_format.column_capacity(k) == 1
+    w = np.full((k, n), 1.0, np.float32)
+    for row in (5, 300, 900):
+      w[row, 2] = 1e30  # three escapes in channel 2
+    w[17, 0] = -1e-30  # one in channel 0
+    w = w.astype(BF16)
+    packed = assert_round_trip(w)
+    assert packed.column_capacity == 1 and packed.num_escapes == 4
+    np.testing.assert_array_equal(np.asarray(packed.column_escape_rows)[:, 0], [17, 0, 5, 0])
+    np.testing.assert_array_equal(np.asarray(packed.column_escape_bits)[:, 0] != 0, [True, False, True, False])
+    np.testing.assert_array_equal(np.asarray(packed.escape_index), [300 * n + 2, 900 * n + 2])
+    x = np.zeros((2, k), BF16)
+    x[0, 300], x[1, 17], x[1, 5] = 1.0, 2.0, -1.0
+    for implementation in ("reference", "xla_decode"):
+      y = np.asarray(w12.matmul(x, packed, implementation=implementation), np.float32)
+      np.testing.assert_allclose(y, x.astype(np.float32) @ w.astype(np.float32), rtol=1e-2)
 
   def test_accepts_jax_arrays(self):
     w = jnp.asarray(scaled_normal_weights(64, 32))
@@ -106,6 +137,8 @@ class TestLayout:
     assert packed.exponent_codes.shape == (48, 128) and packed.exponent_codes.dtype == jnp.uint8
     assert packed.base_exponent.shape == (48, 2) and packed.base_exponent.dtype == jnp.uint8
     assert packed.escape_index.dtype == jnp.int32 and packed.escape_bits.dtype == jnp.uint16
+    assert packed.column_escape_rows.dtype == jnp.int32 and packed.column_escape_bits.dtype == jnp.uint16
+    assert packed.column_escape_rows.shape == packed.column_escape_bits.shape == (48, packed.column_capacity)
 
   def test_stored_k_order_and_nibble_halves(self):
     # logical offsets 5, 37, 40 of a chunk are stored at 17, 49, 34 (the order the kernel's threads read);
@@ -119,9 +152,10 @@ class TestLayout:
     base = int(packed.base_exponent[0, 0])
     nib = np.asarray(packed.exponent_codes[0])
     code_one = 127 - base  # 1.0 has exponent field 127
+    assert base == 128 - 14  # the smallest base whose window [b, b + 14] holds fields 127 and 128
     assert nib[32 + 17] == code_one | (code_one << 4)
-    assert nib[32 + 2] == (code_one + 1) << 4
-    assert np.count_nonzero(nib) == 2
+    assert nib[32 + 2] == (code_one + 1) << 4 | w12_format.ESCAPE_CODE  # stored position 2: a zero, code 15
+    assert np.count_nonzero(nib != 0xFF) == 2  # every other element is a zero
     byte = np.asarray(packed.sign_mantissa[0])
     assert byte[64 + 17] == 0x80 and np.count_nonzero(byte) == 1  # sign of -1.0; the mantissas are 0
 
@@ -129,12 +163,14 @@ class TestLayout:
     w = bits_to_bf16(np.arange(2**16, dtype=np.uint32).astype(np.uint16).reshape(256, 256))
     packed = w12.pack(w)
     hot = np.asarray(jax.jit(w12_format.unpack_transposed_bits)(packed))[:, :256].T.reshape(-1)
-    np.testing.assert_array_equal(hot[np.asarray(packed.escape_index)], 0)
+    escaped = w12_format.side_table_positions(packed)
+    assert escaped.size == packed.num_escapes > 0
+    np.testing.assert_array_equal(hot[escaped], 0)
 
   def test_pytree_round_trip_keeps_static_metadata(self):
     packed = w12.pack(scaled_normal_weights(64, 16))
     leaves, treedef = jax.tree_util.tree_flatten(packed)
-    assert len(leaves) == 5
+    assert len(leaves) == 7
     rebuilt = jax.tree_util.tree_unflatten(treedef, leaves)
     assert rebuilt.shape == packed.shape and rebuilt.group_k == packed.group_k
 
@@ -154,7 +190,9 @@ class TestBitBudget:
 
   def test_bits_per_weight_counts_everything(self):
     packed = w12.pack(scaled_normal_weights(1024, 64), group_k=256)
-    expected = (8 * 1024 * 64 + 4 * 1024 * 64 + 8 * 4 * 64 + 48 * packed.num_escapes) / (1024 * 64)
+    entries = packed.column_escape_rows.size + packed.escape_index.size  # every list slot counts, used or not
+    assert entries >= packed.num_escapes > 0 and packed.column_capacity > 0
+    expected = (8 * 1024 * 64 + 4 * 1024 * 64 + 8 * 4 * 64 + 48 * entries) / (1024 * 64)
     assert w12.bits_per_weight(packed) == pytest.approx(expected)
 
 
@@ -208,7 +246,7 @@ class TestMatmul:
     w = scaled_normal_weights(128, 16)
     w[7, 3] = BF16(1e30)  # far outside its channel's window: an escape
     packed = w12.pack(w)
-    assert 7 * 16 + 3 in np.asarray(packed.escape_index)
+    assert 7 * 16 + 3 in w12_format.side_table_positions(packed)
     x = np.zeros((1, 128), BF16)
     x[0, 7] = 1.0
     y = np.asarray(w12.matmul(x, packed), np.float32)

@@ -11,6 +11,7 @@ import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import split_k, w12
+from pallas_kernels.w12 import format as w12_format
 from pallas_kernels.w12 import mosaic_gpu as w12_mosaic_gpu
 from pallas_kernels.w12 import ops as w12_ops
 
@@ -23,9 +24,10 @@ def weights_with_escapes(k, n, seed):
   w = rng.normal(0.0, 0.02, size=(k, n)) * np.exp(rng.uniform(np.log(1e-3), np.log(1e1), n))
   w = w.astype(BF16)
   w[1, 2] = BF16(1e30)  # escape
+  w[9, 2] = BF16(-2e30)  # a second in channel 2: past a one-entry channel list, an overflow escape
   w[2, 3] = BF16(-3e-30)  # escape
   w[3, 4] = BF16(-0.0)
-  w[4, 5] = np.uint16(0x0003).view(BF16)  # subnormal, code 0
+  w[4, 5] = np.uint16(0x0003).view(BF16)  # subnormal, code 15 with its byte
   return w
 
 
@@ -58,13 +60,17 @@ class W12MatmulSuite:
           (512, 64, 3, 128, w12.TuningConfig(tile_m=8, tile_k=128, split_k=2, decode="registers")),
           (128, 64, 1, 256, w12.TuningConfig(tile_m=64, tile_k=128, max_concurrent_steps=2, decode="registers")),
           (768, 128, 3, 256, w12.TuningConfig(tile_m=8, tile_k=256, max_concurrent_steps=2, decode="registers")),
+          # K = 1024: one-entry channel lists (gathers in the split-K sum) and an overflow scatter, both
+          (1024, 64, 3, 256, w12.TuningConfig(tile_n=64, tile_m=8, tile_k=128, split_k=2)),
+          (1024, 128, 2, 512, w12.TuningConfig(tile_m=8, tile_k=128, split_k=2, decode="registers")),
       ],
   )
   def test_matches_f32_matmul(self, k, n, m, group_k, config):
     w = weights_with_escapes(k, n, seed=m)
     x = np.random.default_rng(k + m).normal(size=(m, k)).astype(BF16)
     packed = w12.pack(w, group_k=group_k)
-    assert packed.num_escapes >= 2
+    assert packed.num_escapes >= 3 and packed.escape_index.shape[0] >= 1  # the overflow is exercised everywhere
+    assert packed.column_capacity == w12_format.column_capacity(w12_format.padded_k(k))  # <= 1: channel 2 overflows
     y = self.run(jnp.asarray(x), packed, config)
     assert y.dtype == jnp.bfloat16 and y.shape == (m, n)
     expected = x.astype(np.float32) @ w.astype(np.float32)

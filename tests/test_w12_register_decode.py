@@ -13,7 +13,7 @@ import pytest
 from pallas_kernels import w12
 from pallas_kernels.w12 import mosaic_gpu as w12_mosaic_gpu
 from pallas_kernels.w12 import register_decode as rd
-from pallas_kernels.w12.format import LOGICAL_OFFSET, MAX_BASE, STORED_POSITION, decode_bits
+from pallas_kernels.w12.format import LOGICAL_OFFSET, MAX_BASE, STORED_POSITION, decode_bits, side_table_positions
 
 BF16 = ml_dtypes.bfloat16
 
@@ -74,7 +74,8 @@ def test_every_thread_decodes_its_fragment_through_swizzled_smem(step_k):
   bases = np.asarray(packed.base_exponent)
   decoded = np.asarray(jax.lax.bitcast_convert_type(w12.unpack(packed), jnp.uint16)).T  # [N, K]
   escaped = np.zeros(decoded.shape, bool)
-  escaped.reshape(-1)[np.asarray(packed.escape_index) % n * k + np.asarray(packed.escape_index) // n] = True
+  flat = side_table_positions(packed)
+  escaped.reshape(-1)[flat % n * k + flat // n] = True
   assert escaped.sum() >= 1
   for step in range(k // step_k):
     byte_tile = planes[0][:, step * step_k:(step + 1) * step_k]
@@ -96,6 +97,24 @@ def test_register_kernel_lowers_for_hopper_on_cpu(m, k, tile_k):
   lowered = jax.jit(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config)).trace(x, packed).lower(
       lowering_platforms=("cuda",))
   assert "mosaic_gpu" in lowered.as_text()
+
+
+@pytest.mark.parametrize("overflow", [False, True])
+def test_escape_lists_need_no_scatter(overflow):
+  """The channel lists' correction is gathers and adds (fused into the split-K sum on a GPU): a weight whose escapes
+  all fit its lists lowers with no scatter at all; only an overflow brings one."""
+  w = np.full((1024, 128), 0.5, np.float32)
+  w[[3, 700], 5] = 1e30  # channel 5: two escapes; the lists hold one (column_capacity(1024) = 1) unless widened
+  w[9, 6] = -1e30
+  w = w.astype(BF16)
+  if not overflow:
+    w[700, 5] = BF16(0.25)
+  packed = w12.pack(w, group_k=1024)
+  assert packed.column_capacity == 1 and packed.escape_index.shape[0] == int(overflow)
+  config = w12.TuningConfig(decode="registers", tile_k=128)
+  text = jax.jit(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config)).trace(
+      jnp.ones((1, 1024), jnp.bfloat16), packed).lower(lowering_platforms=("cuda",)).as_text()
+  assert ("stablehlo.scatter" in text) == overflow and "stablehlo.gather" in text
 
 
 def test_register_decode_refuses_interpret_mode_and_odd_tiles():

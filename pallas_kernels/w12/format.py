@@ -39,30 +39,37 @@ per call (one more XLA kernel per matmul).
                     The default ``group_k`` (1024) costs 8/1024 bit per weight and still
                     tracks magnitudes that drift along K; kernels need
                     ``group_k % tile_k == 0`` so that a tile reads a single base.
-``escape_index``    int32 ``[E]``   flat index ``k * N + n`` into the logical ``[K, N]``.
-``escape_bits``     uint16 ``[E]``  the raw bf16 bits of those elements.
+Side table (escapes: the elements the planes cannot hold; their byte is 0, so the hot loop decodes them to +0.0
+and a kernel adds ``x[:, k] * W[k, n]`` to its output afterwards; ``unpack`` simply overwrites):
+``column_escape_rows`` int32 ``[N, C]``  the logical ``k`` of output channel ``n``'s escapes, the first ``C`` of
+                    them in K order; ``C`` is the most any channel has, capped so that the lists take at most
+                    ``COLUMN_ESCAPE_BITS`` bits per weight (``column_capacity``). Unused entries are 0.
+``column_escape_bits`` uint16 ``[N, C]``  their raw bf16 bits; 0 marks an unused entry (+0.0 is never escaped).
+                    Per-channel lists let the correction be a gather that XLA fuses into the split-K sum after
+                    the kernel, where a scatter was a kernel of its own per matmul.
+``escape_index``    int32 ``[E]``   the overflow: escapes past a channel's ``C``, as flat indices ``k * N + n``
+                    into the logical ``[K, N]`` (sorted); usually empty.
+``escape_bits``     uint16 ``[E]``  their raw bf16 bits.
 
 Codes:
-  * ``0``      exponent field 0: +-0.0 and all subnormals, exact from the byte plane,
-               never escaped (pruned or padded zero columns cost nothing extra).
-  * ``1..14``  exponent field ``b + code``.
-  * ``15``     escape. The hot loop decodes it to +0.0 (its byte is 0), so a kernel
-               may add the side table afterwards as a sparse correction
-               ``y[:, n] += x[:, k] * W[k, n]``; ``unpack`` simply overwrites.
+  * ``0..14``  exponent field ``b + code``.
+  * ``15``     exponent field 0: the byte's sign and mantissa as stored. Exact for +-0.0 and every subnormal
+               (pruned or padded zero columns cost nothing extra); an escape otherwise (out-of-window normals,
+               +-inf, NaN), whose byte is then 0.
 
-Base choice: per block, ``b`` (0..241) maximises the number of elements whose
-exponent field lies in ``[b + 1, b + 14]``; elements with field 0 are free under any
-``b`` and are not counted. Ties go to the smallest ``b``. With ``b = 241`` the window
-reaches field 255, so +-inf and NaNs (payload in ``m``) are representable natively.
+Base choice: per block, ``b`` (0..240) maximises the number of elements whose exponent field lies in
+``[b, b + 14]``; elements with field 0 are free under any ``b`` and are not counted. Ties go to the smallest
+``b``. ``b + 15 <= 255``, so a bytewise ``code + b`` never carries into the next byte, even for code 15 (whose sum
+the decode then masks); exponent field 255 (+-inf, NaN) is always escaped.
 
 Decode (what the hot loop computes, per element)::
 
-    e = b + code              if 1 <= code <= 14 else 0
+    e = 0 if code == 15 else b + code
     u = (byte & 0x80) << 8 | e << 7 | (byte & 0x7F)
 
-Cost: 12 bits + 8 / group_k per weight for the base + 48 bits per escape. Normal
-weights with per-channel scales escape only values more than 2**13 below their
-channel's largest binade, a few in 10**4.
+Cost: 12 bits + 8 / group_k per weight for the base + 48 bits per side-table entry (``C`` per channel, and the
+overflow). Normal weights with per-channel scales escape only values more than 2**14 below their block's largest
+binade, a few in 10**4.
 """
 
 from __future__ import annotations
@@ -74,9 +81,10 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-FORMAT_VERSION = 2
-"""Version of the layout above (2: the stored K order); bump it on any change, so stored packed weights (e.g. the
-W12 weight cache of ``specpilot/models/hf.py``) are rebuilt rather than misread."""
+FORMAT_VERSION = 3
+"""Version of the layout above (2: the stored K order; 3: code 15 is exponent field 0 (zeros and subnormals exact,
+escapes decode to +0.0), codes 0..14 the window, per-channel escape lists); bump it on any change, so stored packed
+weights (e.g. the W12 weight cache of ``specpilot/models/hf.py``) are rebuilt rather than misread."""
 
 PAIR_SPAN = 64
 """K chunk whose two 32-wide halves share the bytes of the nibble plane."""
@@ -98,17 +106,20 @@ STORED_POSITION = _stored_position(np.arange(PAIR_SPAN))
 LOGICAL_OFFSET = np.argsort(STORED_POSITION)
 """Logical offset held at each stored position of a 64-chunk: the inverse of ``STORED_POSITION``."""
 
-NUM_WINDOW_CODES = 14
-"""Codes 1..14 map to the exponent window ``[b + 1, b + 14]``."""
+NUM_WINDOW_CODES = 15
+"""Codes 0..14 map to the exponent window ``[b, b + 14]``."""
 
 ESCAPE_CODE = 15
-ZERO_CODE = 0
-MAX_BASE = 255 - NUM_WINDOW_CODES
-"""Largest base: its window ends at exponent field 255 (inf / NaN)."""
+"""Exponent field 0: zeros and subnormals, exact; escapes (byte 0) otherwise."""
+MAX_BASE = 255 - ESCAPE_CODE
+"""Largest base: ``b + 15`` still fits a byte, so the decode's bytewise add never carries."""
 
 DEFAULT_GROUP_K = 1024
 ESCAPE_ENTRY_BITS = 32 + 16
-"""An escape stores an int32 index and the raw 16 bits."""
+"""A side-table entry stores an int32 index and the raw 16 bits."""
+COLUMN_ESCAPE_BITS = 0.08
+"""Bits per weight the per-channel escape lists may take (``column_capacity``); with the planes and bases that keeps
+a normal weight within 12.1 bits. Escapes past the cap go to the overflow list."""
 
 _ROWS_PER_HISTOGRAM_CHUNK = 4096
 """Bounds pack's host memory: histograms are 256 int64 counters per block."""
@@ -126,6 +137,8 @@ class W12Array:
   sign_mantissa: jax.Array
   exponent_codes: jax.Array
   base_exponent: jax.Array
+  column_escape_rows: jax.Array
+  column_escape_bits: jax.Array
   escape_index: jax.Array
   escape_bits: jax.Array
   shape: tuple[int, int] = dataclasses.field(metadata=dict(static=True))
@@ -140,8 +153,19 @@ class W12Array:
     return 2
 
   @property
+  def column_capacity(self) -> int:
+    """``C``: side-table entries per output channel (static)."""
+    return int(self.column_escape_rows.shape[1])
+
+  @property
+  def has_side_table(self) -> bool:
+    """Whether a matmul must add a correction (static: from shapes, so usable under ``jit``)."""
+    return self.column_capacity > 0 or self.escape_index.shape[0] > 0
+
+  @property
   def num_escapes(self) -> int:
-    return int(self.escape_index.shape[0])
+    """Escaped elements (a host count: reads the lists, so not under ``jit``)."""
+    return int(np.count_nonzero(np.asarray(self.column_escape_bits))) + int(self.escape_index.shape[0])
 
 
 def padded_k(k: int) -> int:
@@ -161,7 +185,7 @@ def _as_bf16_bits(w) -> np.ndarray:
 
 
 def _choose_bases(exponent: np.ndarray, num_groups: int, group_k: int) -> np.ndarray:
-  """Per (row, K group) base maximising the elements inside its 14-binade window.
+  """Per (row, K group) base maximising the elements inside its 15-binade window.
 
   ``exponent`` is the uint8 exponent field, ``[N, Kp]``. Counting in a histogram
   per block and sliding a window over its prefix sums makes this exact (not a
@@ -178,9 +202,9 @@ def _choose_bases(exponent: np.ndarray, num_groups: int, group_k: int) -> np.nda
     hist = hist.reshape(chunk_rows * num_groups, 256)
     hist[:, 0] = 0  # exponent field 0 has its own code under any base
     cum = np.concatenate([np.zeros((hist.shape[0], 1), np.int64), np.cumsum(hist, axis=1)], axis=1)
-    # window for base b covers fields b+1 .. b+14, i.e. cum[b + 15] - cum[b + 1]
+    # window for base b covers fields b .. b+14, i.e. cum[b + 15] - cum[b]
     b = np.arange(MAX_BASE + 1)
-    inside = cum[:, b + NUM_WINDOW_CODES + 1] - cum[:, b + 1]
+    inside = cum[:, b + NUM_WINDOW_CODES] - cum[:, b]
     bases[r0:r0 + chunk_rows] = np.argmax(inside, axis=1).reshape(chunk_rows, num_groups)
   return bases
 
@@ -207,10 +231,10 @@ def pack(w, group_k: int = DEFAULT_GROUP_K) -> W12Array:
   bases = _choose_bases(exponent, num_groups, group_k)
   base_per_col = np.repeat(bases, group_k, axis=1)[:, :kp].astype(np.int16)
   offset = exponent.astype(np.int16) - base_per_col
-  in_window = (offset >= 1) & (offset <= NUM_WINDOW_CODES)
   is_zero_field = exponent == 0
+  in_window = (offset >= 0) & (offset < NUM_WINDOW_CODES) & ~is_zero_field
   escaped = ~(in_window | is_zero_field)
-  code = np.where(in_window, offset, np.where(is_zero_field, ZERO_CODE, ESCAPE_CODE)).astype(np.uint8)
+  code = np.where(in_window, offset, ESCAPE_CODE).astype(np.uint8)
   byte = np.where(escaped, np.uint8(0), byte)
   code, byte = to_stored_order(code), to_stored_order(byte)
 
@@ -218,21 +242,36 @@ def pack(w, group_k: int = DEFAULT_GROUP_K) -> W12Array:
   chunks = code.reshape(n, kp // PAIR_SPAN, 2, PAIR_SPAN // 2)
   nibbles = (chunks[:, :, 0, :] | (chunks[:, :, 1, :] << 4)).reshape(n, kp // 2)
 
-  esc_n, esc_k = np.nonzero(escaped)  # padding never escapes, so esc_k < k
-  flat = esc_k.astype(np.int64) * n + esc_n
+  esc_n, esc_k = np.nonzero(escaped)  # row-major: by channel, then K (padding never escapes, so esc_k < k)
+  esc_bits = bits_t[esc_n, esc_k].astype(np.uint16)
+  counts = np.bincount(esc_n, minlength=n)
+  capacity = min(int(counts.max(initial=0)), column_capacity(kp))
+  rank = np.arange(esc_n.size) - np.repeat(np.cumsum(counts) - counts, counts)  # position in its channel's list
+  listed = rank < capacity
+  column_rows = np.zeros((n, capacity), np.int32)
+  column_bits = np.zeros((n, capacity), np.uint16)
+  column_rows[esc_n[listed], rank[listed]] = esc_k[listed]
+  column_bits[esc_n[listed], rank[listed]] = esc_bits[listed]
+  flat = esc_k[~listed].astype(np.int64) * n + esc_n[~listed]
   order = np.argsort(flat, kind="stable")
-  escape_index = flat[order].astype(np.int32)
-  escape_bits = bits_t[esc_n, esc_k][order].astype(np.uint16)
 
   return W12Array(
       sign_mantissa=jnp.asarray(byte),
       exponent_codes=jnp.asarray(nibbles.astype(np.uint8)),
       base_exponent=jnp.asarray(bases),
-      escape_index=jnp.asarray(escape_index),
-      escape_bits=jnp.asarray(escape_bits),
+      column_escape_rows=jnp.asarray(column_rows),
+      column_escape_bits=jnp.asarray(column_bits),
+      escape_index=jnp.asarray(flat[order].astype(np.int32)),
+      escape_bits=jnp.asarray(esc_bits[~listed][order]),
       shape=(k, n),
       group_k=group_k,
   )
+
+
+def column_capacity(kp: int) -> int:
+  """The most side-table entries a channel's list may hold for a (padded) depth ``kp``: ``COLUMN_ESCAPE_BITS`` per
+  weight."""
+  return int(COLUMN_ESCAPE_BITS * kp / ESCAPE_ENTRY_BITS)
 
 
 def to_stored_order(a):
@@ -261,8 +300,7 @@ def decode_bits(sign_mantissa: jax.Array, codes: jax.Array, base: jax.Array) -> 
   """
   byte = sign_mantissa.astype(jnp.uint16)
   codes = codes.astype(jnp.uint16)
-  in_window = (codes >= 1) & (codes <= NUM_WINDOW_CODES)
-  exponent = jnp.where(in_window, base.astype(jnp.uint16) + codes, jnp.uint16(0))
+  exponent = jnp.where(codes == ESCAPE_CODE, jnp.uint16(0), base.astype(jnp.uint16) + codes)
   return ((byte & 0x80) << 8) | (exponent << 7) | (byte & 0x7F)
 
 
@@ -274,18 +312,27 @@ def unpack_transposed_bits(packed: W12Array) -> jax.Array:
   return to_logical_order(decode_bits(packed.sign_mantissa, codes, base))
 
 
-def add_escapes(y: jax.Array, x2: jax.Array, packed: W12Array) -> jax.Array:
-  """``y + x2 @ E`` for the sparse matrix ``E`` of escaped elements: the patch a fused matmul adds after
-  decoding escapes as +0.0. ``y``: f32 ``[M, N]``; ``x2``: ``[M, >= K]``."""
-  return add_escapes_transposed(y.T, x2, packed).T
+def column_escape_correction_t(x2: jax.Array, packed: W12Array, m_pad: int) -> jax.Array:
+  """f32 ``[N, m_pad]``: ``sum_c x2[:, rows[n, c]] * W[rows[n, c], n]`` over channel ``n``'s listed escapes, zero
+  past ``x2``'s rows. ``C`` gathers of ``x``'s columns and elementwise work, no scatter and no reduction: XLA fuses it
+  into whatever adds it (the split-K sum after a fused kernel), so the correction costs no kernel of its own."""
+  n = packed.shape[1]
+  values = jax.lax.bitcast_convert_type(packed.column_escape_bits, jnp.bfloat16).astype(jnp.float32)
+  total = jnp.zeros((n, x2.shape[0]), jnp.float32)
+  for c in range(packed.column_capacity):
+    x_of_entry = x2[:, packed.column_escape_rows[:, c]].T.astype(jnp.float32)  # [N, M]
+    listed = (packed.column_escape_bits[:, c] != 0)[:, None]  # an unused entry adds nothing, even for x = inf
+    total = total + jnp.where(listed, x_of_entry * values[:, c, None], 0.0)
+  return jnp.pad(total, ((0, 0), (0, m_pad - x2.shape[0])))
 
 
-def add_escapes_transposed(y_t: jax.Array, x2: jax.Array, packed: W12Array) -> jax.Array:
-  """``add_escapes`` on a transposed output: ``y_t`` f32 ``[N, M']``, or ``[S, N, M']`` split-K partial
-  sums (patched in partial 0, one scatter in place), with ``M' >= M`` (the rows of ``x2``; the rest
-  zero-padded). Each escape adds a contiguous row of M values, which the GPU scatters coalesced (the
-  ``[M, N]`` form scatters M strided values per escape)."""
-  _, n = packed.shape
+def scatter_overflow_escapes_t(y_t: jax.Array, x2: jax.Array, packed: W12Array) -> jax.Array:
+  """``y_t`` (f32 ``[N, M']``, or ``[S, N, M']`` split-K partial sums: patched in partial 0, in place) plus the
+  overflow escapes' ``x2[:, k] * W[k, n]``; ``M' >= M``, the rows of ``x2``. Each escape adds a contiguous row of
+  M values, which the GPU scatters coalesced. A kernel of its own: only weights with an overflow pay it."""
+  if not packed.escape_index.shape[0]:
+    return y_t
+  n = packed.shape[1]
   rows = packed.escape_index // n
   cols = packed.escape_index % n
   values = jax.lax.bitcast_convert_type(packed.escape_bits, jnp.bfloat16).astype(jnp.float32)
@@ -294,6 +341,13 @@ def add_escapes_transposed(y_t: jax.Array, x2: jax.Array, packed: W12Array) -> j
   if y_t.ndim == 3:
     return y_t.at[0, cols].add(contributions)
   return y_t.at[cols].add(contributions)
+
+
+def add_escapes(y: jax.Array, x2: jax.Array, packed: W12Array) -> jax.Array:
+  """``y + x2 @ E`` for the sparse matrix ``E`` of escaped elements: the patch a matmul adds after decoding
+  escapes as +0.0. ``y``: f32 ``[M, N]``; ``x2``: ``[M, >= K]``."""
+  y_t = y.T + column_escape_correction_t(x2, packed, y.shape[0]) if packed.column_capacity else y.T
+  return scatter_overflow_escapes_t(y_t, x2, packed).T
 
 
 @jax.jit
@@ -305,13 +359,27 @@ def unpack(packed: W12Array) -> jax.Array:
   """
   k, n = packed.shape
   bits = unpack_transposed_bits(packed)[:, :k].T.reshape(-1)
-  bits = bits.at[packed.escape_index].set(packed.escape_bits, unique_indices=True, indices_are_sorted=True)
+  listed = packed.column_escape_rows * n + jnp.arange(n, dtype=jnp.int32)[:, None]  # flat k * N + n
+  listed = jnp.where(packed.column_escape_bits != 0, listed, k * n)  # unused entries: past the end, dropped
+  index = jnp.concatenate([listed.reshape(-1), packed.escape_index])
+  values = jnp.concatenate([packed.column_escape_bits.reshape(-1), packed.escape_bits])
+  bits = bits.at[index].set(values, mode="drop")
   return jax.lax.bitcast_convert_type(bits.reshape(k, n), jnp.bfloat16)
 
 
+def side_table_positions(packed: W12Array) -> np.ndarray:
+  """Host int64 array: flat ``k * N + n`` of every escaped element (the channel lists' used entries, then the
+  overflow): where ``unpack`` patches and the hot loop reads +0.0."""
+  n = packed.shape[1]
+  rows, bits = np.asarray(packed.column_escape_rows, np.int64), np.asarray(packed.column_escape_bits)
+  listed = (rows * n + np.arange(n)[:, None])[bits != 0]
+  return np.concatenate([listed, np.asarray(packed.escape_index, np.int64)])
+
+
 def bits_per_weight(packed: W12Array) -> float:
-  """Stored bits per logical weight: both planes (with K padding), bases and escapes."""
+  """Stored bits per logical weight: both planes (with K padding), bases and the side table (every list entry,
+  used or not, and the overflow)."""
   k, n = packed.shape
   plane_bytes = packed.sign_mantissa.size + packed.exponent_codes.size + packed.base_exponent.size
-  escape_bits = packed.num_escapes * ESCAPE_ENTRY_BITS
+  escape_bits = (packed.column_escape_rows.size + packed.escape_index.size) * ESCAPE_ENTRY_BITS
   return (8 * plane_bytes + escape_bits) / (k * n)

@@ -8,13 +8,14 @@ sit on the wgmma M side, tokens on the N side, like jax's
 and ``tile_m`` tokens and walks its K range (split-K: ``TuningConfig.split_k``, 0 =
 ``auto_split_k``, f32 partial sums added after the kernel) with a TMA pipeline that
 streams the two W12 planes (1.5 bytes per weight) and the activations. Escapes decode
-to +0.0 inside the loop; their true values are added afterwards as a sparse f32
-correction on the ``[N, M]`` partial sums, outside the hot loop.
+to +0.0 inside the loop; their true values are added afterwards, outside the hot loop: the
+per-channel escape lists as gathers inside the split-K sum's XLA fusion (no kernel of their
+own), a weight's overflow escapes, if any, as a scatter into the partial sums.
 
 Two decodes (``TuningConfig.decode``):
 - ``"registers"`` (``DEFAULT_CONFIG``, ``_register_decode_call``): ``register_decode.py``
-  turns 32-bit words of the planes into wgmma's register A fragment, 4 weights per ~15
-  integer instructions. On the H200 (docs/results/2026-11-30-w12-registers-h200/): 1.0-1.06x
+  turns 32-bit words of the planes into wgmma's register A fragment, 4 weights per ~11
+  integer instructions (~15 before format version 3). On the H200 (docs/results/2026-11-30-w12-registers-h200/): 1.0-1.06x
   a bf16 dot at M = 1 (0.73x on 4096x12288, where XLA's dot is slow), 1.1-1.3x at M = 16
   and 64; the kernel alone is 0.84x at M = 1 and the XLA ops around it (then: x padding and
   permutation, escape scatter, split-K sum and transpose) are the rest. Since format version 2
@@ -29,13 +30,13 @@ Learned on the H200: Mosaic GPU has no 8-bit arithmetic (widen before shifts), a
 a 1-D uint8 SMEM row (the per-step bases) faults with a misaligned shared address,
 hence ``_BASE_DTYPE`` for the SMEM decode (the register decode reads bases from GMEM).
 
-Next (the W12 must-show is 0.80x bf16): the escape patch as a gather fused into the
-split-K sum (per-column escape lists at pack time), the split-K sum inside the kernel; in
-the kernel, fewer instructions per word (Nsight Compute: ~28 per 4 weights, integer pipe
-57 % busy, 27 % occupancy). The swizzled addressing is now one XOR and one add per load
-(``register_decode.swizzle_parts``, was ~10 instructions); left: one base load per step
-(each chunk's decode loads it again), bases <= 240 so the exponent add needs no carry
-mask, fewer registers for 8 blocks per SM.
+Next (the W12 must-show is 0.80x bf16): the split-K sum inside the kernel; in the kernel, fewer
+instructions per word (Nsight Compute, format version 2: ~28 per 4 weights, integer pipe 57 % busy,
+27 % occupancy). Done since: the swizzled addressing is one XOR and one add per load
+(``register_decode.swizzle_parts``, was ~10 instructions); format version 3 drops the window test
+(~15 -> ~11 decode instructions per word) and turns the escape scatter into gathers fused into the
+split-K sum. Left: one base load per step (each chunk's decode loads it again), fewer registers for
+8 blocks per SM.
 """
 
 from __future__ import annotations
@@ -67,7 +68,14 @@ from pallas_kernels.split_k import (
 from pallas_kernels.tma import pad_for_tma
 from pallas_kernels.w12 import register_decode
 from pallas_kernels.w12.config import TuningConfig
-from pallas_kernels.w12.format import PAIR_SPAN, W12Array, add_escapes_transposed, decode_bits, to_stored_order
+from pallas_kernels.w12.format import (
+  PAIR_SPAN,
+  W12Array,
+  column_escape_correction_t,
+  decode_bits,
+  scatter_overflow_escapes_t,
+  to_stored_order,
+)
 
 _HALF = PAIR_SPAN // 2
 _BASE_DTYPE = jnp.uint16
@@ -341,7 +349,7 @@ def w12_matmul(
   mp = round_up(max(m, 1), tile_m)
   x2 = x.reshape(m, k)
 
-  has_escapes = packed.num_escapes > 0
+  has_escapes = packed.has_side_table
   k_steps = kp // config.tile_k
   split_k = config.split_k or auto_split_k((n // config.tile_n) * (mp // tile_m), k_steps, num_sms(),
                                            config.blocks_per_sm)
@@ -362,8 +370,8 @@ def w12_matmul(
         tile_n=config.tile_n, tile_m=tile_m, tile_k=config.tile_k,
         max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, overlap_decode=config.overlap_decode,
         out_dtype=out_dtype, interpret=interpret)
-  # y_t: [split_k, N, Mp]. The escape patch is scattered into the first partial sum, in place on the
-  # kernel's output, so the split-K sum, the transpose and the cast after it are one XLA fusion.
-  if has_escapes:
-    y_t = add_escapes_transposed(y_t, x2, packed)
-  return reduce_partial_sums(y_t, m, x.dtype).reshape(*lead, n)
+  # y_t: [split_k, N, Mp]. The overflow escapes (usually none) are scattered into the first partial sum, in place;
+  # the listed ones are gathers that join the split-K sum, the transpose and the cast in one XLA fusion.
+  y_t = scatter_overflow_escapes_t(y_t, x2, packed)
+  correction = column_escape_correction_t(x2, packed, mp) if packed.column_capacity else None
+  return reduce_partial_sums(y_t, m, x.dtype, correction).reshape(*lead, n)

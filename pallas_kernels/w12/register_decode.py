@@ -4,7 +4,7 @@ The SMEM-decode kernel (``mosaic_gpu._smem_decode_call``) decodes 16-bit element
 writes bf16 tiles back to SMEM and lets wgmma read them: on the H200 each SM decoded ~9 GB/s of W12
 bytes where the read ceiling needs ~25-33 (docs/results/2026-11-30-kernels-h200-splitk/). Here each
 thread loads whole 32-bit words of the byte and nibble planes from swizzled SMEM and turns a word of
-4 weights into two bf16x2 registers with ~15 integer instructions (bytewise SIMD within a word: adds
+4 weights into two bf16x2 registers with ~11 integer instructions (bytewise SIMD within a word: adds
 that cannot carry across bytes, ``prmt`` for byte masks and byte interleaving), which go to wgmma as
 its A fragment. The same code runs on numpy arrays (``NUMPY_OPS``, every thread at once, for the
 CPU tests) and emits MLIR (``MlirOps``) inside the kernel: one decode, two backends.
@@ -97,14 +97,14 @@ def decode_word(ops, byte_word, nibble_word, base_word, high_nibbles: bool):
 
   ``byte_word``: 4 bytes of the sign/mantissa plane; ``nibble_word``: the 4 nibble-plane bytes whose
   low (or high, ``high_nibbles``) nibbles are their codes; ``base_word``: the block's base exponent
-  ``b`` in every byte (``b * 0x01010101``). Codes 1..14 give exponent ``b + code`` (<= 255: no carry
-  between bytes), codes 0 (zero, subnormal) and 15 (escape, byte 0) give exponent 0.
+  ``b`` in every byte (``b * 0x01010101``). Codes 0..14 give exponent ``b + code``, code 15 exponent 0;
+  ``b + 15 <= 255`` (format version 3), so the bytewise add never carries. ~11 integer operations (ptxas fuses
+  the and-not into one LOP3); version 2's window test (codes 0 and 15 special) took ~15.
   """
   codes = ops.and_(ops.shr(nibble_word, 4) if high_nibbles else nibble_word, 0x0F0F0F0F)
-  # bit 7 of each byte: code >= 1 (code + 0x7F >= 0x80) and code <= 14 (code + 0x71 < 0x80)
-  in_window = ops.and_(ops.add(codes, 0x7F7F7F7F), ops.not_(ops.add(codes, 0x71717171)))
-  mask = ops.prmt(in_window, in_window, 0xBA98)  # each byte: its bit 7 replicated
-  exponent = ops.and_(ops.add(ops.and_(codes, mask), base_word), mask)
+  escape = ops.add(codes, 0x71717171)  # bit 7 of each byte: code == 15
+  escape = ops.prmt(escape, escape, 0xBA98)  # each byte: its bit 7 replicated
+  exponent = ops.and_(ops.add(codes, base_word), ops.not_(escape))
   # bf16 = sign(1) exponent(8) mantissa(7): high byte = sign | exponent >> 1,
   # low byte = (exponent & 1) << 7 | mantissa
   high = ops.or_(ops.and_(byte_word, 0x80808080), ops.and_(ops.shr(exponent, 1), 0x7F7F7F7F))

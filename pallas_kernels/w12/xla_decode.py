@@ -5,7 +5,7 @@ barrier: XLA materialises the bf16 weight and reads it again, so a W12 step took
 (docs/results/2026-11-30-roofline-h200/). Here the weight is never scattered. Planes -> bits -> bf16 is
 pure elementwise, broadcast and reshape work, which XLA's GPU GEMM fusion may pull into the dot's operand
 load (reading 12 bits per weight, not 16). The escapes decode to +0.0 and are added afterwards as a
-sparse f32 correction (`add_escapes`, as the Mosaic GPU kernel does).
+f32 correction (`add_escapes`, as after the Mosaic GPU kernel).
 
 Whether XLA fuses the decode on Hopper is an experiment, not a promise. `scripts/bench_kernels.py` and
 `scripts/bench_roofline.py` time it as `xla_decode` next to the bf16 dot. Off the GPU it is simply another
@@ -35,6 +35,6 @@ def w12_matmul_xla_decode(x: jax.Array, packed: W12Array) -> jax.Array:
   precision = jax.lax.Precision.DEFAULT if x2.dtype == jnp.bfloat16 else jax.lax.Precision.HIGHEST
   y = jax.lax.dot_general(x2, w_t, (((1,), (1,)), ((), ())), precision=precision,
                           preferred_element_type=jnp.float32)
-  if packed.num_escapes:
+  if packed.has_side_table:
     y = add_escapes(y, x2, packed)
   return y.astype(x.dtype).reshape(*lead, n)

@@ -278,9 +278,10 @@ def load_drafter(path: str | Path, dtype=jnp.bfloat16, cache_dir: str | Path | N
 #
 # The entry sits beside the bf16 one, keyed by the same fingerprint (taken at bf16) plus the W12 layout's
 # FORMAT_VERSION, so a changed checkpoint or layout is a miss, never a misread. Orbax refuses zero-size
-# arrays and a W12 leaf's escape table may be empty, so the cache stores a flat {path: array} dict in which
-# every escape table carries one trailing sentinel (index -1) and `group_k` is a 1-element array; the tree
-# is rebuilt on the one weight description (random init under eval_shape), as for the bf16 cache.
+# arrays and a W12 leaf's escape lists may be empty, so the cache stores a flat {path: array} dict in which
+# every escape array (the channel lists flattened, the overflow) carries one trailing sentinel (index -1) and
+# `group_k` is a 1-element array; the tree is rebuilt on the one weight description (random init under
+# eval_shape), as for the bf16 cache.
 
 _W12_KINDS = {
     "target": (target_config_from_hf, _convert_target, init_random_target),
@@ -322,6 +323,8 @@ def _w12_to_storage(tree) -> dict[str, jax.Array]:
             f"{name}/sign_mantissa": leaf.sign_mantissa,
             f"{name}/exponent_codes": leaf.exponent_codes,
             f"{name}/base_exponent": leaf.base_exponent,
+            f"{name}/column_escape_rows": jnp.append(leaf.column_escape_rows, jnp.int32(_ESCAPE_SENTINEL)),
+            f"{name}/column_escape_bits": jnp.append(leaf.column_escape_bits, jnp.uint16(0)),
             f"{name}/escape_index": jnp.append(leaf.escape_index, jnp.int32(_ESCAPE_SENTINEL)),
             f"{name}/escape_bits": jnp.append(leaf.escape_bits, jnp.uint16(0)),
             f"{name}/group_k": jnp.array([leaf.group_k], jnp.int32),
@@ -346,20 +349,27 @@ def _w12_from_storage(flat: dict, template):
             used.add(name)
             continue
         part = {p: flat[f"{name}/{p}"] for p in ("sign_mantissa", "exponent_codes", "base_exponent",
-                                                  "escape_index", "escape_bits", "group_k")}
+                                                  "column_escape_rows", "column_escape_bits", "escape_index",
+                                                  "escape_bits", "group_k")}
         used |= {f"{name}/{p}" for p in part}
         k, n = spec.shape
         if part["sign_mantissa"].shape != (n, padded_k(k)):
             raise ValueError(f"{name}: cached W12 planes {part['sign_mantissa'].shape} do not fit a {k}x{n} weight")
-        index, bits = part["escape_index"], part["escape_bits"]
-        if index.shape[0] < 1 or int(index[-1]) != _ESCAPE_SENTINEL or bits.shape != index.shape:
-            raise ValueError(f"{name}: cached escape table has no sentinel")
+        tables = {}
+        for index_name, bits_name in (("column_escape_rows", "column_escape_bits"), ("escape_index", "escape_bits")):
+            index, bits = part[index_name], part[bits_name]
+            if index.shape[0] < 1 or int(index[-1]) != _ESCAPE_SENTINEL or bits.shape != index.shape:
+                raise ValueError(f"{name}: cached {index_name} has no sentinel")
+            tables[index_name], tables[bits_name] = jnp.asarray(index[:-1]), jnp.asarray(bits[:-1])
+        if tables["column_escape_rows"].size % n:
+            raise ValueError(f"{name}: cached escape lists do not fit {n} channels")
+        for p in ("column_escape_rows", "column_escape_bits"):
+            tables[p] = tables[p].reshape(n, -1)
         leaves.append(W12Array(
             sign_mantissa=jnp.asarray(part["sign_mantissa"]),
             exponent_codes=jnp.asarray(part["exponent_codes"]),
             base_exponent=jnp.asarray(part["base_exponent"]),
-            escape_index=jnp.asarray(index[:-1]),
-            escape_bits=jnp.asarray(bits[:-1]),
+            **tables,
             shape=(k, n),
             group_k=int(part["group_k"][0]),
         ))

@@ -211,3 +211,19 @@ def test_split_probe_runs_and_picks_a_split(tmp_path, monkeypatch):
                      "--interpret", "--json", str(out)])
   assert set(best) == {"256x128", "128x256"} and all(s in (1, 2) for s in best.values())
   assert json.loads(out.read_text()) == best
+
+
+def test_splits_for_a_consumer_are_few(monkeypatch):
+  """``reduce=False`` runs at most ``CONSUMER_SPLIT_K`` splits (the consumer reads each one), unless the config or
+  ``SPLIT_K_BY_SHAPE`` names the split; ``reduce=True`` keeps the auto split."""
+  from pallas_kernels.split_k import SplitKPartials
+
+  x, w = jnp.ones((1, 1024), jnp.bfloat16), jnp.ones((1024, 256), jnp.bfloat16)
+  assert _split_of(x, w) > skinny_mosaic_gpu.CONSUMER_SPLIT_K == 2
+  partials = jax.eval_shape(functools.partial(skinny_mosaic_gpu.skinny_matmul, reduce=False), x, w)
+  assert isinstance(partials, SplitKPartials) and partials.num_splits == 2
+  named = jax.eval_shape(functools.partial(skinny_mosaic_gpu.skinny_matmul, reduce=False,
+                                           config=Config(split_k=4)), x, w)
+  assert named.num_splits == 4
+  monkeypatch.setattr(skinny_mosaic_gpu, "CONSUMER_SPLIT_K", 1)  # one split: the plain bf16 result
+  assert jax.eval_shape(functools.partial(skinny_mosaic_gpu.skinny_matmul, reduce=False), x, w).shape == (1, 256)

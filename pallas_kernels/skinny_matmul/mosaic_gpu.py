@@ -60,6 +60,14 @@ which the decode loop measured best (the probe's picks were 0.05 ms a step slowe
 docs/results/2026-12-01-drafter-tree-h200/)."""
 
 
+CONSUMER_SPLIT_K = 2
+"""The most K splits handed to a consumer (``reduce=False``) when neither the config nor ``SPLIT_K_BY_SHAPE`` names
+a split. Why: the add + norm kernel reads every split's row in its one block. On the H200 the auto split (8 for the
+o projection, 6 for down) made its 72 calls 105 us a step slower, as much as the XLA sums they replaced
+(docs/results/2026-12-01-partials-w12v3-h200/). Two splits of a 4096-wide output are 128 blocks of 64 channels, each
+with ``max_concurrent_steps`` 16 KB weight tiles in flight: ~8 MB, above the HBM's bandwidth-delay product."""
+
+
 def check_supported(x: jax.Array, w: jax.Array, config: TuningConfig) -> None:
   """Raises ValueError for inconsistent inputs, NotImplementedError (the caller falls back) for what the
   kernel does not tile."""
@@ -149,6 +157,8 @@ def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = N
   k_steps = k // config.tile_k
   split_k = config.split_k or SPLIT_K_BY_SHAPE.get((k, n)) or auto_split_k(
       (n // TILE_N) * (mp // tile_m), k_steps, num_sms(), config.blocks_per_sm)
+  if not reduce and not config.split_k and (k, n) not in SPLIT_K_BY_SHAPE:
+    split_k = max(s for s in range(1, min(split_k, CONSUMER_SPLIT_K) + 1) if k_steps % s == 0)
   if k_steps % split_k:
     raise ValueError(f"skinny matmul: split_k={split_k} for W[{k}, {n}] does not divide its {k_steps} K steps "
                      f"(tile_k={config.tile_k}; SPLIT_K_BY_SHAPE or the config)")

@@ -62,6 +62,7 @@ class W12MatmulSuite:
           (768, 128, 3, 256, w12.TuningConfig(tile_m=8, tile_k=256, max_concurrent_steps=2, decode="registers")),
           # K = 1024: one-entry channel lists (gathers in the split-K sum) and an overflow scatter, both
           (1024, 64, 3, 256, w12.TuningConfig(tile_n=64, tile_m=8, tile_k=128, split_k=2)),
+          (1024, 64, 20, 256, w12.TuningConfig(tile_n=64, tile_m=8, tile_k=128, split_k=2)),  # > GATHER_ROWS: scattered
           (1024, 128, 2, 512, w12.TuningConfig(tile_m=8, tile_k=128, split_k=2, decode="registers")),
       ],
   )

@@ -99,10 +99,11 @@ def test_register_kernel_lowers_for_hopper_on_cpu(m, k, tile_k):
   assert "mosaic_gpu" in lowered.as_text()
 
 
-@pytest.mark.parametrize("overflow", [False, True])
-def test_escape_lists_need_no_scatter(overflow):
-  """The channel lists' correction is gathers and adds (fused into the split-K sum on a GPU): a weight whose escapes
-  all fit its lists lowers with no scatter at all; only an overflow brings one."""
+@pytest.mark.parametrize("overflow,m", [(False, 1), (True, 1), (False, 16)])
+def test_escape_lists_need_no_scatter(overflow, m):
+  """Up to ``GATHER_ROWS`` token rows the channel lists' correction is gathers and adds (fused into the split-K sum
+  on a GPU): a weight whose escapes all fit its lists lowers with no scatter at all, an overflow brings one. Above,
+  the lists are scattered."""
   w = np.full((1024, 128), 0.5, np.float32)
   w[[3, 700], 5] = 1e30  # channel 5: two escapes; the lists hold one (column_capacity(1024) = 1) unless widened
   w[9, 6] = -1e30
@@ -113,8 +114,9 @@ def test_escape_lists_need_no_scatter(overflow):
   assert packed.column_capacity == 1 and packed.escape_index.shape[0] == int(overflow)
   config = w12.TuningConfig(decode="registers", tile_k=128)
   text = jax.jit(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config)).trace(
-      jnp.ones((1, 1024), jnp.bfloat16), packed).lower(lowering_platforms=("cuda",)).as_text()
-  assert ("stablehlo.scatter" in text) == overflow and "stablehlo.gather" in text
+      jnp.ones((m, 1024), jnp.bfloat16), packed).lower(lowering_platforms=("cuda",)).as_text()
+  assert 1 <= w12_mosaic_gpu.GATHER_ROWS < 16
+  assert ("stablehlo.scatter" in text) == (overflow or m > w12_mosaic_gpu.GATHER_ROWS)
 
 
 def test_register_decode_refuses_interpret_mode_and_odd_tiles():

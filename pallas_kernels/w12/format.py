@@ -326,17 +326,21 @@ def column_escape_correction_t(x2: jax.Array, packed: W12Array, m_pad: int) -> j
   return jnp.pad(total, ((0, 0), (0, m_pad - x2.shape[0])))
 
 
-def scatter_overflow_escapes_t(y_t: jax.Array, x2: jax.Array, packed: W12Array) -> jax.Array:
+def scatter_escapes_t(y_t: jax.Array, x2: jax.Array, packed: W12Array, lists: bool = False) -> jax.Array:
   """``y_t`` (f32 ``[N, M']``, or ``[S, N, M']`` split-K partial sums: patched in partial 0, in place) plus the
-  overflow escapes' ``x2[:, k] * W[k, n]``; ``M' >= M``, the rows of ``x2``. Each escape adds a contiguous row of
-  M values, which the GPU scatters coalesced. A kernel of its own: only weights with an overflow pay it."""
-  if not packed.escape_index.shape[0]:
-    return y_t
+  overflow escapes' ``x2[:, k] * W[k, n]`` (with ``lists``, the channel lists' too); ``M' >= M``, the rows of
+  ``x2``. Each escape adds a contiguous row of M values, which the GPU scatters coalesced. A kernel of its own."""
   n = packed.shape[1]
-  rows = packed.escape_index // n
-  cols = packed.escape_index % n
-  values = jax.lax.bitcast_convert_type(packed.escape_bits, jnp.bfloat16).astype(jnp.float32)
-  contributions = x2[:, rows].T.astype(jnp.float32) * values[:, None]
+  index, bits = packed.escape_index, packed.escape_bits
+  if lists:
+    listed = packed.column_escape_rows * n + jnp.arange(n, dtype=jnp.int32)[:, None]
+    index = jnp.concatenate([listed.reshape(-1), index])
+    bits = jnp.concatenate([packed.column_escape_bits.reshape(-1), bits])
+  if not index.shape[0]:
+    return y_t
+  rows, cols = index // n, index % n
+  values = jax.lax.bitcast_convert_type(bits, jnp.bfloat16).astype(jnp.float32)
+  contributions = jnp.where((bits != 0)[:, None], x2[:, rows].T.astype(jnp.float32) * values[:, None], 0.0)
   contributions = jnp.pad(contributions, ((0, 0), (0, y_t.shape[-1] - x2.shape[0])))
   if y_t.ndim == 3:
     return y_t.at[0, cols].add(contributions)
@@ -347,7 +351,7 @@ def add_escapes(y: jax.Array, x2: jax.Array, packed: W12Array) -> jax.Array:
   """``y + x2 @ E`` for the sparse matrix ``E`` of escaped elements: the patch a matmul adds after decoding
   escapes as +0.0. ``y``: f32 ``[M, N]``; ``x2``: ``[M, >= K]``."""
   y_t = y.T + column_escape_correction_t(x2, packed, y.shape[0]) if packed.column_capacity else y.T
-  return scatter_overflow_escapes_t(y_t, x2, packed).T
+  return scatter_escapes_t(y_t, x2, packed).T
 
 
 @jax.jit

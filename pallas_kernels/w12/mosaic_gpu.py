@@ -73,7 +73,7 @@ from pallas_kernels.w12.format import (
   W12Array,
   column_escape_correction_t,
   decode_bits,
-  scatter_overflow_escapes_t,
+  scatter_escapes_t,
   to_stored_order,
 )
 
@@ -87,6 +87,13 @@ DEFAULT_CONFIG = TuningConfig(decode="registers", blocks_per_sm=4, max_concurren
 SM. In the H200 sweeps (docs/results/2026-11-30-w12-registers-h200/) no setting won everywhere; this one
 was within 13 % of the best at every shape and M timed. Interpret mode runs ``TuningConfig()`` (SMEM
 decode)."""
+
+
+GATHER_ROWS = 8
+"""Token rows up to which the channel lists' escape correction is gathered inside the split-K sum's fusion. On the
+H200 (12288x4096, docs/results/2026-12-01-partials-w12v3-h200/) the gathers made M = 1's epilogue one 2.0 us kernel
+(was a scatter and a sum: ~3.5 us), but at 16 and 64 rows the fused transpose took 9.8 and 10.9 us (the scatter and
+the sum: 5.8 and 10.0)."""
 
 
 def _check_supported(x: jax.Array, packed: W12Array, config: TuningConfig, interpret) -> None:
@@ -370,8 +377,10 @@ def w12_matmul(
         tile_n=config.tile_n, tile_m=tile_m, tile_k=config.tile_k,
         max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, overlap_decode=config.overlap_decode,
         out_dtype=out_dtype, interpret=interpret)
-  # y_t: [split_k, N, Mp]. The overflow escapes (usually none) are scattered into the first partial sum, in place;
-  # the listed ones are gathers that join the split-K sum, the transpose and the cast in one XLA fusion.
-  y_t = scatter_overflow_escapes_t(y_t, x2, packed)
-  correction = column_escape_correction_t(x2, packed, mp) if packed.column_capacity else None
+  # y_t: [split_k, N, Mp]. The overflow escapes (usually none) are scattered into the first partial sum, in place.
+  # Up to GATHER_ROWS rows the listed ones are gathers that join the split-K sum, the transpose and the cast in one
+  # XLA fusion; above, they are scattered too.
+  gather = packed.column_capacity and m <= GATHER_ROWS
+  y_t = scatter_escapes_t(y_t, x2, packed, lists=not gather)
+  correction = column_escape_correction_t(x2, packed, mp) if gather else None
   return reduce_partial_sums(y_t, m, x.dtype, correction).reshape(*lead, n)

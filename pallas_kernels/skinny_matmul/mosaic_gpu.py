@@ -62,8 +62,9 @@ docs/results/2026-12-01-drafter-tree-h200/)."""
 
 CONSUMER_SPLIT_K = 2
 """The most K splits handed to a consumer (``reduce=False``) when neither the config nor ``SPLIT_K_BY_SHAPE`` names
-a split. Why: the add + norm kernel reads every split's row in its one block. On the H200 the auto split (8 for the
-o projection, 6 for down) made its 72 calls 105 us a step slower, as much as the XLA sums they replaced
+a split. Why: the add + norm kernel reads every split's row in its one block. With the auto split (8 for the o
+projection, 6 for down) its 72 calls took 105 us a step more, as much as the XLA sums they replaced; with two, 16 us
+more, and the o and down matmuls themselves got 42 us faster: the AR step went 4.574 -> 4.452 ms on the H200
 (docs/results/2026-12-01-partials-w12v3-h200/). Two splits of a 4096-wide output are 128 blocks of 64 channels, each
 with ``max_concurrent_steps`` 16 KB weight tiles in flight: ~8 MB, above the HBM's bandwidth-delay product."""
 

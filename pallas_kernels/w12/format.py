@@ -223,7 +223,7 @@ def pack(w, group_k: int = DEFAULT_GROUP_K) -> W12Array:
   kp = padded_k(k)
   num_groups = -(-kp // group_k)
 
-  bits_t = np.zeros((n, kp), np.uint16)  # zero padding decodes to +0.0 under code 0
+  bits_t = np.zeros((n, kp), np.uint16)  # zero padding: code 15 with byte 0, +0.0 with no side-table entry
   bits_t[:, :k] = bits.T
   exponent = ((bits_t >> 7) & 0xFF).astype(np.uint8)
   byte = (((bits_t >> 8) & 0x80) | (bits_t & 0x7F)).astype(np.uint8)

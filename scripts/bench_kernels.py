@@ -116,6 +116,7 @@ def w12_sweep():
         dataclasses.replace(DEFAULT_CONFIG, tile_k=256, blocks_per_sm=2),  # half the pipeline steps
         dataclasses.replace(DEFAULT_CONFIG, tile_k=256),
         TuningConfig(),  # SMEM decode, split_k auto: every SM gets a block
+        dataclasses.replace(DEFAULT_CONFIG, escapes_in_kernel=True),  # the escape lists' correction in the kernel
     )
 
 

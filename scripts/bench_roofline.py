@@ -840,13 +840,10 @@ def round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def worker_main(spec_path: str) -> int:
-    spec = json.loads(Path(spec_path).read_text())
-    try:
-        worker = Worker(spec)
-    except Exception as e:
-        write_json(Path(spec["result"]), {"job": spec["job"], "rows": {}, "error": f"{type(e).__name__}: {e}"})
-        raise
+def apply_kernel_settings(spec: dict) -> dict:
+    """The job spec's kernel choices set on the modules that read them at trace time (the skinny and norm kernels'
+    defaults, split tables, PDL, the W12 kernel's default config); returns them for the job's result."""
+    res = {}
     if spec.get("matmul"):
         from pallas_kernels.skinny_matmul import ops as skinny_ops
 
@@ -860,19 +857,37 @@ def worker_main(spec_path: str) -> int:
 
         skinny_mosaic_gpu.SPLIT_K_BY_SHAPE.update(
             {tuple(map(int, shape.split("x"))): split for shape, split in spec["skinny_splits"].items()})
-    worker.res["skinny_splits"] = spec.get("skinny_splits") or {}
+    res["skinny_splits"] = spec.get("skinny_splits") or {}
     if spec.get("pdl"):
         from pallas_kernels import pdl
 
         pdl.ENABLED = True
+    if spec.get("w12_escapes_in_kernel"):
+        import dataclasses as dc
+
+        from pallas_kernels.w12 import mosaic_gpu as w12_mosaic_gpu
+
+        w12_mosaic_gpu.DEFAULT_CONFIG = dc.replace(w12_mosaic_gpu.DEFAULT_CONFIG, escapes_in_kernel=True)
+    res["w12_escapes_in_kernel"] = bool(spec.get("w12_escapes_in_kernel"))
     if spec.get("pass_splits") is False:
         from pallas_kernels.skinny_matmul import ops as skinny_ops
 
         skinny_ops.PASS_SPLITS = False
-    worker.res["pass_splits"] = spec.get("pass_splits", True)
-    worker.res["matmul"] = spec.get("matmul") or "default"
-    worker.res["norm"] = spec.get("norm") or "default"
-    worker.res["pdl"] = bool(spec.get("pdl"))
+    res["pass_splits"] = spec.get("pass_splits", True)
+    res["matmul"] = spec.get("matmul") or "default"
+    res["norm"] = spec.get("norm") or "default"
+    res["pdl"] = bool(spec.get("pdl"))
+    return res
+
+
+def worker_main(spec_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    try:
+        worker = Worker(spec)
+    except Exception as e:
+        write_json(Path(spec["result"]), {"job": spec["job"], "rows": {}, "error": f"{type(e).__name__}: {e}"})
+        raise
+    worker.res.update(apply_kernel_settings(spec))
     try:
         if spec.get("calibrate"):
             from specpilot.costmodel.hardware import load_or_calibrate
@@ -959,6 +974,9 @@ def parse_args(argv=None):
     ap.add_argument("--torch-compile-backend", default=None,
                     help="torch.compile backend instead of the mode (e.g. aot_eager for a fast CPU check)")
     ap.add_argument("--pack-workers", type=int, default=None, help="W12 packing processes (default: half the cores)")
+    ap.add_argument("--w12-escapes-in-kernel", action="store_true",
+                    help="the W12 job's kernels add the escape lists' correction themselves "
+                         "(w12.TuningConfig.escapes_in_kernel on mosaic_gpu.DEFAULT_CONFIG)")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="no job runs past this many seconds (default 500; quick 300)")
     ap.add_argument("--timeout-scale", type=float, default=1.0, help="multiply every job's timeout")
@@ -1130,6 +1148,7 @@ def plan_jobs(args, s: dict, run: Path, chosen: list[str]) -> tuple[list[Job], J
     w12_rows = [v for v in W12_JOB if v in chosen]
     if w12_rows:
         spec = {**base, "job": "w12", "variants": w12_rows, "status_dir": str(run),
+                "w12_escapes_in_kernel": args.w12_escapes_in_kernel,
                 "result": str(run / "jobs" / "w12.json"),
                 "pack_workers": args.pack_workers or max(1, (os.cpu_count() or 2) // 2),
                 "go_timeout_s": (args.budget_s or 600) + 60}

@@ -103,9 +103,11 @@ def split_k_update(m, k, h, split, seed, interpret=True):
   w = (jax.random.normal(keys[1], (k, h)) / np.sqrt(k)).astype(jnp.bfloat16)
   x = jax.random.normal(keys[2], (m, h)).astype(jnp.bfloat16)
   params = plgpu.InterpretGPUParams() if interpret else None
-  run = lambda reduce: skinny_mosaic_gpu.skinny_matmul(a, w, config=SkinnyConfig(split_k=split), interpret=params,
-                                                        reduce=reduce)
-  return x, run
+
+  def matmul(reduce):
+    return skinny_mosaic_gpu.skinny_matmul(a, w, config=SkinnyConfig(split_k=split), interpret=params, reduce=reduce)
+
+  return x, matmul
 
 
 @pytest.mark.parametrize("m,split", [(1, 4), (3, 2)])
@@ -217,7 +219,10 @@ def test_model_hands_the_o_and_down_splits_to_the_kernel(monkeypatch):
   cache = KVCache(k=jnp.asarray(kv[0], jnp.bfloat16), v=jnp.asarray(kv[1], jnp.bfloat16),
                   lengths=jnp.asarray([5], jnp.int32))
   tokens = jnp.asarray([[3]], jnp.int32)
-  run = lambda: target.forward(w, cfg, tokens, cache.lengths[:, None], cache).logits
+
+  def run():
+    return target.forward(w, cfg, tokens, cache.lengths[:, None], cache).logits
+
   want = run()
   for module, kernel in ((norm_ops, norm_kernel), (skinny_ops, skinny_kernel)):
     monkeypatch.setattr(module, "DEFAULT", "mosaic_gpu")

@@ -271,3 +271,23 @@ def test_drafter_rows_are_checked_on_gpu_time_too():
     gpu = checks["drafter_fused_b16_tree GPU time / roofline at 4.3 TB/s"]
     assert gpu["value"] == pytest.approx(0.002 / roof) and gpu["ok"] == (0.002 / roof <= 1.2)
     assert checks["drafter_fused_b16_tree / roofline at 4.3 TB/s"]["value"] == pytest.approx(1.5 / roof)
+
+
+def test_w12_escapes_in_kernel_reaches_only_the_w12_job(tmp_path):
+    """``--w12-escapes-in-kernel`` is a W12-job setting: its spec carries it, and a job given it sets the kernel's
+    default config (restored here)."""
+    import dataclasses
+
+    from pallas_kernels.w12 import mosaic_gpu as w12_mosaic_gpu
+
+    br = _load_script()
+    args = br.parse_args(["--quick", "--variants", "xla_forward", "w12_kernel_decode_loop", "--w12-escapes-in-kernel"])
+    jobs, w12 = br.plan_jobs(args, br.settings(args), tmp_path, br.selected_variants(args))
+    assert w12.spec["w12_escapes_in_kernel"] is True and all("w12_escapes_in_kernel" not in j.spec for j in jobs)
+    default = w12_mosaic_gpu.DEFAULT_CONFIG
+    assert not default.escapes_in_kernel
+    try:
+        assert br.apply_kernel_settings(w12.spec)["w12_escapes_in_kernel"] is True
+        assert w12_mosaic_gpu.DEFAULT_CONFIG == dataclasses.replace(default, escapes_in_kernel=True)
+    finally:
+        w12_mosaic_gpu.DEFAULT_CONFIG = default

@@ -64,6 +64,10 @@ class W12MatmulSuite:
           (1024, 64, 3, 256, w12.TuningConfig(tile_n=64, tile_m=8, tile_k=128, split_k=2)),
           (1024, 64, 20, 256, w12.TuningConfig(tile_n=64, tile_m=8, tile_k=128, split_k=2)),  # > GATHER_ROWS: scattered
           (1024, 128, 2, 512, w12.TuningConfig(tile_m=8, tile_k=128, split_k=2, decode="registers")),
+          # the channel lists' correction added by the kernel's first split (one token block)
+          (1024, 128, 3, 512, w12.TuningConfig(tile_m=8, tile_k=128, split_k=2, decode="registers",
+                                               escapes_in_kernel=True)),
+          (1024, 64, 1, 1024, w12.TuningConfig(tile_m=8, tile_k=128, decode="registers", escapes_in_kernel=True)),
       ],
   )
   def test_matches_f32_matmul(self, k, n, m, group_k, config):

@@ -147,3 +147,45 @@ def test_chunk_offset_is_the_swizzled_offset_for_every_thread_half_and_column(ro
     for col in range(0, row_bytes, 32):
       want = rd.swizzled_offset(ops, row + 8 * half, quad * 8 + col, row_bytes)
       np.testing.assert_array_equal(rd.chunk_offset(ops, parts, half, col, row_bytes), want, err_msg=f"{half}, {col}")
+
+
+@pytest.mark.parametrize("tile_m,m", [(8, 1), (8, 5), (16, 11)])
+def test_every_thread_adds_its_escape_correction(tile_m, m):
+  """``escape_correction`` as the 128 threads run it (numpy): at each accumulator position it adds
+  ``sum_c x[col, rows[n, c]] * W[rows[n, c], n]`` in list order, nothing past ``x``'s rows, and nothing for an unused
+  entry even where ``x`` is inf."""
+  rng = np.random.default_rng(tile_m + m)
+  capacity, k = 4, 512
+  rows = rng.integers(0, k, size=(rd.ROWS, capacity)).astype(np.int32)
+  bits = rng.normal(size=(rd.ROWS, capacity)).astype(BF16).view(np.uint16).copy()
+  bits[::3, 3] = 0  # unused entries
+  rows[::3, 3] = 7
+  x = rng.normal(size=(m, k)).astype(BF16)
+  x[:, 7] = np.inf  # read only through unused entries
+  got = rd.simulate_escape_correction(rows, bits, x, tile_m)
+  want = np.zeros((rd.ROWS, tile_m), np.float32)
+  values = bits.view(BF16).astype(np.float32)
+  for r in range(rd.ROWS):
+    for c in range(capacity):
+      if bits[r, c]:
+        want[r, :m] = want[r, :m] + x[:, rows[r, c]].astype(np.float32) * values[r, c]
+  np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("overflow", [False, True])
+def test_escapes_in_kernel_leave_xla_only_the_overflow(overflow):
+  """With ``escapes_in_kernel`` the register kernel takes the channel lists (lowered for sm_90 on the CPU): the
+  program after it gathers and scatters nothing unless the weight has an overflow."""
+  w = np.full((1024, 128), 0.5, np.float32)
+  w[3, 5], w[9, 6] = 1e30, -1e30
+  if overflow:
+    w[700, 5] = 1e30  # a second escape in channel 5: the one-entry list overflows
+  packed = w12.pack(w.astype(BF16), group_k=1024)
+  assert packed.column_capacity == 1 and packed.escape_index.shape[0] == int(overflow)
+  config = w12.TuningConfig(decode="registers", tile_k=128, tile_m=8, escapes_in_kernel=True)
+  text = jax.jit(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config)).trace(
+      jnp.ones((3, 1024), jnp.bfloat16), packed).lower(lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text
+  assert ("stablehlo.scatter" in text) == overflow and ("stablehlo.gather" in text) == overflow
+  with pytest.raises(ValueError, match="escapes_in_kernel needs decode='registers'"):
+    w12.TuningConfig(escapes_in_kernel=True)

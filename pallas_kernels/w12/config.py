@@ -27,6 +27,11 @@ class TuningConfig:
     64, tile_k 64, 128 or 256; needs a real Hopper: interpret mode's wgmma reads SMEM only).
   overlap_decode: decode step i into one of two SMEM slots while step i - 1's wgmma runs
     (async wgmma, activation tiles released a step late). Opt-in until timed on a GPU.
+  escapes_in_kernel: the register decode's first K split adds the channel lists' escape correction to its
+    accumulators (``register_decode.escape_correction``), for one token block (M <= tile_m); XLA then only adds the
+    splits (and scatters an overflow, if any). Why: in the H200's decode loop the split-K sums carrying the escape
+    gathers took 5-18 us each, ~0.85 ms a step (docs/results/2026-12-01-partials-w12v3-h200/). Opt-in until timed
+    on a GPU.
   """
 
   tile_n: int = 64
@@ -37,6 +42,7 @@ class TuningConfig:
   overlap_decode: bool = False
   blocks_per_sm: int = 1
   decode: str = "smem"
+  escapes_in_kernel: bool = False
 
   def __post_init__(self):
     if self.tile_n % 64:
@@ -47,6 +53,8 @@ class TuningConfig:
       raise ValueError(f"tile_k must be a multiple of 64 (a W12 nibble chunk), got {self.tile_k}")
     if self.decode not in ("smem", "registers"):
       raise ValueError(f"decode must be 'smem' or 'registers', got {self.decode!r}")
+    if self.escapes_in_kernel and self.decode != "registers":
+      raise ValueError("escapes_in_kernel needs decode='registers'")
     if self.max_concurrent_steps < 1 or self.split_k < 0 or self.blocks_per_sm < 1:
       raise ValueError(
           f"max_concurrent_steps and blocks_per_sm must be >= 1 and split_k >= 0, got "

@@ -30,13 +30,14 @@ Learned on the H200: Mosaic GPU has no 8-bit arithmetic (widen before shifts), a
 a 1-D uint8 SMEM row (the per-step bases) faults with a misaligned shared address,
 hence ``_BASE_DTYPE`` for the SMEM decode (the register decode reads bases from GMEM).
 
-Next (the W12 must-show is 0.80x bf16): the split-K sum inside the kernel; in the kernel, fewer
-instructions per word (Nsight Compute, format version 2: ~28 per 4 weights, integer pipe 57 % busy,
-27 % occupancy). Done since: the swizzled addressing is one XOR and one add per load
-(``register_decode.swizzle_parts``, was ~10 instructions); format version 3 drops the window test
-(~15 -> ~11 decode instructions per word) and turns the escape scatter into gathers fused into the
-split-K sum. Left: one base load per step (each chunk's decode loads it again), fewer registers for
-8 blocks per SM.
+Where it stands (format version 3, docs/results/2026-12-01-partials-w12v3-h200/): 0.98-0.99x the best
+bf16 matmul at M = 1 on the layer shapes, the kernel alone ~3.2 TB/s of stored bytes. Four fewer decode
+instructions a word (format 3 drops the window test, ~15 -> ~11) moved it 2.5 %: it is bound by latency with
+too few eligible warps (Nsight Compute: issue slots 52 % busy), not by instruction count. In the H200's decode
+loop the W12 matmuls take what the bf16 ones take, and the XLA epilogues carrying the escape gathers cost
+~0.85 ms a step. ``TuningConfig.escapes_in_kernel`` (opt-in, not yet timed) adds the lists' correction in the
+kernel's first split instead. Next: warp specialisation (a TMA producer and two decoding consumer
+warpgroups), one base load per step, the split-K sum inside the kernel.
 """
 
 from __future__ import annotations
@@ -237,6 +238,19 @@ class _MlirOps:
   def prmt(self, a, b, selector):
     return mgpu_utils.prmt(self.const(a), self.const(b), self.const(selector))
 
+  def f32_from_bf16_bits(self, bits):
+    return arith.bitcast(ir.F32Type.get(), self.shl(bits, 16))
+
+  def fadd(self, a, b):
+    return arith.addf(a, b)
+
+  def fmul(self, a, b):
+    return arith.mulf(a, b)
+
+  def select_nonzero(self, flag, value):
+    nonzero = arith.cmpi(arith.CmpIPredicate.ne, self.const(flag), self.const(0))
+    return arith.select(nonzero, value, arith.constant(ir.F32Type.get(), 0.0))
+
 
 def _decode_chunk_to_registers(chunk: int, step_k: int, byte_transforms, nibble_transforms):
   """An ``inline_mgpu`` function: (byte, nibble, base SMEM refs of one step) -> the bf16 ``[64, 64]``
@@ -277,8 +291,47 @@ def _decode_chunk_to_registers(chunk: int, step_k: int, byte_transforms, nibble_
   return decode
 
 
+def _escape_correction_in_registers(tile_m: int, capacity: int, m: int):
+  """An ``inline_mgpu`` function: (the f32 ``[64, tile_m]`` accumulator, the block's ``[64, C]`` escape lists in
+  GMEM, ``x`` ``[m, K]`` in GMEM) -> the accumulator plus ``register_decode.escape_correction``. For one token block
+  (``m <= tile_m``): a thread's columns past ``m`` add nothing."""
+
+  @plgpu.inline_mgpu(
+      arg_types=(plgpu.Layout.WGMMA, plgpu.RefType(), plgpu.RefType(), plgpu.RefType()),
+      return_type=plgpu.ShapeDtypeStruct((register_decode.ROWS, tile_m), jnp.float32, layout=plgpu.Layout.WGMMA),
+  )
+  def correct(ctx, acc, rows_ref, bits_ref, x_ref):
+    del ctx
+    ops = _MlirOps()
+    i8, i16 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(16)
+    pointers = [mgpu_utils.memref_ptr(r) for r in (rows_ref, bits_ref, x_ref)]
+    (list_stride, _), (x_stride, _) = (ir.MemRefType(r.type).get_strides_and_offset()[0] for r in (rows_ref, x_ref))
+
+    def load_entry(row, c):
+      entry = ops.add(ops.mul(row, list_stride), c)
+      k = llvm.load(ops.i32, mgpu_utils.getelementptr(pointers[0], [ops.mul(entry, 4)], i8))
+      bits = arith.extui(ops.i32, llvm.load(i16, mgpu_utils.getelementptr(pointers[1], [ops.mul(entry, 2)], i8)))
+      return k, bits
+
+    def load_x(col, k):
+      valid = arith.cmpi(arith.CmpIPredicate.ult, col, ops.const(m))
+      row = arith.select(valid, col, ops.const(0))
+      bits = llvm.load(i16, mgpu_utils.getelementptr(pointers[2], [ops.mul(ops.add(ops.mul(row, x_stride), k), 2)], i8))
+      return arith.select(valid, arith.extui(ops.i32, bits), ops.const(0))
+
+    thread = arith.remui(mgpu_utils.thread_idx(), ops.const(128))
+    values = register_decode.escape_correction(ops, thread, load_entry, load_x, capacity, tile_m)
+    registers = np.empty(acc.registers.shape, dtype=object)
+    f32_pair = ir.VectorType.get((2,), ir.F32Type.get())
+    for (col_tile, half), pair in values.items():
+      registers[0, col_tile, 0, 0, half, 0, 0, 0, 0] = vector.from_elements(f32_pair, list(pair))
+    return acc + mgpu.FragmentedArray(_registers=registers, _layout=acc.layout, _is_signed=None)
+
+  return correct
+
+
 def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, group_k, tile_m, tile_k,
-                          max_concurrent_steps, split_k, out_dtype):
+                          max_concurrent_steps, split_k, out_dtype, escape_lists=None, m=None):
   """One warpgroup per (64 channels, tile_m tokens, K split); each step's W12 tiles are decoded by
   ``register_decode`` straight into wgmma's A registers, 64 K at a time, in logical K order (the planes' stored
   order is the order the threads read), against ``x2`` ``[m, K]`` as the caller has it (``pad_for_tma``: decode's
@@ -286,7 +339,9 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   ``K`` (up to ``Kp``) with zeros, so no padded or permuted copy of ``x`` is made. Each thread reads its two
   rows' base exponents for the step straight from ``base_exponent`` ``[N, groups]`` in GMEM (48 KB for a
   12288x4096 weight: L2-resident), so no per-call XLA op rearranges them. Same output as ``_smem_decode_call``:
-  ``[split_k, N, Mp]``."""
+  ``[split_k, N, Mp]``. With ``escape_lists`` (``(column_escape_rows, column_escape_bits)``, one token block: ``mp
+  == tile_m``, ``m`` real rows) the first split's blocks add the lists' correction to their accumulators
+  (``_escape_correction_in_registers``)."""
   tile_n = register_decode.ROWS
   n, kp = byte_plane.shape
   chunks = tile_k // register_decode.CHUNK
@@ -297,9 +352,15 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   x_transforms = smem_transforms(register_decode.CHUNK, jnp.bfloat16)
   out_transforms = smem_transforms(tile_m, out_dtype)
   decoders = [_decode_chunk_to_registers(c, tile_k, byte_transforms, nibble_transforms) for c in range(chunks)]
+  correct = None
+  if escape_lists is not None:
+    if mp != tile_m:
+      raise ValueError(f"the in-kernel escape correction takes one token block, got Mp={mp}, tile_m={tile_m}")
+    correct = _escape_correction_in_registers(tile_m, escape_lists[0].shape[1], m)
 
-  def w12_matmul_body(byte_gmem, nibble_gmem, base_gmem, x_gmem, out_gmem, out_smem):  # profile name
+  def w12_matmul_body(byte_gmem, nibble_gmem, base_gmem, x_gmem, *refs, out_smem):  # profile name
     pdl.begin_kernel(None)  # registers: never interpreted (``_check_supported``)
+    rows_gmem, bits_gmem, out_gmem = refs if correct else (None, None, *refs)
     n_slice = pl.ds(lax.axis_index("n") * tile_n, tile_n)
     m_slice = pl.ds(lax.axis_index("m") * tile_m, tile_m)
     split = lax.axis_index("s")
@@ -323,6 +384,10 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
 
       pipeline = plgpu.emit_pipeline(step, grid=(steps,), in_specs=in_specs, max_concurrent_steps=depth)
       pipeline(byte_gmem.at[n_slice], nibble_gmem.at[n_slice], *[x_gmem.at[m_slice]] * chunks)
+      if correct is not None:
+        @pl.when(split == 0)
+        def _():
+          acc_ref[...] = correct(acc_ref[...], rows_gmem.at[n_slice], bits_gmem.at[n_slice], x_gmem)
       return acc_ref[...]
 
     store_partial_sum(accumulate, out_smem, out_gmem.at[split, n_slice, m_slice], (tile_n, tile_m), out_dtype)
@@ -331,7 +396,7 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
       w12_matmul_body, n=n, mp=mp, tile_n=tile_n, tile_m=tile_m, split_k=split_k, out_dtype=out_dtype,
       scratch_types=dict(out_smem=plgpu.SMEM((tile_n, tile_m), out_dtype, transforms=out_transforms)),
   )
-  return call(byte_plane, nibble_plane, base_exponent, x2)
+  return call(byte_plane, nibble_plane, base_exponent, x2, *(escape_lists or ()))
 
 
 def w12_matmul(
@@ -361,11 +426,13 @@ def w12_matmul(
   split_k = config.split_k or auto_split_k((n // config.tile_n) * (mp // tile_m), k_steps, num_sms(),
                                            config.blocks_per_sm)
   out_dtype = jnp.float32 if has_escapes or split_k > 1 else x.dtype
+  in_kernel = config.decode == "registers" and config.escapes_in_kernel and packed.column_capacity and mp == tile_m
   if config.decode == "registers":
     y_t = _register_decode_call(
         pad_for_tma(x2, (8, register_decode.CHUNK)), packed.sign_mantissa, packed.exponent_codes,
         packed.base_exponent, mp=mp, group_k=packed.group_k, tile_m=tile_m, tile_k=config.tile_k,
-        max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, out_dtype=out_dtype)
+        max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, out_dtype=out_dtype,
+        escape_lists=(packed.column_escape_rows, packed.column_escape_bits) if in_kernel else None, m=m)
   else:
     # one base row per K step, [Kp / tile_k, N]: one small TMA box per step
     steps_per_group = packed.group_k // config.tile_k
@@ -380,7 +447,7 @@ def w12_matmul(
   # y_t: [split_k, N, Mp]. The overflow escapes (usually none) are scattered into the first partial sum, in place.
   # Up to GATHER_ROWS rows the listed ones are gathers that join the split-K sum, the transpose and the cast in one
   # XLA fusion; above, they are scattered too.
-  gather = packed.column_capacity and m <= GATHER_ROWS
-  y_t = scatter_escapes_t(y_t, x2, packed, lists=not gather)
+  gather = packed.column_capacity and m <= GATHER_ROWS and not in_kernel
+  y_t = scatter_escapes_t(y_t, x2, packed, lists=not (gather or in_kernel))
   correction = column_escape_correction_t(x2, packed, mp) if gather else None
   return reduce_partial_sums(y_t, m, x.dtype, correction).reshape(*lead, n)

@@ -35,7 +35,8 @@ ROWS = 64
 
 
 class NumpyOps:
-  """uint32 numpy arithmetic with the semantics of the PTX ops the kernel emits."""
+  """uint32 numpy arithmetic with the semantics of the PTX ops the kernel emits (and the few f32 ops of
+  ``escape_correction``)."""
 
   @staticmethod
   def const(v):
@@ -87,6 +88,26 @@ class NumpyOps:
         byte = np.where(byte & 0x80, np.uint32(0xFF), np.uint32(0))
       out |= byte << np.uint32(8 * i)
     return out
+
+
+  @staticmethod
+  def f32_from_bf16_bits(bits):
+    """A bf16 bit pattern (the low 16 bits of a uint32) as the f32 it widens to, exactly."""
+    return (np.uint32(bits) << np.uint32(16)).view(np.float32)
+
+  @staticmethod
+  def fadd(a, b):
+    return np.float32(a) + np.float32(b)
+
+  @staticmethod
+  def fmul(a, b):
+    with np.errstate(invalid="ignore"):  # inf * 0 of an unused list entry: NaN, dropped by select_nonzero
+      return np.float32(a) * np.float32(b)
+
+  @staticmethod
+  def select_nonzero(flag, value):
+    """``value`` where the uint32 ``flag`` is nonzero, else +0.0."""
+    return np.where(np.uint32(flag) != 0, np.float32(value), np.float32(0.0))
 
 
 NUMPY_OPS = NumpyOps()
@@ -220,3 +241,58 @@ def _swizzle_as_tma(tile: np.ndarray) -> np.ndarray:
   memory = np.zeros(rows * row_bytes, np.uint8)
   memory[physical] = tile.reshape(-1)
   return memory.view("<u4")
+
+
+def escape_correction(ops, thread, load_entry, load_x, capacity: int, tile_m: int):
+  """One thread's share of the channel lists' escape correction, in wgmma's accumulator layout: the f32 values
+  ``sum_c x[col, rows[n, c]] * W[rows[n, c], n]`` to add to its accumulator registers, so a kernel can patch its
+  own output instead of leaving a gather or a scatter to XLA (``TuningConfig.escapes_in_kernel``).
+
+  The accumulator fragment of ``[64, tile_m]`` gives thread ``t`` rows ``16 (t // 32) + (t % 32) // 4`` and that
+  + 8 (``half``), and in every 8-wide column tile the columns ``2 (t % 4)`` and that + 1. ``load_entry(row, c)``
+  returns the list entry ``(k, bits)`` of the block's row ``row`` (``bits``: the raw bf16 in a uint32, 0 for an
+  unused entry); ``load_x(col, k)`` the raw bf16 bits of ``x[col, k]`` (0 for a column past ``x``'s rows). Returns
+  ``{(col_tile, half): (value_col0, value_col1)}``. The entries are added in list order; an unused one adds +0.0
+  whatever ``x`` is (no ``0 * inf``).
+  """
+  warp, lane = ops.shr(thread, 5), ops.and_(thread, 31)
+  first_row = ops.add(ops.mul(warp, 16), ops.shr(lane, 2))
+  first_col = ops.mul(ops.and_(lane, 3), 2)
+  out = {}
+  for half in range(2):
+    entries = [load_entry(ops.add(first_row, 8 * half), c) for c in range(capacity)]
+    for col_tile in range(tile_m // 8):
+      pair = []
+      for e in range(2):
+        col = ops.add(first_col, 8 * col_tile + e)
+        total = None
+        for k, bits in entries:
+          term = ops.select_nonzero(bits, ops.fmul(ops.f32_from_bf16_bits(load_x(col, k)),
+                                                   ops.f32_from_bf16_bits(bits)))
+          total = term if total is None else ops.fadd(total, term)
+        pair.append(total)
+      out[(col_tile, half)] = tuple(pair)
+  return out
+
+
+def simulate_escape_correction(rows: np.ndarray, bits: np.ndarray, x: np.ndarray, tile_m: int) -> np.ndarray:
+  """What ``escape_correction`` gives the 128 threads, computed with numpy and placed at its ``[64, tile_m]``
+  positions: the block's lists ``rows`` int32 / ``bits`` uint16 ``[64, C]`` and ``x`` bf16 ``[m, K]`` (``m <=
+  tile_m``)."""
+  x_bits = x.view(np.uint16)
+  thread = np.arange(128, dtype=np.uint32)
+
+  def load_entry(row, c):
+    return rows[row, c].astype(np.uint32), bits[row, c].astype(np.uint32)
+
+  def load_x(col, k):
+    valid = col < x_bits.shape[0]
+    return np.where(valid, x_bits[np.minimum(col, x_bits.shape[0] - 1), k], 0).astype(np.uint32)
+
+  values = escape_correction(NUMPY_OPS, thread, load_entry, load_x, rows.shape[1], tile_m)
+  out = np.zeros((ROWS, tile_m), np.float32)
+  warp, lane = thread // 32, thread % 32
+  for (col_tile, half), pair in values.items():
+    for e, value in enumerate(pair):
+      out[16 * warp + 8 * half + lane // 4, 8 * col_tile + 2 * (lane % 4) + e] = value
+  return out

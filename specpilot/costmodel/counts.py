@@ -19,7 +19,7 @@ over S = visible keys), and the LM head. Norms, softmax and sampling are left ou
 
 Weight formats (`engine.weight_format`, and TLV's `level1_format`): `bf16` = the model's own dtype
 (`act_bytes` per element: 2 for bf16, 4 for the float32 CPU deployments); `w12` = 12/16 of that (W12's
-per-block bases and rare escapes, < 0.1 %, are ignored); `int8` / `fp8` = 1 byte per element plus a
+per-block bases and escape lists, < 1 % of it, are ignored); `int8` / `fp8` = 1 byte per element plus a
 float32 scale per output column.
 
 Known differences from what the XLA path actually moves (they show up as gaps, by design): attention

@@ -97,11 +97,13 @@ def test_hopper_lowering_at_qwen3_shapes(m, with_delta):
 
 
 def split_k_update(m, k, h, split, seed, interpret=True):
-  """A skinny matmul's unsummed ``[m, h]`` output (``SplitKPartials``) and the residual rows it updates."""
+  """A skinny matmul's unsummed ``[*m, h]`` output (``SplitKPartials``) and the residual rows it updates; ``m`` an
+  int or a leading shape."""
+  lead = (m,) if isinstance(m, int) else tuple(m)
   keys = jax.random.split(jax.random.key(seed), 3)
-  a = jax.random.normal(keys[0], (m, k)).astype(jnp.bfloat16)
+  a = jax.random.normal(keys[0], (*lead, k)).astype(jnp.bfloat16)
   w = (jax.random.normal(keys[1], (k, h)) / np.sqrt(k)).astype(jnp.bfloat16)
-  x = jax.random.normal(keys[2], (m, h)).astype(jnp.bfloat16)
+  x = jax.random.normal(keys[2], (*lead, h)).astype(jnp.bfloat16)
   params = plgpu.InterpretGPUParams() if interpret else None
 
   def matmul(reduce):
@@ -110,13 +112,13 @@ def split_k_update(m, k, h, split, seed, interpret=True):
   return x, matmul
 
 
-@pytest.mark.parametrize("m,split", [(1, 4), (3, 2)])
+@pytest.mark.parametrize("m,split", [(1, 4), (3, 2), ((2, 3), 8)])
 def test_kernel_adds_split_k_partials_as_their_sum_would(m, split):
   """The o / down projections' K splits go into the kernel unsummed: its new residual rows equal the reference's
   (the splits added in order, rounded to bf16, added to the rows) bit for bit, and the normed rows match."""
-  x, matmul = split_k_update(m, 1024, 1024, split, seed=m)
+  x, matmul = split_k_update(m, 1024, 1024, split, seed=split)
   partials = matmul(reduce=False)
-  assert isinstance(partials, SplitKPartials) and partials.num_splits == split and partials.shape == (m, 1024)
+  assert isinstance(partials, SplitKPartials) and partials.num_splits == split and partials.shape == x.shape
   np.testing.assert_array_equal(np.asarray(partials.sum(), np.float32), np.asarray(matmul(reduce=True), np.float32))
   w = (1.0 + 0.1 * jax.random.normal(jax.random.key(9), (1024,))).astype(jnp.bfloat16)
   got = norm_mosaic_gpu.add_rms_norm(x, partials, w, EPS, interpret=plgpu.InterpretGPUParams())

@@ -326,16 +326,23 @@ def column_escape_correction_t(x2: jax.Array, packed: W12Array, m_pad: int) -> j
   return jnp.pad(total, ((0, 0), (0, m_pad - x2.shape[0])))
 
 
+def side_table(packed: W12Array, lists: bool = True) -> tuple[jax.Array, jax.Array]:
+  """Every side-table entry as flat ``k * N + n`` indices and raw bits: the channel lists' (unused ones included,
+  with bits 0; only with ``lists``), then the overflow."""
+  if not lists:
+    return packed.escape_index, packed.escape_bits
+  n = packed.shape[1]
+  listed = packed.column_escape_rows * n + jnp.arange(n, dtype=jnp.int32)[:, None]
+  return (jnp.concatenate([listed.reshape(-1), packed.escape_index]),
+          jnp.concatenate([packed.column_escape_bits.reshape(-1), packed.escape_bits]))
+
+
 def scatter_escapes_t(y_t: jax.Array, x2: jax.Array, packed: W12Array, lists: bool = False) -> jax.Array:
   """``y_t`` (f32 ``[N, M']``, or ``[S, N, M']`` split-K partial sums: patched in partial 0, in place) plus the
   overflow escapes' ``x2[:, k] * W[k, n]`` (with ``lists``, the channel lists' too); ``M' >= M``, the rows of
   ``x2``. Each escape adds a contiguous row of M values, which the GPU scatters coalesced. A kernel of its own."""
   n = packed.shape[1]
-  index, bits = packed.escape_index, packed.escape_bits
-  if lists:
-    listed = packed.column_escape_rows * n + jnp.arange(n, dtype=jnp.int32)[:, None]
-    index = jnp.concatenate([listed.reshape(-1), index])
-    bits = jnp.concatenate([packed.column_escape_bits.reshape(-1), bits])
+  index, bits = side_table(packed, lists)
   if not index.shape[0]:
     return y_t
   rows, cols = index // n, index % n
@@ -363,10 +370,8 @@ def unpack(packed: W12Array) -> jax.Array:
   """
   k, n = packed.shape
   bits = unpack_transposed_bits(packed)[:, :k].T.reshape(-1)
-  listed = packed.column_escape_rows * n + jnp.arange(n, dtype=jnp.int32)[:, None]  # flat k * N + n
-  listed = jnp.where(packed.column_escape_bits != 0, listed, k * n)  # unused entries: past the end, dropped
-  index = jnp.concatenate([listed.reshape(-1), packed.escape_index])
-  values = jnp.concatenate([packed.column_escape_bits.reshape(-1), packed.escape_bits])
+  index, values = side_table(packed)
+  index = jnp.where(values != 0, index, k * n)  # unused list entries: past the end, dropped
   bits = bits.at[index].set(values, mode="drop")
   return jax.lax.bitcast_convert_type(bits.reshape(k, n), jnp.bfloat16)
 
@@ -374,10 +379,8 @@ def unpack(packed: W12Array) -> jax.Array:
 def side_table_positions(packed: W12Array) -> np.ndarray:
   """Host int64 array: flat ``k * N + n`` of every escaped element (the channel lists' used entries, then the
   overflow): where ``unpack`` patches and the hot loop reads +0.0."""
-  n = packed.shape[1]
-  rows, bits = np.asarray(packed.column_escape_rows, np.int64), np.asarray(packed.column_escape_bits)
-  listed = (rows * n + np.arange(n)[:, None])[bits != 0]
-  return np.concatenate([listed, np.asarray(packed.escape_index, np.int64)])
+  index, bits = map(np.asarray, side_table(packed))
+  return index[bits != 0].astype(np.int64)
 
 
 def bits_per_weight(packed: W12Array) -> float:

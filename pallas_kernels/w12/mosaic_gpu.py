@@ -9,8 +9,9 @@ and ``tile_m`` tokens and walks its K range (split-K: ``TuningConfig.split_k``, 
 ``auto_split_k``, f32 partial sums added after the kernel) with a TMA pipeline that
 streams the two W12 planes (1.5 bytes per weight) and the activations. Escapes decode
 to +0.0 inside the loop; their true values are added afterwards, outside the hot loop: the
-per-channel escape lists as gathers inside the split-K sum's XLA fusion (no kernel of their
-own), a weight's overflow escapes, if any, as a scatter into the partial sums.
+per-channel escape lists as gathers inside the split-K sum's XLA fusion up to ``GATHER_ROWS``
+token rows and as a scatter above (or, with ``TuningConfig.escapes_in_kernel``, by the kernel's
+first split itself), a weight's overflow escapes, if any, as a scatter into the partial sums.
 
 Two decodes (``TuningConfig.decode``):
 - ``"registers"`` (``DEFAULT_CONFIG``, ``_register_decode_call``): ``register_decode.py``
@@ -426,7 +427,8 @@ def w12_matmul(
   split_k = config.split_k or auto_split_k((n // config.tile_n) * (mp // tile_m), k_steps, num_sms(),
                                            config.blocks_per_sm)
   out_dtype = jnp.float32 if has_escapes or split_k > 1 else x.dtype
-  in_kernel = config.decode == "registers" and config.escapes_in_kernel and packed.column_capacity and mp == tile_m
+  in_kernel = bool(config.decode == "registers" and config.escapes_in_kernel and packed.column_capacity
+                   and mp == tile_m)
   if config.decode == "registers":
     y_t = _register_decode_call(
         pad_for_tma(x2, (8, register_decode.CHUNK)), packed.sign_mantissa, packed.exponent_codes,
@@ -447,7 +449,7 @@ def w12_matmul(
   # y_t: [split_k, N, Mp]. The overflow escapes (usually none) are scattered into the first partial sum, in place.
   # Up to GATHER_ROWS rows the listed ones are gathers that join the split-K sum, the transpose and the cast in one
   # XLA fusion; above, they are scattered too.
-  gather = packed.column_capacity and m <= GATHER_ROWS and not in_kernel
+  gather = bool(packed.column_capacity and m <= GATHER_ROWS and not in_kernel)
   y_t = scatter_escapes_t(y_t, x2, packed, lists=not (gather or in_kernel))
   correction = column_escape_correction_t(x2, packed, mp) if gather else None
   return reduce_partial_sums(y_t, m, x.dtype, correction).reshape(*lead, n)

@@ -72,11 +72,16 @@ def reduce_partial_sums(y_t: jax.Array, m: int, dtype, extra: jax.Array | None =
   return total[:, :m].T.astype(dtype)
 
 
+def join_halves(hi: jax.Array, lo: jax.Array) -> jax.Array:
+  """uint16 high and low halves of f32 bit patterns -> the f32 values, exactly (plain jnp: also inside a Mosaic GPU
+  kernel, on rows it loaded)."""
+  return lax.bitcast_convert_type((hi.astype(jnp.uint32) << 16) | lo.astype(jnp.uint32), jnp.float32)
+
+
 def f32_from_halves(halves: jax.Array) -> jax.Array:
   """``[..., 2, Mp, N]`` bf16 bit patterns (high, low 16 bits) -> the f32 values they split, exactly."""
-  hi, lo = (lax.bitcast_convert_type(h, jnp.uint16).astype(jnp.uint32) for h in (halves[..., 0, :, :],
-                                                                                  halves[..., 1, :, :]))
-  return lax.bitcast_convert_type((hi << 16) | lo, jnp.float32)
+  hi, lo = (lax.bitcast_convert_type(halves[..., h, :, :], jnp.uint16) for h in range(2))
+  return join_halves(hi, lo)
 
 
 @jax.tree_util.register_dataclass

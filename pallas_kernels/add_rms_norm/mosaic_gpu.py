@@ -25,7 +25,7 @@ from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import pdl
-from pallas_kernels.split_k import SplitKPartials
+from pallas_kernels.split_k import SplitKPartials, join_halves
 
 _SUPPORTED_DTYPES = (jnp.bfloat16, jnp.float16)
 ROW_MULTIPLE = 1024
@@ -54,8 +54,7 @@ def _row_update(d_ref, row, dtype):
     return d_ref[row, :]
   total = None
   for s in range(d_ref.shape[0]):
-    hi, lo = (d_ref[s, half, row, :].astype(jnp.uint32) for half in range(2))
-    part = lax.bitcast_convert_type((hi << 16) | lo, jnp.float32)
+    part = join_halves(d_ref[s, 0, row, :], d_ref[s, 1, row, :])
     total = part if total is None else total + part
   return total.astype(dtype)
 

@@ -78,6 +78,19 @@ def join_halves(hi: jax.Array, lo: jax.Array) -> jax.Array:
   return lax.bitcast_convert_type((hi.astype(jnp.uint32) << 16) | lo.astype(jnp.uint32), jnp.float32)
 
 
+def load_row(ref, row, dtype, cols=slice(None)):
+  """Inside a Mosaic GPU kernel: row ``row`` (columns ``cols``) of a matmul result as ``dtype``, from a plain
+  ``[M, N]`` ref or from ``[S, 2, Mp, N]`` uint16 split-K halves (``SplitKPartials``' bits), whose splits are added in
+  split order in f32 and rounded to ``dtype`` as ``SplitKPartials.sum`` does."""
+  if len(ref.shape) == 2:
+    return ref[row, cols].astype(dtype)
+  total = None
+  for s in range(ref.shape[0]):
+    part = join_halves(ref[s, 0, row, cols], ref[s, 1, row, cols])
+    total = part if total is None else total + part
+  return total.astype(dtype)
+
+
 def f32_from_halves(halves: jax.Array) -> jax.Array:
   """``[..., 2, Mp, N]`` bf16 bit patterns (high, low 16 bits) -> the f32 values they split, exactly."""
   hi, lo = (lax.bitcast_convert_type(halves[..., h, :, :], jnp.uint16) for h in range(2))

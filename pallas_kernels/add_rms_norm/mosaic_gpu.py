@@ -25,7 +25,7 @@ from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import pdl
-from pallas_kernels.split_k import SplitKPartials, join_halves
+from pallas_kernels.split_k import SplitKPartials, load_row
 
 _SUPPORTED_DTYPES = (jnp.bfloat16, jnp.float16)
 ROW_MULTIPLE = 1024
@@ -44,19 +44,6 @@ def check_supported(x: jax.Array, delta: jax.Array | SplitKPartials | None, w: j
     raise NotImplementedError(f"the add_rms_norm kernel takes 16-bit activations, got {x.dtype}")
   if h % ROW_MULTIPLE:
     raise NotImplementedError(f"hidden size {h} is not a multiple of {ROW_MULTIPLE}")
-
-
-def _row_update(d_ref, row, dtype):
-  """Row ``row`` of the update: a plain ``[M, H]`` array's, or the sum of ``[S, 2, Mp, H]`` uint16 split-K halves
-  (``SplitKPartials``: f32 high and low 16 bits), added in split order in f32 and rounded to ``dtype`` as
-  ``SplitKPartials.sum`` does."""
-  if len(d_ref.shape) == 2:
-    return d_ref[row, :]
-  total = None
-  for s in range(d_ref.shape[0]):
-    part = join_halves(d_ref[s, 0, row, :], d_ref[s, 1, row, :])
-    total = part if total is None else total + part
-  return total.astype(dtype)
 
 
 def add_rms_norm(x: jax.Array, delta: jax.Array | SplitKPartials | None, w: jax.Array, eps: float, *,
@@ -84,7 +71,7 @@ def add_rms_norm(x: jax.Array, delta: jax.Array | SplitKPartials | None, w: jax.
     row = lax.axis_index("row")
     s = x_ref[row, :]
     if d_ref is not None:
-      s = (s.astype(jnp.float32) + _row_update(d_ref, row, dtype).astype(jnp.float32)).astype(dtype)
+      s = (s.astype(jnp.float32) + load_row(d_ref, row, dtype).astype(jnp.float32)).astype(dtype)
       s_ref[row, :] = s
     s32 = s.astype(jnp.float32)
     inv = lax.rsqrt(jnp.sum(s32 * s32) / h + eps)

@@ -11,7 +11,7 @@ Semantics (matching z-lab/dflash's model code; see docs/dflash_semantics.md):
 Attention (`draft_logits(..., attention=)`, the engine's `attention` knob, as the target's): `xla` and `cudnn`
 concatenate the cached context's K/V with the block's and mask the concatenation densely; `pallas_tree` hands the
 context (read up to `ctx.lengths`) and the block's own K/V to the tree-attention kernel with every block row seeing
-every valid block row (an all-ones "ancestor" mask), reading q, k and v from one array (`target.pack_heads`): no
+every valid block row (an all-ones "ancestor" mask), reading q, k and v from one array (as `qk_norm_rope` writes them): no
 concatenation, no dense mask, no q/k/v copies, one kernel a layer.
 
 The context K/V are cached per layer (`ingest`), so a round only projects the newly committed tokens'
@@ -26,10 +26,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels.tree_attention import dense_to_ancestor_bits, tree_attention_packed
+from pallas_kernels.qk_norm_rope import apply_rope, qk_norm_rope
+from pallas_kernels.tree_attention import dense_to_ancestor_bits, tree_attention_packed, unpack_heads
 from specpilot.models.config import DrafterConfig
 from specpilot.models.kv_cache import KVCache, init_cache, write_layer
-from specpilot.models.target import ATTENTION, apply_rope, fused_attention, pack_heads, rms_norm, rope_tables, rotate_qk
+from specpilot.models.target import ATTENTION, fused_attention, rms_norm, rope_tables
 from specpilot.models.target import attention as dense_attention
 from specpilot.models.weights import DrafterWeights, linear
 
@@ -104,7 +105,7 @@ def ingest_and_draft(
     its fused QKV weight is read once a round, not twice (5 x 50 MB on a Qwen3-8B-sized drafter: on the H200 the
     round went 1.036 -> 0.979 ms of GPU time, docs/results/2026-12-01-fusion-prefetch-h200/). Every row is the same
     arithmetic as in the two calls: the projection of a row does not depend on the other rows, the context rows' q is
-    computed and dropped, and their k is normed and rotated at their own positions (``rotate_qk`` per head is
+    computed and dropped, and their k is normed and rotated at their own positions (``qk_norm_rope`` per head is
     ``_ctx_kv``'s k_norm and rope); the drafts were the same on the H200, and bit-identical on the CPU (tests)."""
     c = rms_norm(linear(feats.astype(ctx.k.dtype), weights.fc), weights.hidden_norm, cfg.layers.rms_norm_eps)
     return _block_pass(weights, cfg, embed, lm_head, ctx, block_tokens, block_valid, attention, c, n_new)
@@ -143,16 +144,18 @@ def _block_pass(weights, cfg, embed, lm_head, ctx: KVCache, block_tokens, block_
         else:  # the context rows skip the input norm; normed beside the block's and selected, the concatenation
             rows = jnp.concatenate([new, h], axis=1)  # can ride the norm's kernel instead of one of its own
             rows = jnp.where(is_new, rows, rms_norm(rows, lw.attn_norm, lc.rms_norm_eps))
-        qk, v = rotate_qk(linear(rows, lw.w_qkv), lc, lw.q_norm, lw.k_norm, cos, sin)
+        heads = qk_norm_rope(linear(rows, lw.w_qkv), lw.q_norm, lw.k_norm, cos, sin,
+                             num_kv_heads=lc.num_kv_heads, eps=lc.rms_norm_eps)
         if new is not None:  # the context rows' k and v into the cache (their q is dropped); the block's go on
-            k_all = write_layer(k_all, i, qk[:, :tn, lc.num_heads :], old_lengths)
-            v_all = write_layer(v_all, i, v[:, :tn], old_lengths)
-            qk, v = qk[:, tn:], v[:, tn:]
+            _, k_new, v_new = unpack_heads(heads[:, :tn], lc.num_kv_heads)
+            k_all = write_layer(k_all, i, k_new, old_lengths)
+            v_all = write_layer(v_all, i, v_new, old_lengths)
+            heads = heads[:, tn:]
         if attention == "pallas_tree":
-            attn = tree_attention_packed(pack_heads(qk, v).astype(k_all.dtype), k_all[i], v_all[i], lengths,
+            attn = tree_attention_packed(heads.astype(k_all.dtype), k_all[i], v_all[i], lengths,
                                          bits).reshape(b, t, -1)
         else:
-            q, k = qk[:, :, : lc.num_heads], qk[:, :, lc.num_heads :]
+            q, k, v = unpack_heads(heads, lc.num_kv_heads)
             keys = jnp.concatenate([k_all[i], k.astype(k_all.dtype)], axis=1)
             vals = jnp.concatenate([v_all[i], v.astype(v_all.dtype)], axis=1)
             attn = (dense_attention(q, keys, vals, mask) if attention == "xla"

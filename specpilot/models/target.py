@@ -13,10 +13,12 @@ Attention implementations (`forward(..., attention=)`, the engines' `attention` 
   (16-bit weights, head_dim a multiple of 64; other shapes fall back to its jnp reference with a warning),
   the jnp reference elsewhere. It does not read the new tokens from the cache, so their K/V are written after the
   last layer, for all layers at once (`kv_cache.write_layer` with every layer: 2 scatters a step, not 2 per layer).
-  Above one new token the kernel reads their q, k and v from one array (`pack_heads`, `tree_attention_packed`): in
-  the H200's DFlash drafter pass (16 rows) that removed three copies a layer for one packing kernel
-  (docs/results/2026-12-01-drafter-tree-h200/). A one-token step passes q, k and v as they are: its slices cost no
-  copies.
+  Above one new token the kernel reads their q, k and v from one array (`tree_attention_packed`), as
+  `qk_norm_rope` writes them: in the H200's DFlash drafter pass (16 rows) that removed three copies a layer
+  (docs/results/2026-12-01-drafter-tree-h200/). A one-token step has them written as three arrays.
+
+After the q|k|v projection, `pallas_kernels.qk_norm_rope` norms q's and k's heads (Qwen3) and rotates them: XLA's
+fusions, or with its `DEFAULT` set to `mosaic_gpu` one kernel that also adds the projection's K splits.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ import numpy as np
 
 from pallas_kernels.add_rms_norm import add_rms_norm
 from pallas_kernels.add_rms_norm.reference import rms_norm
-from pallas_kernels.tree_attention import dense_to_ancestor_bits, tree_attention, tree_attention_packed
+from pallas_kernels.qk_norm_rope import apply_rope, qk_norm_rope
+from pallas_kernels.tree_attention import dense_to_ancestor_bits, tree_attention, tree_attention_packed, unpack_heads
 from specpilot.models.config import ModelConfig, rope_inv_freq
 from specpilot.models.kv_cache import KVCache, write_layer
 from specpilot.models.weights import Layer, TargetWeights, linear
@@ -46,14 +49,6 @@ def rope_tables(cfg: ModelConfig, positions: jax.Array) -> tuple[jax.Array, jax.
     inv = rope_inv_freq(cfg.rope, cfg.head_dim)
     ang = positions.astype(jnp.float32)[..., None] * np.concatenate([inv, inv])
     return jnp.cos(ang), jnp.sin(ang)
-
-
-def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """x: [B, T, H, D]; cos/sin: [B, T, D]."""
-    half = x.shape[-1] // 2
-    x32 = x.astype(jnp.float32)
-    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
-    return (x32 * cos[:, :, None] + rotated * sin[:, :, None]).astype(x.dtype)
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
@@ -104,36 +99,16 @@ def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, i
     return out.reshape(b, t, hq * d)
 
 
-def rotate_qk(qkv: jax.Array, cfg: ModelConfig, q_norm, k_norm, cos, sin) -> tuple[jax.Array, jax.Array]:
-    """A fused projection ``[B, T, (Hq + 2 Hkv) D]`` as ``(qk, v)``: q's heads then k's ``[B, T, Hq + Hkv, D]``, both
-    RMS-normed per head (when ``q_norm`` / ``k_norm`` are given: Qwen3) and rotated, and v's ``[B, T, Hkv, D]`` as
-    projected. q's and k's heads go side by side, so their norms and rope run as one reduction and one elementwise
-    kernel, not two each (the same per-row and per-element arithmetic as norming and rotating q and k apart)."""
-    b, t, _ = qkv.shape
-    hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    qk = qkv[..., : cfg.q_size + cfg.kv_size].reshape(b, t, hq + hkv, d)
-    v = qkv[..., cfg.q_size + cfg.kv_size :].reshape(b, t, hkv, d)
-    if q_norm is not None:  # the per-head weight picked by a select, not concatenated: a concatenation of the two
-        g = jnp.where((np.arange(hq + hkv) < hq)[:, None], q_norm, k_norm)  # weights is a kernel of its own
-        qk = rms_norm(qk, g, cfg.rms_norm_eps)
-    return apply_rope(qk, cos, sin), v
-
-
-def pack_heads(qk: jax.Array, v: jax.Array) -> jax.Array:
-    """``rotate_qk``'s pair as one ``[B, T, Hq + 2 Hkv, D]`` array (``tree_attention.unpack_heads``'s layout), which
-    the tree-attention kernel reads whole (``tree_attention_packed``): written by the rope kernel, with no q, k or v
-    copied out for the kernel."""
-    return jnp.concatenate([qk, v], axis=2)
-
-
 def _layer(cfg: ModelConfig, lw: Layer, i: int, x, h, cos, sin, cache: KVCache, mask, tree_bits=None,
            fused: str | None = None):
     """Layer `i` on the residual stream `x` entering it and `h`, its input-normed form. Returns the stream after
     the attention block, the MLP block's output (the next residual update: the next `add_rms_norm` adds it and
     norms the sum in one go), the cache and this step's K/V."""
     b, t, _ = x.shape
-    qk, v = rotate_qk(linear(h, lw.w_qkv), cfg, lw.q_norm, lw.k_norm, cos, sin)  # no q_norm: cfg.qk_norm off
-    q, k = qk[:, :, : cfg.num_heads], qk[:, :, cfg.num_heads :]
+    packed = tree_bits is not None and t > 1  # the tree-attention kernel reads the heads as one array
+    heads = qk_norm_rope(linear(h, lw.w_qkv, reduce=False), lw.q_norm, lw.k_norm, cos, sin,  # no q_norm: Llama
+                         num_kv_heads=cfg.num_kv_heads, eps=cfg.rms_norm_eps, split=not packed)
+    q, k, v = unpack_heads(heads, cfg.num_kv_heads) if packed else heads
     if tree_bits is None:  # XLA / cuDNN attention read the new tokens' K/V from the cache: write them first
         cache = dataclasses.replace(
             cache, k=write_layer(cache.k, i, k, cache.lengths), v=write_layer(cache.v, i, v, cache.lengths)
@@ -145,7 +120,7 @@ def _layer(cfg: ModelConfig, lw: Layer, i: int, x, h, cos, sin, cache: KVCache, 
     elif t == 1:  # the kernel reads the prefix below `lengths` and the new token's q, k, v (not from the cache)
         attn = tree_attention(q, cache.k[i], cache.v[i], cache.lengths, k, v, tree_bits).reshape(b, t, -1)
     else:  # the same with the new tokens' q, k and v read from one array, so none is copied out for the kernel
-        attn = tree_attention_packed(pack_heads(qk, v), cache.k[i], cache.v[i], cache.lengths, tree_bits)
+        attn = tree_attention_packed(heads, cache.k[i], cache.v[i], cache.lengths, tree_bits)
         attn = attn.reshape(b, t, -1)
     x, h = add_rms_norm(x, linear(attn, lw.w_o, reduce=False), lw.mlp_norm, cfg.rms_norm_eps)
     gate, up = jnp.split(linear(h, lw.w_gate_up), 2, axis=-1)

@@ -126,7 +126,8 @@ SKINNY_VARIANTS = {"skinny_forward": "xla_forward", "skinny_decode_loop": "xla_d
 """Rows measured again in a process of their own with the bf16 linears on ``skinny_matmul``'s Mosaic GPU kernel
 (``skinny_matmul.ops.DEFAULT = "mosaic_gpu"``): the kernel and XLA's dot side by side in one run."""
 FUSED_NORM_VARIANTS = {"fused_norm_decode_loop": "xla_decode_loop", "split_decode_loop": "xla_decode_loop",
-                       "pdl_decode_loop": "xla_decode_loop", "summed_splits_decode_loop": "xla_decode_loop"}
+                       "pdl_decode_loop": "xla_decode_loop", "summed_splits_decode_loop": "xla_decode_loop",
+                       "rope_decode_loop": "xla_decode_loop", "swiglu_decode_loop": "xla_decode_loop"}
 """``skinny_decode_loop`` again with every residual add + RMSNorm on ``pallas_kernels.add_rms_norm``'s kernel, in a
 process of its own: the kernel's effect on the best AR configuration, side by side in one run.
 ``split_decode_loop``: ``fused_norm_decode_loop``
@@ -135,7 +136,9 @@ with the skinny kernel's K splits from ``--skinny-splits``
 ``fused_norm_decode_loop`` with every Mosaic GPU kernel launched by programmatic dependent launch
 (``pallas_kernels.pdl``). ``summed_splits_decode_loop``: ``fused_norm_decode_loop`` with the o and down projections'
 K splits summed by XLA before the add + norm kernel (``skinny_matmul.ops.PASS_SPLITS = False``, the model before the
-kernel took them). PDL on the H200 changed nothing (4.695 against 4.695 ms), nor did XLA's own PDL for its
+kernel took them). ``rope_decode_loop``: ``fused_norm_decode_loop`` with the q/k norm + rope on
+``pallas_kernels.qk_norm_rope``'s kernel (``--rope``); ``swiglu_decode_loop``: that with the MLP's SwiGLU in the
+gate|up matmul's epilogue (``skinny_matmul.ops.SWIGLU_EPILOGUE``). PDL on the H200 changed nothing (4.695 against 4.695 ms), nor did XLA's own PDL for its
 fusions (``--xla-flags "on=--xla_gpu_enable_pdl=true --xla_gpu_enable_pdl_launch=true"``: 4.686 against 4.674 ms
 off; docs/results/2026-12-01-pdl-h200/)."""
 SKINNY_FLAG_VARIANTS = {"skinny_cmdbuf_while": "xla_flags_cmdbuf_while"}
@@ -177,6 +180,8 @@ WHAT = {
     "split_decode_loop": "fused_norm_decode_loop, the skinny kernel's K splits from --skinny-splits",
     "pdl_decode_loop": "fused_norm_decode_loop, the Mosaic GPU kernels launched with PDL",
     "summed_splits_decode_loop": "fused_norm_decode_loop, the K splits summed by XLA before the add + norm kernel",
+    "rope_decode_loop": "fused_norm_decode_loop, q/k norm + rope on the qk_norm_rope kernel",
+    "swiglu_decode_loop": "rope_decode_loop, the SwiGLU in the gate|up matmul's epilogue",
     "torch_peer_eager": "PyTorch gpt-fast style, eager",
     "torch_peer_cudagraphs": "PyTorch, compile reduce-overhead (CUDA graphs)",
     "torch_peer_compile": "PyTorch, compile max-autotune-no-cudagraphs",
@@ -852,6 +857,15 @@ def apply_kernel_settings(spec: dict) -> dict:
         from pallas_kernels.add_rms_norm import ops as norm_ops
 
         norm_ops.DEFAULT = spec["norm"]
+    if spec.get("rope"):
+        from pallas_kernels.qk_norm_rope import ops as rope_ops
+
+        rope_ops.DEFAULT = spec["rope"]
+    if spec.get("swiglu_epilogue"):
+        from pallas_kernels.skinny_matmul import ops as skinny_ops
+
+        skinny_ops.SWIGLU_EPILOGUE = True
+    res["swiglu_epilogue"] = bool(spec.get("swiglu_epilogue"))
     if spec.get("skinny_splits"):
         from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
 
@@ -876,6 +890,7 @@ def apply_kernel_settings(spec: dict) -> dict:
     res["pass_splits"] = spec.get("pass_splits", True)
     res["matmul"] = spec.get("matmul") or "default"
     res["norm"] = spec.get("norm") or "default"
+    res["rope"] = spec.get("rope") or "default"
     res["pdl"] = bool(spec.get("pdl"))
     return res
 
@@ -1131,6 +1146,13 @@ def plan_jobs(args, s: dict, run: Path, chosen: list[str]) -> tuple[list[Job], J
         jobs.append(jax_job("summed_splits", ["xla_decode_loop"], t["xla"], ["summed_splits_decode_loop"],
                             matmul="mosaic_gpu", norm="mosaic_gpu", pass_splits=False,
                             loop_label="summed_splits_decode_loop"))
+    if "rope_decode_loop" in chosen:
+        jobs.append(jax_job("rope", ["xla_decode_loop"], t["xla"], ["rope_decode_loop"], matmul="mosaic_gpu",
+                            norm="mosaic_gpu", rope="mosaic_gpu", loop_label="rope_decode_loop"))
+    if "swiglu_decode_loop" in chosen:
+        jobs.append(jax_job("swiglu", ["xla_decode_loop"], t["xla"], ["swiglu_decode_loop"], matmul="mosaic_gpu",
+                            norm="mosaic_gpu", rope="mosaic_gpu", swiglu_epilogue=True,
+                            loop_label="swiglu_decode_loop"))
     if "pdl_decode_loop" in chosen:
         jobs.append(jax_job("pdl", ["xla_decode_loop"], t["xla"], ["pdl_decode_loop"], matmul="mosaic_gpu",
                             norm="mosaic_gpu", pdl=True, loop_label="pdl_decode_loop"))

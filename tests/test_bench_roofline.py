@@ -51,7 +51,7 @@ def quick(tmp_path_factory):
     else:
         args = ["--variants", "xla_forward", "xla_decode_loop", "skinny_forward", "skinny_decode_loop",
                 "fused_norm_decode_loop", "split_decode_loop", "summed_splits_decode_loop",
-                "pdl_decode_loop",
+                "pdl_decode_loop", "rope_decode_loop", "swiglu_decode_loop",
                 "skinny_cmdbuf_while", "xla_flags",
                 "xla_forward_w12",
                 "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "w12_kernel_decode_loop", "verify_nodes",
@@ -68,7 +68,8 @@ def test_every_variant_has_a_time_or_an_error_and_a_roofline(quick):
                 "verify_loop@8", "drafter_b16", "drafter_b16_tree", "drafter_round_b16_tree", "drafter_fused_b16_tree",
                 "skinny_forward",
                 "skinny_decode_loop", "fused_norm_decode_loop", "skinny_cmdbuf_while",
-                "pdl_decode_loop", "split_decode_loop", "summed_splits_decode_loop"}
+                "pdl_decode_loop", "split_decode_loop", "summed_splits_decode_loop", "rope_decode_loop",
+                "swiglu_decode_loop"}
     if HAS_TORCH_PYTHON:
         expected |= {"torch_peer_eager", "torch_peer_compile", "torch_peer_cudagraphs"}
     assert set(names) == expected
@@ -100,7 +101,7 @@ def test_jax_variants_ran_and_agree(quick):
     ref = by["xla_forward"]["tokens"]
     assert len(ref) == rep["settings"]["check_steps"]
     for name in ("xla_decode_loop", "skinny_forward", "skinny_decode_loop", "fused_norm_decode_loop", "pdl_decode_loop",
-                 "split_decode_loop", "summed_splits_decode_loop",
+                 "split_decode_loop", "summed_splits_decode_loop", "rope_decode_loop", "swiglu_decode_loop",
                  "skinny_cmdbuf_while", "xla_flags_no_cmdbuf",
                  "xla_flags_cmdbuf_while", "xla_flags_autotune0", "xla_flags_no_triton_gemm"):
         assert by[name]["tokens"] == ref and by[name]["tokens_match"] is True, name
@@ -128,6 +129,9 @@ def test_jax_variants_ran_and_agree(quick):
     assert json.loads((quick[3] / "jobs" / "split.json").read_text())["skinny_splits"] == split["skinny_splits"]
     assert json.loads((quick[3] / "jobs" / "fused_norm.json").read_text())["skinny_splits"] == {}
     assert json.loads((quick[3] / "jobs" / "fused_norm.json").read_text())["pdl"] is False
+    rope, swiglu = (json.loads((quick[3] / "jobs" / f"{job}.json").read_text()) for job in ("rope", "swiglu"))
+    assert (rope["rope"], rope["swiglu_epilogue"], swiglu["rope"], swiglu["swiglu_epilogue"]) == (
+        "mosaic_gpu", False, "mosaic_gpu", True)
     for name in ("xla_forward_w12", "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "w12_kernel_decode_loop"):
         w = by[name]
         assert w["tokens"] == w["bf16_tokens"] and w["tokens_match"] is True and w["tokens_equal_bf16"] is True

@@ -139,6 +139,12 @@ class TestMosaicGpu(SkinnyMatmulSuite):
     x, w = random_pair((m,), 12288, 4096, seed=m)
     assert_matches_f32(self.run(x, w, None), x, w)
 
+  @pytest.mark.parametrize("m", [1, 5])
+  def test_qwen3_gate_up_with_the_swiglu_epilogue(self, m):
+    x, w = random_pair((m,), 4096, 24576, seed=m)
+    got = jax.jit(lambda x, w: skinny_matmul.swiglu_matmul(x, w, implementation="mosaic_gpu"))(x, w)
+    assert_swiglu_close(got, jax.jit(skinny_matmul.swiglu_matmul_reference)(x, w))
+
 
 def test_dispatch(monkeypatch, caplog):
   """XLA unless DEFAULT says the kernel and the device is a Hopper; prefill-sized M and unsupported
@@ -227,3 +233,105 @@ def test_splits_for_a_consumer_are_few(monkeypatch):
   assert named.num_splits == 4
   monkeypatch.setattr(skinny_mosaic_gpu, "CONSUMER_SPLIT_K", 1)  # one split: the plain bf16 result
   assert jax.eval_shape(functools.partial(skinny_mosaic_gpu.skinny_matmul, reduce=False), x, w).shape == (1, 256)
+
+
+def assert_swiglu_close(got, want):
+  """The SwiGLU epilogue against the reference on the same products: equal up to one bf16 rounding step of the
+  activation (the kernel's exp and division against XLA's logistic), and mostly equal."""
+  a, b = np.asarray(got, np.float32), np.asarray(want, np.float32)
+  assert a.shape == b.shape and got.dtype == jnp.bfloat16
+  assert np.all(np.abs(a - b) <= 2.0 ** -6 * np.abs(b) + 1e-30), np.max(np.abs(a - b) / (np.abs(b) + 1e-30))
+  assert np.mean(a == b) > 0.97
+
+
+def test_swiglu_reference_rounds_as_hf_does():
+  """``silu`` in f32 rounded to bf16, times up in f32 rounded once: HF's bf16 MLP (torch's silu and product)."""
+  rng = np.random.default_rng(0)
+  gate, up = (jnp.asarray(rng.normal(0, 3, size=(4, 256)).astype(BF16)) for _ in range(2))
+  g, u = np.asarray(gate, np.float64), np.asarray(up, np.float64)
+  act = (g / (1 + np.exp(-g))).astype(np.float32).astype(BF16).astype(np.float64)
+  want = (act * u).astype(np.float32).astype(BF16)
+  got = np.asarray(skinny_matmul.swiglu(gate, up))
+  assert np.mean(got == want) > 0.99 and np.all(np.abs(got.astype(np.float32) - want.astype(np.float32))
+                                                 <= 2.0 ** -7 * np.abs(want.astype(np.float32)))
+
+
+@pytest.mark.parametrize("lead,k,n,config", [((1,), 256, 256, Config()), ((3,), 512, 128, Config(tile_k=64)),
+                                             ((2, 5), 256, 384, Config(tile_m=8, max_concurrent_steps=2))])
+def test_swiglu_epilogue_matches_the_reference_in_interpret_mode(lead, k, n, config):
+  """Each block pairs channel c of the gate half with channel c of the up half: a wrong pairing or offset shows."""
+  x, w = random_pair(lead, k, n, seed=n)
+  got = skinny_mosaic_gpu.swiglu_matmul(x, w, config=config, interpret=plgpu.InterpretGPUParams())
+  assert got.shape == (*lead, n // 2)
+  assert_swiglu_close(got, skinny_matmul.swiglu_matmul_reference(x, w))
+
+
+def test_swiglu_epilogue_refuses_what_it_cannot_tile():
+  x = jnp.ones((1, 128), jnp.bfloat16)
+  with pytest.raises(NotImplementedError, match="N=192 is not two halves of a multiple of 64"):
+    skinny_mosaic_gpu.swiglu_matmul(x, jnp.ones((128, 192), jnp.bfloat16))
+  with pytest.raises(NotImplementedError, match="split_k=2, but the epilogue needs whole sums"):
+    skinny_mosaic_gpu.swiglu_matmul(x, jnp.ones((128, 256), jnp.bfloat16), config=Config(tile_k=64, split_k=2))
+
+
+def test_swiglu_epilogue_lowers_for_hopper_at_qwen3_shapes():
+  """Qwen3-8B's gate|up (4096 x 2 x 12288) at one token row, lowered for sm_90."""
+  x, w = jnp.ones((1, 1, 4096), jnp.bfloat16), jnp.ones((4096, 24576), jnp.bfloat16)
+  lowered = jax.jit(skinny_mosaic_gpu.swiglu_matmul).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+  assert "skinny_matmul_body" in lowered
+
+
+def test_swiglu_dispatch(monkeypatch):
+  """The epilogue runs only with the kernel chosen and ``SWIGLU_EPILOGUE`` on; otherwise the matmul (kernel or XLA)
+  then the elementwise SwiGLU."""
+  kernels, matmuls = [], []
+  x, w = random_pair((1,), 128, 256, seed=1)
+  monkeypatch.setattr(skinny_ops, "_mosaic_gpu", lambda x, w, c, r: matmuls.append(x.shape)
+                      or skinny_matmul.skinny_matmul_reference(x, w))
+  monkeypatch.setattr(skinny_mosaic_gpu, "swiglu_matmul", lambda x, w, config: kernels.append(x.shape)
+                      or skinny_matmul.swiglu_matmul_reference(x, w))
+  want = np.asarray(skinny_matmul.swiglu_matmul_reference(x, w))
+  np.testing.assert_array_equal(np.asarray(skinny_matmul.swiglu_matmul(x, w)), want)  # CPU: XLA
+  monkeypatch.setattr(skinny_ops, "DEFAULT", "mosaic_gpu")
+  monkeypatch.setattr(skinny_ops, "_on_hopper", lambda: True)
+  skinny_matmul.swiglu_matmul(x, w)
+  assert (kernels, matmuls) == ([], [(1, 128)])  # the kernel's product, XLA's SwiGLU
+  monkeypatch.setattr(skinny_ops, "SWIGLU_EPILOGUE", True)
+  np.testing.assert_array_equal(np.asarray(skinny_matmul.swiglu_matmul(x, w)), want)
+  assert kernels == [(1, 128)]
+  with pytest.raises(ValueError, match="unknown skinny_matmul implementation"):
+    skinny_matmul.swiglu_matmul(x, w, implementation="cublas")
+
+
+def test_model_runs_the_swiglu_epilogue_on_gate_up(monkeypatch):
+  """With the skinny kernel and its SwiGLU epilogue on (interpret mode), a one-token target forward's MLP runs the
+  epilogue, and its logits match the XLA path's."""
+  from specpilot.models import target
+  from specpilot.models.kv_cache import KVCache
+  from specpilot.models.weights import init_random_target
+  from tests import models as tm
+
+  seen, kernel = [], skinny_mosaic_gpu.swiglu_matmul
+
+  def epilogue(x, w, config):
+    seen.append(w.shape)
+    return kernel(x, w, config=config, interpret=plgpu.InterpretGPUParams())
+
+  cfg = tm.target_config(vocab=64, hidden=256, layers=1, heads=4, kv_heads=2, head_dim=64, intermediate=512)
+  w = init_random_target(cfg, 1, jnp.bfloat16)
+  cache = KVCache(k=jnp.zeros((1, 1, 16, 2, 64), jnp.bfloat16), v=jnp.zeros((1, 1, 16, 2, 64), jnp.bfloat16),
+                  lengths=jnp.asarray([3], jnp.int32))
+
+  def run():
+    return target.forward(w, cfg, jnp.asarray([[5]], jnp.int32), cache.lengths[:, None], cache).logits
+
+  want = run()
+  monkeypatch.setattr(skinny_ops, "DEFAULT", "mosaic_gpu")
+  monkeypatch.setattr(skinny_ops, "_on_hopper", lambda: True)
+  monkeypatch.setattr(skinny_ops, "SWIGLU_EPILOGUE", True)
+  monkeypatch.setattr(skinny_ops, "_mosaic_gpu", lambda x, w, c, r: skinny_mosaic_gpu.skinny_matmul(
+      x, w, config=c, reduce=r, interpret=plgpu.InterpretGPUParams()))
+  monkeypatch.setattr(skinny_mosaic_gpu, "swiglu_matmul", epilogue)
+  got = run()
+  assert seen == [(256, 1024)]
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=0.05, rtol=0.02)

@@ -1,5 +1,5 @@
 """Pure-jnp residual add + RMSNorm: the ground truth for the kernel and the fallback, and exactly what the
-target model computed before the kernel existed (``target.rms_norm`` after ``x = x + delta``)."""
+target model computed before the kernel existed (``rms_norm`` after ``x = x + delta``; the model imports both from here)."""
 
 from __future__ import annotations
 

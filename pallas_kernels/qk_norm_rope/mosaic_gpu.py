@@ -18,8 +18,6 @@ XLA's, so an element can differ by one rounding step, rarely.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -57,8 +55,6 @@ def check_supported(qkv, q_norm, k_norm, cos, sin, num_kv_heads: int) -> None:
     raise NotImplementedError(f"head_dim {d} is not a multiple of {HEAD_MULTIPLE}")
 
 
-SIN_SIGN_NOTE = "the rope's rotation sign, folded into sin: -1 on the first half of a head, +1 on the second"
-
 
 def qk_norm_rope(qkv: jax.Array | SplitKPartials, q_norm: jax.Array | None, k_norm: jax.Array | None,
                  cos: jax.Array, sin: jax.Array, *, num_kv_heads: int, eps: float, split: bool = False,
@@ -77,7 +73,7 @@ def qk_norm_rope(qkv: jax.Array | SplitKPartials, q_norm: jax.Array | None, k_no
     x_arg = lax.bitcast_convert_type(qkv.halves, jnp.uint16)  # a bitcast: no kernel
   else:
     x_arg = qkv.reshape(m, n)
-  sign = np.concatenate([-np.ones(d // 2, np.float32), np.ones(d // 2, np.float32)])  # SIN_SIGN_NOTE
+  sign = np.concatenate([-np.ones(d // 2, np.float32), np.ones(d // 2, np.float32)])  # the rotation's sign
   tables = (cos.reshape(m, d).astype(jnp.float32), (sin.astype(jnp.float32) * sign).reshape(m, d))
   weights = (q_norm.astype(dtype), k_norm.astype(dtype)) if norm else ()
 

@@ -47,7 +47,7 @@ def qk_norm_rope(qkv: jax.Array | SplitKPartials, q_norm: jax.Array | None, k_no
   if implementation not in (None, *_IMPLEMENTATIONS):
     raise ValueError(f"unknown qk_norm_rope implementation {implementation!r}; expected one of {_IMPLEMENTATIONS}")
   args = (qkv, q_norm, k_norm, cos, sin)
-  kwargs = dict(num_kv_heads=num_kv_heads, eps=eps, split=split)
+  kwargs = {"num_kv_heads": num_kv_heads, "eps": eps, "split": split}
   if implementation == "mosaic_gpu":
     return _mosaic_gpu(*args, **kwargs)
   if implementation == "xla" or DEFAULT == "xla" or not _on_hopper():

@@ -12,3 +12,17 @@ def skinny_matmul_reference(x: jax.Array, w: jax.Array) -> jax.Array:
   if x.shape[-1] != w.shape[0]:
     raise ValueError(f"skinny matmul: x has {x.shape[-1]} features, the weight expects {w.shape[0]}")
   return jnp.einsum("...k,kn->...n", x, w.astype(x.dtype), preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+def swiglu(gate: jax.Array, up: jax.Array) -> jax.Array:
+  """``silu(gate) * up`` as HF's bf16 MLP rounds it: the activation in f32 rounded to the dtype, then the product in
+  f32 rounded once."""
+  act = jax.nn.silu(gate.astype(jnp.float32)).astype(gate.dtype)
+  return (act.astype(jnp.float32) * up.astype(jnp.float32)).astype(gate.dtype)
+
+
+def swiglu_matmul_reference(x: jax.Array, w: jax.Array) -> jax.Array:
+  """``swiglu(x @ w_gate, x @ w_up)`` for a fused ``w = [w_gate | w_up]`` ``[K, 2 F]``: each projection rounded to
+  ``x.dtype`` first, as two matmuls return them."""
+  gate, up = jnp.split(skinny_matmul_reference(x, w), 2, axis=-1)
+  return swiglu(gate, up)

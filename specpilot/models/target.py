@@ -31,12 +31,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels.add_rms_norm import add_rms_norm
-from pallas_kernels.add_rms_norm.reference import rms_norm
-from pallas_kernels.qk_norm_rope import apply_rope, qk_norm_rope
+from pallas_kernels.qk_norm_rope import qk_norm_rope
 from pallas_kernels.tree_attention import dense_to_ancestor_bits, tree_attention, tree_attention_packed, unpack_heads
 from specpilot.models.config import ModelConfig, rope_inv_freq
 from specpilot.models.kv_cache import KVCache, write_layer
-from specpilot.models.weights import Layer, TargetWeights, linear
+from specpilot.models.weights import Layer, TargetWeights, linear, swiglu_linear
 
 NEG_INF = -1e30
 
@@ -123,8 +122,7 @@ def _layer(cfg: ModelConfig, lw: Layer, i: int, x, h, cos, sin, cache: KVCache, 
         attn = tree_attention_packed(heads, cache.k[i], cache.v[i], cache.lengths, tree_bits)
         attn = attn.reshape(b, t, -1)
     x, h = add_rms_norm(x, linear(attn, lw.w_o, reduce=False), lw.mlp_norm, cfg.rms_norm_eps)
-    gate, up = jnp.split(linear(h, lw.w_gate_up), 2, axis=-1)
-    return x, linear(jax.nn.silu(gate) * up, lw.w_down, reduce=False), cache, (k, v)
+    return x, linear(swiglu_linear(h, lw.w_gate_up), lw.w_down, reduce=False), cache, (k, v)
 
 
 def forward(

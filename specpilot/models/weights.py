@@ -65,8 +65,8 @@ def _is_w12(w) -> bool:
 
 def linear(x: jax.Array, w: Any, reduce: bool = True):
     """`x @ w` with float32 accumulation, dispatching on the weight leaf's format. `reduce=False` is for an output
-    that goes straight into `add_rms_norm`: a bf16 leaf's kernel may then return its K splits unsummed
-    (`pallas_kernels.split_k.SplitKPartials`), which the add + norm kernel adds itself."""
+    that goes straight into `add_rms_norm` or `qk_norm_rope`: a bf16 leaf's kernel may then return its K splits
+    unsummed (`pallas_kernels.split_k.SplitKPartials`), which those kernels add themselves."""
     if isinstance(w, QuantArray):
         from pallas_kernels import quant_matmul
 
@@ -78,6 +78,18 @@ def linear(x: jax.Array, w: Any, reduce: bool = True):
     from pallas_kernels import skinny_matmul
 
     return skinny_matmul.matmul(x, w, reduce=reduce)
+
+
+def swiglu_linear(x: jax.Array, w: Any) -> jax.Array:
+    """The MLP's `silu(x @ w_gate) * (x @ w_up)` for a fused `w = [w_gate | w_up]` leaf
+    (`skinny_matmul.swiglu`'s roundings): a bf16 leaf's kernel may compute it in its epilogue."""
+    if isinstance(w, jax.Array):  # bf16 (or f32) leaves; W12 and quantized leaves have their own matmuls
+        from pallas_kernels import skinny_matmul
+
+        return skinny_matmul.swiglu_matmul(x, w)
+    from pallas_kernels.skinny_matmul import swiglu
+
+    return swiglu(*jnp.split(linear(x, w), 2, axis=-1))
 
 
 @jax.tree_util.register_dataclass

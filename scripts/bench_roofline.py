@@ -964,6 +964,12 @@ def parse_args(argv=None):
     ap.add_argument("--norm", choices=("xla", "mosaic_gpu"), default=None,
                     help="every residual add + RMSNorm of the target in every JAX job: XLA's or the add_rms_norm "
                          "kernel (sets add_rms_norm.ops.DEFAULT; default: leave it as it is)")
+    ap.add_argument("--rope", choices=("xla", "mosaic_gpu"), default=None,
+                    help="the q/k norm + rope after every q|k|v projection in every JAX job: XLA's or the "
+                         "qk_norm_rope kernel (sets qk_norm_rope.ops.DEFAULT; default: leave it as it is)")
+    ap.add_argument("--swiglu-epilogue", action="store_true",
+                    help="the MLP's SwiGLU in the skinny gate|up kernel's epilogue in every JAX job (sets "
+                         "skinny_matmul.ops.SWIGLU_EPILOGUE)")
     ap.add_argument("--skinny-splits", nargs="+", default=[], metavar="KxN=S|FILE",
                     help="the split_decode_loop row's K split per weight shape: KxN=S items or a JSON file of "
                          "{\"KxN\": S} (scripts/h200/split_probe.py --json)")
@@ -1019,6 +1025,8 @@ def settings(args) -> dict:
         "kernel_split": args.kernel_split,
         "matmul": args.matmul,
         "norm": args.norm,
+        "rope": args.rope,
+        "swiglu_epilogue": args.swiglu_epilogue,
         "pdl": args.pdl,
         "drafter_layers": 1 if q else 5,
         "block_size": 4 if q else 16,
@@ -1484,7 +1492,8 @@ def markdown(rep: dict) -> str:
         f"- Date: {p['date']}. Device: {p['device']}. jax {p['jax']}, torch {p['torch']}. Commit `{p['commit']}`.",
         f"- Command: `{p['command']}` ({p['wall_s']:.0f} s).",
         f"- Attention: AR rows `{s.get('ar_attention', 'xla')}`, verify rows `{s.get('verify_attention', 'xla')}`. "
-        f"Residual add + RMSNorm: `{s.get('norm') or 'default'}`.",
+        f"Residual add + RMSNorm: `{s.get('norm') or 'default'}`. q/k norm + rope: `{s.get('rope') or 'default'}`. "
+        f"SwiGLU epilogue: {'on' if s.get('swiglu_epilogue') else 'off'}.",
         (f"- Roofline = bytes of weights + KV read ÷ measured read bandwidth ({bw}) and ÷ 4.3 TB/s (nominal copy "
          f"rate). ms = median of synchronised steps (decode loop: loop time ÷ steps)."),
         "",

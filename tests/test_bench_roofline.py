@@ -251,13 +251,16 @@ def test_kernel_split_renders_in_the_report():
 def test_ar_rows_with_the_tree_attention_path_give_the_same_tokens(quick, tmp_path):
     """--ar-attention pallas_tree: the AR forward and decode loop run the tree-attention path (its jnp reference on
     a CPU) with the K/V written after the last layer, and reproduce the XLA-attention run's greedy tokens. --norm
-    mosaic_gpu reaches the workers (off a Hopper the add + norm stays XLA's, so the tokens stay too)."""
+    mosaic_gpu, --rope mosaic_gpu and --swiglu-epilogue reach the workers (off a Hopper the add + norm and the rope
+    stay XLA's, so the tokens stay too)."""
     rep, md, _, out = run_quick(tmp_path, "--variants", "xla_forward", "xla_decode_loop", "--ar-attention",
-                                "pallas_tree", "--norm", "mosaic_gpu")
+                                "pallas_tree", "--norm", "mosaic_gpu", "--rope", "mosaic_gpu", "--swiglu-epilogue")
     by = {r["variant"]: r for r in rep["rows"]}
     assert rep["settings"]["ar_attention"] == "pallas_tree" and rep["settings"]["norm"] == "mosaic_gpu"
     assert "AR rows `pallas_tree`" in md and "Residual add + RMSNorm: `mosaic_gpu`" in md
-    assert json.loads((out / "jobs" / "xla.json").read_text())["norm"] == "mosaic_gpu"
+    assert "q/k norm + rope: `mosaic_gpu`. SwiGLU epilogue: on." in md
+    job = json.loads((out / "jobs" / "xla.json").read_text())
+    assert (job["norm"], job["rope"], job["swiglu_epilogue"]) == ("mosaic_gpu", "mosaic_gpu", True)
     xla_tokens = {r["variant"]: r for r in quick[0]["rows"]}["xla_forward"]["tokens"]
     assert by["xla_forward"]["tokens"] == xla_tokens
     assert by["xla_decode_loop"]["tokens"] == xla_tokens and by["xla_decode_loop"]["tokens_match"] is True

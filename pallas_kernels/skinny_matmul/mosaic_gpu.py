@@ -87,10 +87,9 @@ def check_supported(x: jax.Array, w: jax.Array, config: TuningConfig) -> None:
 
 def _swiglu(gate, up):
   """``reference.swiglu`` on two f32 accumulators: each projection rounded to bf16 first, as the matmul would return
-  it, then the activation rounded, then the product."""
+  it, then ``silu(gate) * up`` in f32, rounded once."""
   gate, up = (acc.astype(jnp.bfloat16).astype(jnp.float32) for acc in (gate, up))
-  act = (gate / (1.0 + jnp.exp(-gate))).astype(jnp.bfloat16).astype(jnp.float32)
-  return (act * up).astype(jnp.bfloat16)
+  return (gate / (1.0 + jnp.exp(-gate)) * up).astype(jnp.bfloat16)
 
 
 def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, interpret, mp, swiglu=False):

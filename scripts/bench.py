@@ -71,6 +71,9 @@ def parse_args(argv=None):
     ap.add_argument("--norm", choices=("xla", "mosaic_gpu"), default=None,
                     help="the target's residual add + RMSNorm: XLA's or the add_rms_norm Mosaic GPU kernel (sets "
                          "add_rms_norm.ops.DEFAULT; default: as it is)")
+    ap.add_argument("--rope", choices=("xla", "mosaic_gpu"), default=None,
+                    help="the target's and drafter's q/k norm + rope after each q|k|v projection: XLA's or the "
+                         "qk_norm_rope Mosaic GPU kernel (sets qk_norm_rope.ops.DEFAULT; default: as it is)")
     ap.add_argument("--pdl", action="store_true",
                     help="launch every Mosaic GPU kernel with programmatic dependent launch (pallas_kernels.pdl)")
     ap.add_argument("--command-buffers", action="store_true",
@@ -200,6 +203,10 @@ def main(argv=None) -> int:
         from pallas_kernels.add_rms_norm import ops as norm_ops
 
         norm_ops.DEFAULT = args.norm
+    if args.rope:
+        from pallas_kernels.qk_norm_rope import ops as rope_ops
+
+        rope_ops.DEFAULT = args.rope
     if args.pdl:
         from pallas_kernels import pdl
 
@@ -226,7 +233,7 @@ def main(argv=None) -> int:
     configs = engine_configs(args)
     res = {"provenance": provenance(hw), "deployment": dep.describe(), "context": args.context, "rounds": args.rounds,
            "configs": configs, "rows": [], "skipped": [], "xla_flags": os.environ.get("XLA_FLAGS", ""),
-           "matmul": args.matmul or "default", "norm": args.norm or "default",
+           "matmul": args.matmul or "default", "norm": args.norm or "default", "rope": args.rope or "default",
            "pdl": args.pdl}
 
     def save(rows, skipped):

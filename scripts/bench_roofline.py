@@ -127,7 +127,7 @@ SKINNY_VARIANTS = {"skinny_forward": "xla_forward", "skinny_decode_loop": "xla_d
 (``skinny_matmul.ops.DEFAULT = "mosaic_gpu"``): the kernel and XLA's dot side by side in one run."""
 FUSED_NORM_VARIANTS = {"fused_norm_decode_loop": "xla_decode_loop", "split_decode_loop": "xla_decode_loop",
                        "pdl_decode_loop": "xla_decode_loop", "summed_splits_decode_loop": "xla_decode_loop",
-                       "rope_decode_loop": "xla_decode_loop", "swiglu_decode_loop": "xla_decode_loop"}
+                       "rope_decode_loop": "xla_decode_loop"}
 """``skinny_decode_loop`` again with every residual add + RMSNorm on ``pallas_kernels.add_rms_norm``'s kernel, in a
 process of its own: the kernel's effect on the best AR configuration, side by side in one run.
 ``split_decode_loop``: ``fused_norm_decode_loop``
@@ -137,8 +137,7 @@ with the skinny kernel's K splits from ``--skinny-splits``
 (``pallas_kernels.pdl``). ``summed_splits_decode_loop``: ``fused_norm_decode_loop`` with the o and down projections'
 K splits summed by XLA before the add + norm kernel (``skinny_matmul.ops.PASS_SPLITS = False``, the model before the
 kernel took them). ``rope_decode_loop``: ``fused_norm_decode_loop`` with the q/k norm + rope on
-``pallas_kernels.qk_norm_rope``'s kernel (``--rope``); ``swiglu_decode_loop``: that with the MLP's SwiGLU in the
-gate|up matmul's epilogue (``skinny_matmul.ops.SWIGLU_EPILOGUE``). PDL on the H200 changed nothing (4.695 against 4.695 ms), nor did XLA's own PDL for its
+``pallas_kernels.qk_norm_rope``'s kernel (``--rope``). PDL on the H200 changed nothing (4.695 against 4.695 ms), nor did XLA's own PDL for its
 fusions (``--xla-flags "on=--xla_gpu_enable_pdl=true --xla_gpu_enable_pdl_launch=true"``: 4.686 against 4.674 ms
 off; docs/results/2026-12-01-pdl-h200/)."""
 SKINNY_FLAG_VARIANTS = {"skinny_cmdbuf_while": "xla_flags_cmdbuf_while"}
@@ -181,7 +180,6 @@ WHAT = {
     "pdl_decode_loop": "fused_norm_decode_loop, the Mosaic GPU kernels launched with PDL",
     "summed_splits_decode_loop": "fused_norm_decode_loop, the K splits summed by XLA before the add + norm kernel",
     "rope_decode_loop": "fused_norm_decode_loop, q/k norm + rope on the qk_norm_rope kernel",
-    "swiglu_decode_loop": "rope_decode_loop, the SwiGLU in the gate|up matmul's epilogue",
     "torch_peer_eager": "PyTorch gpt-fast style, eager",
     "torch_peer_cudagraphs": "PyTorch, compile reduce-overhead (CUDA graphs)",
     "torch_peer_compile": "PyTorch, compile max-autotune-no-cudagraphs",
@@ -861,11 +859,6 @@ def apply_kernel_settings(spec: dict) -> dict:
         from pallas_kernels.qk_norm_rope import ops as rope_ops
 
         rope_ops.DEFAULT = spec["rope"]
-    if spec.get("swiglu_epilogue"):
-        from pallas_kernels.skinny_matmul import ops as skinny_ops
-
-        skinny_ops.SWIGLU_EPILOGUE = True
-    res["swiglu_epilogue"] = bool(spec.get("swiglu_epilogue"))
     if spec.get("skinny_splits"):
         from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
 
@@ -967,9 +960,6 @@ def parse_args(argv=None):
     ap.add_argument("--rope", choices=("xla", "mosaic_gpu"), default=None,
                     help="the q/k norm + rope after every q|k|v projection in every JAX job: XLA's or the "
                          "qk_norm_rope kernel (sets qk_norm_rope.ops.DEFAULT; default: leave it as it is)")
-    ap.add_argument("--swiglu-epilogue", action="store_true",
-                    help="the MLP's SwiGLU in the skinny gate|up kernel's epilogue in every JAX job (sets "
-                         "skinny_matmul.ops.SWIGLU_EPILOGUE)")
     ap.add_argument("--skinny-splits", nargs="+", default=[], metavar="KxN=S|FILE",
                     help="the split_decode_loop row's K split per weight shape: KxN=S items or a JSON file of "
                          "{\"KxN\": S} (scripts/h200/split_probe.py --json)")
@@ -1026,7 +1016,6 @@ def settings(args) -> dict:
         "matmul": args.matmul,
         "norm": args.norm,
         "rope": args.rope,
-        "swiglu_epilogue": args.swiglu_epilogue,
         "pdl": args.pdl,
         "drafter_layers": 1 if q else 5,
         "block_size": 4 if q else 16,
@@ -1157,10 +1146,6 @@ def plan_jobs(args, s: dict, run: Path, chosen: list[str]) -> tuple[list[Job], J
     if "rope_decode_loop" in chosen:
         jobs.append(jax_job("rope", ["xla_decode_loop"], t["xla"], ["rope_decode_loop"], matmul="mosaic_gpu",
                             norm="mosaic_gpu", rope="mosaic_gpu", loop_label="rope_decode_loop"))
-    if "swiglu_decode_loop" in chosen:
-        jobs.append(jax_job("swiglu", ["xla_decode_loop"], t["xla"], ["swiglu_decode_loop"], matmul="mosaic_gpu",
-                            norm="mosaic_gpu", rope="mosaic_gpu", swiglu_epilogue=True,
-                            loop_label="swiglu_decode_loop"))
     if "pdl_decode_loop" in chosen:
         jobs.append(jax_job("pdl", ["xla_decode_loop"], t["xla"], ["pdl_decode_loop"], matmul="mosaic_gpu",
                             norm="mosaic_gpu", pdl=True, loop_label="pdl_decode_loop"))
@@ -1492,8 +1477,7 @@ def markdown(rep: dict) -> str:
         f"- Date: {p['date']}. Device: {p['device']}. jax {p['jax']}, torch {p['torch']}. Commit `{p['commit']}`.",
         f"- Command: `{p['command']}` ({p['wall_s']:.0f} s).",
         f"- Attention: AR rows `{s.get('ar_attention', 'xla')}`, verify rows `{s.get('verify_attention', 'xla')}`. "
-        f"Residual add + RMSNorm: `{s.get('norm') or 'default'}`. q/k norm + rope: `{s.get('rope') or 'default'}`. "
-        f"SwiGLU epilogue: {'on' if s.get('swiglu_epilogue') else 'off'}.",
+        f"Residual add + RMSNorm: `{s.get('norm') or 'default'}`. q/k norm + rope: `{s.get('rope') or 'default'}`.",
         (f"- Roofline = bytes of weights + KV read ÷ measured read bandwidth ({bw}) and ÷ 4.3 TB/s (nominal copy "
          f"rate). ms = median of synchronised steps (decode loop: loop time ÷ steps)."),
         "",

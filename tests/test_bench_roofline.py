@@ -51,7 +51,7 @@ def quick(tmp_path_factory):
     else:
         args = ["--variants", "xla_forward", "xla_decode_loop", "skinny_forward", "skinny_decode_loop",
                 "fused_norm_decode_loop", "split_decode_loop", "summed_splits_decode_loop",
-                "pdl_decode_loop", "rope_decode_loop", "swiglu_decode_loop",
+                "pdl_decode_loop", "rope_decode_loop",
                 "skinny_cmdbuf_while", "xla_flags",
                 "xla_forward_w12",
                 "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "w12_kernel_decode_loop", "verify_nodes",
@@ -68,8 +68,7 @@ def test_every_variant_has_a_time_or_an_error_and_a_roofline(quick):
                 "verify_loop@8", "drafter_b16", "drafter_b16_tree", "drafter_round_b16_tree", "drafter_fused_b16_tree",
                 "skinny_forward",
                 "skinny_decode_loop", "fused_norm_decode_loop", "skinny_cmdbuf_while",
-                "pdl_decode_loop", "split_decode_loop", "summed_splits_decode_loop", "rope_decode_loop",
-                "swiglu_decode_loop"}
+                "pdl_decode_loop", "split_decode_loop", "summed_splits_decode_loop", "rope_decode_loop"}
     if HAS_TORCH_PYTHON:
         expected |= {"torch_peer_eager", "torch_peer_compile", "torch_peer_cudagraphs"}
     assert set(names) == expected
@@ -101,7 +100,7 @@ def test_jax_variants_ran_and_agree(quick):
     ref = by["xla_forward"]["tokens"]
     assert len(ref) == rep["settings"]["check_steps"]
     for name in ("xla_decode_loop", "skinny_forward", "skinny_decode_loop", "fused_norm_decode_loop", "pdl_decode_loop",
-                 "split_decode_loop", "summed_splits_decode_loop", "rope_decode_loop", "swiglu_decode_loop",
+                 "split_decode_loop", "summed_splits_decode_loop", "rope_decode_loop",
                  "skinny_cmdbuf_while", "xla_flags_no_cmdbuf",
                  "xla_flags_cmdbuf_while", "xla_flags_autotune0", "xla_flags_no_triton_gemm"):
         assert by[name]["tokens"] == ref and by[name]["tokens_match"] is True, name
@@ -129,9 +128,8 @@ def test_jax_variants_ran_and_agree(quick):
     assert json.loads((quick[3] / "jobs" / "split.json").read_text())["skinny_splits"] == split["skinny_splits"]
     assert json.loads((quick[3] / "jobs" / "fused_norm.json").read_text())["skinny_splits"] == {}
     assert json.loads((quick[3] / "jobs" / "fused_norm.json").read_text())["pdl"] is False
-    rope, swiglu = (json.loads((quick[3] / "jobs" / f"{job}.json").read_text()) for job in ("rope", "swiglu"))
-    assert (rope["rope"], rope["swiglu_epilogue"], swiglu["rope"], swiglu["swiglu_epilogue"]) == (
-        "mosaic_gpu", False, "mosaic_gpu", True)
+    assert json.loads((quick[3] / "jobs" / "rope.json").read_text())["rope"] == "mosaic_gpu"
+    assert json.loads((quick[3] / "jobs" / "fused_norm.json").read_text())["rope"] == "default"
     for name in ("xla_forward_w12", "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "w12_kernel_decode_loop"):
         w = by[name]
         assert w["tokens"] == w["bf16_tokens"] and w["tokens_match"] is True and w["tokens_equal_bf16"] is True
@@ -251,16 +249,16 @@ def test_kernel_split_renders_in_the_report():
 def test_ar_rows_with_the_tree_attention_path_give_the_same_tokens(quick, tmp_path):
     """--ar-attention pallas_tree: the AR forward and decode loop run the tree-attention path (its jnp reference on
     a CPU) with the K/V written after the last layer, and reproduce the XLA-attention run's greedy tokens. --norm
-    mosaic_gpu, --rope mosaic_gpu and --swiglu-epilogue reach the workers (off a Hopper the add + norm and the rope
-    stay XLA's, so the tokens stay too)."""
+    mosaic_gpu and --rope mosaic_gpu reach the workers (off a Hopper the add + norm and the rope stay XLA's, so the
+    tokens stay too)."""
     rep, md, _, out = run_quick(tmp_path, "--variants", "xla_forward", "xla_decode_loop", "--ar-attention",
-                                "pallas_tree", "--norm", "mosaic_gpu", "--rope", "mosaic_gpu", "--swiglu-epilogue")
+                                "pallas_tree", "--norm", "mosaic_gpu", "--rope", "mosaic_gpu")
     by = {r["variant"]: r for r in rep["rows"]}
     assert rep["settings"]["ar_attention"] == "pallas_tree" and rep["settings"]["norm"] == "mosaic_gpu"
     assert "AR rows `pallas_tree`" in md and "Residual add + RMSNorm: `mosaic_gpu`" in md
-    assert "q/k norm + rope: `mosaic_gpu`. SwiGLU epilogue: on." in md
+    assert "q/k norm + rope: `mosaic_gpu`." in md
     job = json.loads((out / "jobs" / "xla.json").read_text())
-    assert (job["norm"], job["rope"], job["swiglu_epilogue"]) == ("mosaic_gpu", "mosaic_gpu", True)
+    assert (job["norm"], job["rope"]) == ("mosaic_gpu", "mosaic_gpu")
     xla_tokens = {r["variant"]: r for r in quick[0]["rows"]}["xla_forward"]["tokens"]
     assert by["xla_forward"]["tokens"] == xla_tokens
     assert by["xla_decode_loop"]["tokens"] == xla_tokens and by["xla_decode_loop"]["tokens_match"] is True

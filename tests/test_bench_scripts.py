@@ -47,7 +47,7 @@ def test_bench_runs_without_hydra_or_pydantic(tmp_path, cache_env):
            "--context", "12", "--rounds", "2", "--drafter-layers", "1", "--block-size", "4",
            "--compile-cache", str(tmp_path / "jit"), "--compile-workers", "2", "--calibration-ddtree-budgets", "4",
            "--calibration-specpilot-candidates", "2", "4", "--tau-profile", str(tau),
-           "--matmul", "mosaic_gpu", "--norm", "mosaic_gpu",  # off a Hopper: XLA's dot and norm
+           "--matmul", "mosaic_gpu", "--norm", "mosaic_gpu", "--rope", "mosaic_gpu",  # off a Hopper: XLA's
            "--command-buffers",  # the flag parses on any XLA
            "--gpu-time"]  # no CUPTI on a CPU: every row says so
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=cache_env, cwd=tmp_path)
@@ -75,7 +75,8 @@ def test_bench_runs_without_hydra_or_pydantic(tmp_path, cache_env):
     md = (out / "bench.md").read_text()
     assert "PROJECTED speedup" in md and "Components against their ceilings" in md and "leave one out" in md
     assert ("- bf16 linears: mosaic_gpu (`skinny_matmul.ops.DEFAULT`); residual add + RMSNorm: mosaic_gpu "
-            "(`add_rms_norm.ops.DEFAULT`); PDL: no; XLA_FLAGS: `") in md
+            "(`add_rms_norm.ops.DEFAULT`); q/k norm + rope: mosaic_gpu (`qk_norm_rope.ops.DEFAULT`); PDL: no; "
+            "XLA_FLAGS: `") in md
     assert all("stage_gpu_ms" not in r and "NVIDIA GPU" in r["stage_gpu_error"] for r in res["rows"])
     assert "- not measured: CUPTI kernel timings need an NVIDIA GPU; this backend is 'cpu'" in md
     assert res["provenance"]["command"].startswith("python ") and res["provenance"]["device"]

@@ -167,3 +167,15 @@ def test_generate_script_ar_matches_hf_generate(hf_reference, tmp_path):
     # AR commits exactly one token per target step; the prefill's token may or may not count as a step.
     assert report["tokens_per_step"] == pytest.approx(1.0)
     assert len(tokens) - 1 <= report["steps"] <= len(tokens)
+
+
+def test_swiglu_rounds_once_from_the_bf16_projections():
+    """The MLP's activation: ``silu(gate) * up`` from the bf16 gate|up projection in f32, rounded once to bf16 (not
+    twice, as HF's bf16 MLP does: XLA on the GPU would drop the middle rounding inside its fusion)."""
+    rng = np.random.default_rng(0)
+    gate_up = jnp.asarray(rng.normal(0, 3, size=(4, 512)), jnp.bfloat16)
+    g, u = np.split(np.asarray(gate_up, np.float64), 2, axis=-1)
+    want = np.asarray(jnp.asarray(g / (1 + np.exp(-g)) * u, jnp.float32).astype(jnp.bfloat16), np.float32)
+    got = np.asarray(target.swiglu(gate_up), np.float32)
+    assert got.shape == (4, 256) and target.swiglu(gate_up).dtype == jnp.bfloat16
+    assert np.mean(got == want) > 0.99 and np.all(np.abs(got - want) <= 2.0 ** -8 * np.abs(want))

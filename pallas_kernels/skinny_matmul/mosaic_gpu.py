@@ -85,27 +85,14 @@ def check_supported(x: jax.Array, w: jax.Array, config: TuningConfig) -> None:
     raise NotImplementedError(f"split_k={config.split_k} does not divide the {k // config.tile_k} K steps")
 
 
-def _swiglu(gate, up):
-  """``reference.swiglu`` on two f32 accumulators: each projection rounded to bf16 first, as the matmul would return
-  it, then ``silu(gate) * up`` in f32, rounded once."""
-  gate, up = (acc.astype(jnp.bfloat16).astype(jnp.float32) for acc in (gate, up))
-  return (gate / (1.0 + jnp.exp(-gate)) * up).astype(jnp.bfloat16)
-
-
-def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, interpret, mp, swiglu=False):
+def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, interpret, mp):
   """``[split_k, halves, Mp, N]`` bf16: each block's accumulator stored transposed (tokens-major). With
   ``halves`` = 1 the bf16 result; with 2 the f32 partial sum's high and low 16 bits (``f32_from_halves``):
   Mosaic GPU stores a transposed wgmma accumulator into swizzled SMEM for 16-bit types only.
 
-  ``swiglu``: ``w`` is ``[w_gate | w_up]`` and the result ``[1, 1, Mp, N / 2]`` is ``reference.swiglu`` of the two
-  halves' products: each block streams the gate's and the up projection's tiles of its 64 channels into two
-  accumulators of the same layout, so the epilogue pairs them element by element in registers (no split: it needs
-  the whole sums).
-
   ``x2`` has at most ``mp`` rows (``pad_for_tma``): the activation tiles are TMA boxes of ``tile_m`` rows, and TMA
   fills the rows past ``x2``'s with zeros. The output rows past them are zeros."""
   k, n = w.shape
-  n_out = n // 2 if swiglu else n
   steps = k // tile_k // split_k
   depth = min(max_concurrent_steps, steps)
   w_transforms = smem_transforms(TILE_N, jnp.bfloat16)
@@ -113,35 +100,25 @@ def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, inter
 
   def skinny_matmul_body(w_gmem, x_gmem, out_gmem, out_smem):  # its name in profiles (CUPTI)
     pdl.begin_kernel(interpret)
-    n_block = lax.axis_index("n")
-    n_slice = pl.ds(n_block * TILE_N, TILE_N)
+    n_slice = pl.ds(lax.axis_index("n") * TILE_N, TILE_N)
     m_slice = pl.ds(lax.axis_index("m") * tile_m, tile_m)
     split = lax.axis_index("s")
     first = split * steps
-    weights = [w_gmem.at[:, n_slice]]
-    if swiglu:  # the up projection's tile of the same channels
-      weights.append(w_gmem.at[:, pl.ds(n_out + n_block * TILE_N, TILE_N)])
 
-    w_spec = plgpu.BlockSpec((tile_k, TILE_N), lambda s: (first + s, 0), transforms=w_transforms)
-    x_spec = plgpu.BlockSpec((tile_m, tile_k), lambda s: (0, first + s), transforms=x_transforms)
+    in_specs = [plgpu.BlockSpec((tile_k, TILE_N), lambda s: (first + s, 0), transforms=w_transforms),
+                plgpu.BlockSpec((tile_m, tile_k), lambda s: (0, first + s), transforms=x_transforms)]
 
-    def accumulate(*acc_refs):
-      def step(_, *smem):
-        *w_smem, x_smem = smem
-        for acc_ref, w_tile in zip(acc_refs, w_smem):
-          plgpu.wgmma(acc_ref, w_tile.T, x_smem.T)
+    def accumulate(acc_ref):
+      def step(_, w_smem, x_smem):
+        plgpu.wgmma(acc_ref, w_smem.T, x_smem.T)
         plgpu.wgmma_wait(0)
 
-      pipeline = plgpu.emit_pipeline(step, grid=(steps,), in_specs=[w_spec] * len(weights) + [x_spec],
-                                     max_concurrent_steps=depth)
-      pipeline(*weights, x_gmem.at[m_slice])
-      return tuple(acc_ref[...] for acc_ref in acc_refs)
+      pipeline = plgpu.emit_pipeline(step, grid=(steps,), in_specs=in_specs, max_concurrent_steps=depth)
+      pipeline(w_gmem.at[:, n_slice], x_gmem.at[m_slice])
+      return acc_ref[...]
 
-    accs = pl.run_scoped(accumulate, *[plgpu.ACC((TILE_N, tile_m), jnp.float32)] * len(weights))
-    acc = accs[0]
-    if swiglu:
-      out_smem.at[0].T[...] = _swiglu(*accs)
-    elif halves == 1:
+    acc = pl.run_scoped(accumulate, plgpu.ACC((TILE_N, tile_m), jnp.float32))
+    if halves == 1:
       out_smem.at[0].T[...] = acc.astype(jnp.bfloat16)
     else:
       bits = lax.bitcast_convert_type(acc, jnp.uint32)
@@ -153,8 +130,8 @@ def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, inter
     plgpu.wait_smem_to_gmem(0)
 
   call = plgpu.kernel(
-      skinny_matmul_body, out_type=jax.ShapeDtypeStruct((split_k, halves, mp, n_out), jnp.bfloat16),
-      grid=(n_out // TILE_N, mp // tile_m, split_k), grid_names=("n", "m", "s"),
+      skinny_matmul_body, out_type=jax.ShapeDtypeStruct((split_k, halves, mp, n), jnp.bfloat16),
+      grid=(n // TILE_N, mp // tile_m, split_k), grid_names=("n", "m", "s"),
       scratch_types={"out_smem": plgpu.SMEM((halves, tile_m, TILE_N), jnp.bfloat16,
                                             transforms=smem_transforms(TILE_N, jnp.bfloat16))},
       interpret=interpret,
@@ -194,27 +171,3 @@ def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = N
     return partial[0, 0, :m].reshape(*lead, n)
   partials = SplitKPartials(partial, lead, jnp.dtype(x.dtype).name)
   return partials.sum() if reduce else partials
-
-
-def swiglu_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = None,
-                  interpret: plgpu.InterpretGPUParams | None = None) -> jax.Array:
-  """``reference.swiglu_matmul_reference``: ``silu(x @ w_gate) * (x @ w_up)`` for a fused ``w = [w_gate | w_up]``
-  ``[K, 2 F]``, bf16 ``[..., F]``, the SwiGLU computed in the matmul's epilogue (``_call``'s ``swiglu``). Why: at
-  one token row XLA ran it as a kernel of its own after the gate|up matmul (``loop_multiply_fusion``, 1.4 us a layer,
-  ~51 us of a Qwen3-8B AR step on the H200, docs/results/2026-12-01-partials-w12v3-h200/). K is not split (the
-  epilogue needs whole sums): Qwen3-8B's F = 12288 is 192 blocks of 64 channels, each streaming two weight tiles."""
-  config = config or DEFAULT_CONFIG
-  check_supported(x, w, config)
-  k, n = w.shape
-  if n % (2 * TILE_N):
-    raise NotImplementedError(f"SwiGLU epilogue: N={n} is not two halves of a multiple of {TILE_N}")
-  if config.split_k > 1:
-    raise NotImplementedError(f"SwiGLU epilogue: split_k={config.split_k}, but the epilogue needs whole sums")
-  lead = x.shape[:-1]
-  m = math.prod(lead)
-  tile_m = min(config.tile_m, round_up(max(m, 1), 8))
-  mp = round_up(max(m, 1), tile_m)
-  out = _call(pad_for_tma(x.reshape(m, k), X_TILE), w, tile_m=tile_m, tile_k=config.tile_k,
-              max_concurrent_steps=config.max_concurrent_steps, split_k=1, halves=1, interpret=interpret, mp=mp,
-              swiglu=True)
-  return out[0, 0, :m].reshape(*lead, n // 2)

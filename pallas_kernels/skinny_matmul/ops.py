@@ -15,11 +15,10 @@ import math
 from typing import Literal
 
 import jax
-import jax.numpy as jnp
 
 from pallas_kernels.device import on_hopper as _on_hopper  # a module name tests can patch
 from pallas_kernels.skinny_matmul.config import TuningConfig
-from pallas_kernels.skinny_matmul.reference import skinny_matmul_reference, swiglu, swiglu_matmul_reference
+from pallas_kernels.skinny_matmul.reference import skinny_matmul_reference
 from pallas_kernels.split_k import SplitKPartials
 
 _log = logging.getLogger(__name__)
@@ -44,11 +43,6 @@ PASS_SPLITS = True
 """``matmul(..., reduce=False)`` hands the kernel's K splits to the consumer unsummed (``SplitKPartials``). False:
 XLA sums them first, as with ``reduce=True`` (the model before the add + norm kernel took them; ``bench_roofline.py``
 row ``summed_splits_decode_loop``). Read at trace time."""
-
-SWIGLU_EPILOGUE = False
-"""``swiglu_matmul`` runs the SwiGLU in the kernel's epilogue (``mosaic_gpu.swiglu_matmul``) where the kernel is
-chosen; False: the kernel's gate|up product, then XLA's elementwise SwiGLU. Off until timed on the H200
-(``bench_roofline.py`` row ``swiglu_decode_loop``, written in the thirteenth session). Read at trace time."""
 
 
 def _kernel_chosen(x: jax.Array) -> bool:
@@ -80,24 +74,3 @@ def matmul(x: jax.Array, w: jax.Array, *, implementation: Implementation | None 
   except (NotImplementedError, ImportError) as e:
     _log.warning("skinny matmul falls back to XLA for x%s %s, W%s %s: %s", x.shape, x.dtype, w.shape, w.dtype, e)
     return skinny_matmul_reference(x, w)
-
-
-def swiglu_matmul(x: jax.Array, w: jax.Array, *, implementation: Implementation | None = None,
-                  config: TuningConfig | None = None) -> jax.Array:
-  """``silu(x @ w_gate) * (x @ w_up)`` for a fused ``w = [w_gate | w_up]`` ``[K, 2 F]`` (``reference.swiglu``'s
-  roundings), in ``x.dtype``. With the kernel chosen and ``SWIGLU_EPILOGUE`` on, one kernel computes it in its
-  epilogue; otherwise ``matmul`` then XLA's elementwise SwiGLU."""
-  if implementation not in (None, *_IMPLEMENTATIONS):
-    raise ValueError(f"unknown skinny_matmul implementation {implementation!r}; expected one of {_IMPLEMENTATIONS}")
-  if implementation == "xla":
-    return swiglu_matmul_reference(x, w)
-  if implementation == "mosaic_gpu" or (SWIGLU_EPILOGUE and _kernel_chosen(x)):
-    from pallas_kernels.skinny_matmul import mosaic_gpu
-
-    try:
-      return mosaic_gpu.swiglu_matmul(x, w, config=config)
-    except NotImplementedError as e:
-      if implementation == "mosaic_gpu":
-        raise
-      _log.warning("SwiGLU epilogue falls back to the matmul then XLA for x%s, W%s: %s", x.shape, w.shape, e)
-  return swiglu(*jnp.split(matmul(x, w, implementation=implementation, config=config), 2, axis=-1))

@@ -104,7 +104,8 @@ def bench_markdown(res: dict) -> str:
             f" {res['rounds']} timed rounds after one warm-up; weights: {weights}.",
             "- Stage times: `Engine.profile`: each stage jitted alone, its device time per round (the smaller of a synchronised and a pipelined estimate, host dispatch subtracted), mean over rounds.",
             f"- bf16 linears: {res.get('matmul', 'default')} (`skinny_matmul.ops.DEFAULT`); residual add + RMSNorm: "
-            f"{res.get('norm', 'default')} (`add_rms_norm.ops.DEFAULT`); PDL: {'yes' if res.get('pdl') else 'no'}; "
+            f"{res.get('norm', 'default')} (`add_rms_norm.ops.DEFAULT`); q/k norm + rope: {res.get('rope', 'default')} "
+            f"(`qk_norm_rope.ops.DEFAULT`); PDL: {'yes' if res.get('pdl') else 'no'}; "
             f"XLA_FLAGS: `{res.get('xla_flags') or '(none)'}`.",
             ""]
     out += ["## Step time per round (ms)", ""]

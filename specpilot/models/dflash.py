@@ -31,9 +31,9 @@ from pallas_kernels.qk_norm_rope import apply_rope, qk_norm_rope
 from pallas_kernels.tree_attention import dense_to_ancestor_bits, tree_attention_packed, unpack_heads
 from specpilot.models.config import DrafterConfig
 from specpilot.models.kv_cache import KVCache, init_cache, write_layer
-from specpilot.models.target import ATTENTION, fused_attention, rope_tables
+from specpilot.models.target import ATTENTION, fused_attention, rope_tables, swiglu
 from specpilot.models.target import attention as dense_attention
-from specpilot.models.weights import DrafterWeights, linear, swiglu_linear
+from specpilot.models.weights import DrafterWeights, linear
 
 
 def init_context(cfg: DrafterConfig, batch: int, capacity: int, dtype) -> KVCache:
@@ -163,6 +163,6 @@ def _block_pass(weights, cfg, embed, lm_head, ctx: KVCache, block_tokens, block_
                     else fused_attention(q, keys, vals, mask, attention))
         h = h + linear(attn, lw.w_o)
         x = rms_norm(h, lw.mlp_norm, lc.rms_norm_eps)
-        h = h + linear(swiglu_linear(x, lw.w_gate_up), lw.w_down)
+        h = h + linear(swiglu(linear(x, lw.w_gate_up)), lw.w_down)
     h = rms_norm(h, weights.final_norm, lc.rms_norm_eps)
     return linear(h, lm_head).astype(jnp.float32), KVCache(k=k_all, v=v_all, lengths=lengths)

@@ -35,7 +35,7 @@ from pallas_kernels.qk_norm_rope import qk_norm_rope
 from pallas_kernels.tree_attention import dense_to_ancestor_bits, tree_attention, tree_attention_packed, unpack_heads
 from specpilot.models.config import ModelConfig, rope_inv_freq
 from specpilot.models.kv_cache import KVCache, write_layer
-from specpilot.models.weights import Layer, TargetWeights, linear, swiglu_linear
+from specpilot.models.weights import Layer, TargetWeights, linear
 
 NEG_INF = -1e30
 
@@ -48,6 +48,14 @@ def rope_tables(cfg: ModelConfig, positions: jax.Array) -> tuple[jax.Array, jax.
     inv = rope_inv_freq(cfg.rope, cfg.head_dim)
     ang = positions.astype(jnp.float32)[..., None] * np.concatenate([inv, inv])
     return jnp.cos(ang), jnp.sin(ang)
+
+
+def swiglu(gate_up: jax.Array) -> jax.Array:
+    """The MLP's activation of the fused gate|up projection ``[..., 2 I]``: ``silu(gate) * up`` in f32, rounded once.
+    Why once: HF's bf16 MLP also rounds the activation, but XLA on the GPU drops such a round trip inside a fusion
+    (excess precision), so the rounding would depend on the backend (docs/results/2026-12-01-rope-swiglu-h200/)."""
+    gate, up = jnp.split(gate_up.astype(jnp.float32), 2, axis=-1)
+    return (jax.nn.silu(gate) * up).astype(gate_up.dtype)
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
@@ -122,7 +130,7 @@ def _layer(cfg: ModelConfig, lw: Layer, i: int, x, h, cos, sin, cache: KVCache, 
         attn = tree_attention_packed(heads, cache.k[i], cache.v[i], cache.lengths, tree_bits)
         attn = attn.reshape(b, t, -1)
     x, h = add_rms_norm(x, linear(attn, lw.w_o, reduce=False), lw.mlp_norm, cfg.rms_norm_eps)
-    return x, linear(swiglu_linear(h, lw.w_gate_up), lw.w_down, reduce=False), cache, (k, v)
+    return x, linear(swiglu(linear(h, lw.w_gate_up)), lw.w_down, reduce=False), cache, (k, v)
 
 
 def forward(

@@ -80,18 +80,6 @@ def linear(x: jax.Array, w: Any, reduce: bool = True):
     return skinny_matmul.matmul(x, w, reduce=reduce)
 
 
-def swiglu_linear(x: jax.Array, w: Any) -> jax.Array:
-    """The MLP's `silu(x @ w_gate) * (x @ w_up)` for a fused `w = [w_gate | w_up]` leaf
-    (`skinny_matmul.swiglu`'s roundings): a bf16 leaf's kernel may compute it in its epilogue."""
-    if isinstance(w, jax.Array):  # bf16 (or f32) leaves; W12 and quantized leaves have their own matmuls
-        from pallas_kernels import skinny_matmul
-
-        return skinny_matmul.swiglu_matmul(x, w)
-    from pallas_kernels.skinny_matmul import swiglu
-
-    return swiglu(*jnp.split(linear(x, w), 2, axis=-1))
-
-
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class Layer:

@@ -1,8 +1,9 @@
 """What the split-K Mosaic GPU matmuls (``w12`` and ``skinny_matmul``) share: weights on the wgmma M side
 (64 output channels per block), tokens on N, the K range cut into ``split_k`` pieces (``auto_split_k``) whose
-partial sums XLA adds afterwards. ``store_partial_sum`` / ``partial_sums_kernel`` / ``reduce_partial_sums`` are
-W12's channel-major ``[split_k, N, Mp]`` epilogue; ``skinny_matmul`` stores tokens-major (its module says why) as
-``SplitKPartials``, which a consumer kernel may add itself."""
+partial sums XLA adds afterwards. ``store_partial_sum`` / ``partial_sums_kernel`` / ``reduce_partial_sums`` are the
+W12 SMEM decode's channel-major ``[split_k, N, Mp]`` epilogue; ``skinny_matmul`` and the W12 register decode store
+tokens-major halves (``store_split``; the skinny module says why) as ``SplitKPartials``, which a consumer kernel
+(``load_row``) may add itself."""
 
 from __future__ import annotations
 
@@ -70,6 +71,38 @@ def reduce_partial_sums(y_t: jax.Array, m: int, dtype, extra: jax.Array | None =
   if extra is not None:
     total = total + extra
   return total[:, :m].T.astype(dtype)
+
+
+def halves_scratch(halves: int, tile_m: int, tile_n: int = 64):
+  """The SMEM tile ``store_split`` goes through: ``[halves, tile_m, tile_n]`` bf16, swizzled for TMA."""
+  return plgpu.SMEM((halves, tile_m, tile_n), jnp.bfloat16, transforms=smem_transforms(tile_n, jnp.bfloat16))
+
+
+def store_split(acc, out_smem, out_gmem, split, m_slice, n_slice) -> None:
+  """The split-K epilogue of ``skinny_matmul`` and ``w12``: a ``[tile_n, tile_m]`` f32 wgmma accumulator (weights on
+  M, tokens on N) stored transposed, tokens-major, through ``out_smem`` (``halves_scratch``) into
+  ``out_gmem[split, :, m_slice, n_slice]`` of the ``[S, halves, Mp, N]`` output. ``halves`` = 1: the bf16 result; 2: the f32
+  sum's high and low 16 bits (``f32_from_halves``), since Mosaic GPU stores a transposed accumulator into swizzled
+  SMEM for 16-bit types only. Every thread calls it."""
+  halves = out_smem.shape[0]
+  if halves == 1:
+    out_smem.at[0].T[...] = acc.astype(jnp.bfloat16)
+  else:
+    bits = lax.bitcast_convert_type(acc, jnp.uint32)
+    for half, part in enumerate((bits >> 16, bits & 0xFFFF)):
+      out_smem.at[half].T[...] = lax.bitcast_convert_type(part.astype(jnp.uint16), jnp.bfloat16)
+  plgpu.commit_smem()
+  for half in range(halves):  # one 2-D copy each: TMA strides at most 5 tiled dimensions
+    plgpu.copy_smem_to_gmem(out_smem.at[half], out_gmem.at[split, half, m_slice, n_slice])
+  plgpu.wait_smem_to_gmem(0)
+
+
+def halves_from_f32(y: jax.Array) -> jax.Array:
+  """f32 ``[..., Mp, N]`` -> ``[..., 2, Mp, N]`` bf16 bit patterns of their high and low 16 bits: the inverse of
+  ``f32_from_halves``, exactly."""
+  bits = lax.bitcast_convert_type(y, jnp.uint32)
+  parts = [lax.bitcast_convert_type(p.astype(jnp.uint16), jnp.bfloat16) for p in (bits >> 16, bits & 0xFFFF)]
+  return jnp.stack(parts, axis=-3)
 
 
 def join_halves(hi: jax.Array, lo: jax.Array) -> jax.Array:

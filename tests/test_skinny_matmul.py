@@ -173,6 +173,8 @@ def test_f32_from_halves_is_exact_for_every_bit_pattern():
   joined = jax.jit(split_k.f32_from_halves)(jnp.asarray(halves))
   assert joined.shape == (3, 8, 64) and joined.dtype == jnp.float32
   np.testing.assert_array_equal(np.asarray(joined).view(np.uint32), bits)
+  again = jax.jit(split_k.halves_from_f32)(joined)  # and back: the W12 SMEM decode's partials take this way
+  np.testing.assert_array_equal(np.asarray(again).view(np.uint16), halves.view(np.uint16))
 
 
 def _split_of(x, w):

@@ -171,3 +171,76 @@ def test_default_implementation_is_what_matmul_runs(monkeypatch):
   assert calls == ["xla_decode"]
   w12.matmul(x, packed, implementation="reference")  # a named implementation wins over DEFAULT
   assert calls == ["xla_decode"]
+
+
+def test_unsummed_splits_go_to_a_consumer_only_when_nothing_is_left_to_patch():
+  """``reduce=False`` (interpret mode, SMEM decode): a weight without escapes, K split in two, comes back as
+  ``SplitKPartials`` whose sum is the reduced result bit for bit, and the add + norm kernel takes them; a weight
+  with escapes corrected after the kernel comes back summed."""
+  from pallas_kernels.add_rms_norm import add_rms_norm_reference
+  from pallas_kernels.add_rms_norm import mosaic_gpu as norm_mosaic_gpu
+
+  rng = np.random.default_rng(3)
+  x = jnp.asarray(rng.normal(size=(1, 512)).astype(BF16))
+  config = w12.TuningConfig(tile_n=64, tile_m=8, tile_k=128, split_k=2)
+  interpret = plgpu.InterpretGPUParams()
+  magnitudes = rng.uniform(2.0 ** -8, 2.0 ** -2, size=(512, 1024)) * rng.choice([-1.0, 1.0], size=(512, 1024))
+  clean = w12.pack(magnitudes.astype(BF16), group_k=128)  # six binades: inside every code window
+  assert not clean.has_side_table
+
+  def run(packed, reduce):
+    return w12_mosaic_gpu.w12_matmul(x, packed, config=config, interpret=interpret, reduce=reduce)
+
+  partials, summed = run(clean, False), run(clean, True)
+  assert isinstance(partials, split_k.SplitKPartials) and partials.num_splits == 2 and partials.shape == (1, 1024)
+  np.testing.assert_array_equal(np.asarray(partials.sum(), np.float32), np.asarray(summed, np.float32))
+  np.testing.assert_allclose(np.asarray(summed, np.float32), np.asarray(x, np.float32) @ w12.unpack(clean).astype(
+      np.float32), rtol=2e-2, atol=2e-3)
+  resid = jnp.asarray(rng.normal(size=(1, 1024)).astype(BF16))
+  norm_w = jnp.ones((1024,), jnp.bfloat16)
+  got = norm_mosaic_gpu.add_rms_norm(resid, partials, norm_w, 1e-6, interpret=interpret)
+  np.testing.assert_array_equal(np.asarray(got[0], np.float32),
+                                np.asarray(add_rms_norm_reference(resid, summed, norm_w, 1e-6)[0], np.float32))
+  escaped = w12.pack(weights_with_escapes(512, 64, seed=0), group_k=128)
+  assert escaped.has_side_table and not isinstance(run(escaped, False), split_k.SplitKPartials)
+
+
+@pytest.mark.parametrize("overflow", [False, True])
+def test_register_kernel_hands_its_splits_on_when_it_corrects_every_escape(overflow):
+  """The register decode with ``escapes_in_kernel`` (traced for sm_90 on the CPU): with every escape in the channel
+  lists, ``reduce=False`` returns the kernel's splits unsummed and the program adds nothing after the kernel; with an
+  overflow, XLA patches and sums as before."""
+  w = np.full((1024, 128), 0.5, np.float32)
+  w[3, 5], w[9, 6] = 1e30, -1e30
+  if overflow:
+    w[700, 5] = 1e30  # a second escape in channel 5: the one-entry list overflows
+  packed = w12.pack(w.astype(BF16), group_k=1024)
+  config = w12.TuningConfig(decode="registers", tile_k=128, tile_m=8, split_k=2, escapes_in_kernel=True)
+  x = jnp.ones((1, 1024), jnp.bfloat16)
+  out = jax.eval_shape(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config, reduce=False), x, packed)
+  assert isinstance(out, split_k.SplitKPartials) != overflow
+  if not overflow:
+    assert out.halves.shape == (2, 2, 8, 128) and out.shape == (1, 128)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not w12_ops._on_hopper(), reason="needs an H100/H200")
+@pytest.mark.parametrize("k,n", [(4096, 4096), (12288, 4096)])
+def test_register_kernel_splits_sum_to_the_reduced_result_on_the_gpu(k, n):
+  """Qwen3-8B's o and down projections at one token row with the default config and the escapes in the kernel: the
+  unsummed splits the norm kernel would get add up to the reduced result, which matches the reference."""
+  import dataclasses
+
+  w = weights_with_escapes(k, n, seed=k)
+  w[9, 2] = 0  # no overflow: every escape in its channel list
+  packed = w12.pack(w)
+  config = dataclasses.replace(w12_mosaic_gpu.DEFAULT_CONFIG, escapes_in_kernel=True)
+  x = jnp.asarray(np.random.default_rng(k).normal(size=(1, k)).astype(BF16))
+  run = jax.jit(lambda x, p, reduce: w12.matmul(x, p, implementation="mosaic_gpu", config=config, reduce=reduce),
+                static_argnums=2)
+  partials, summed = run(x, packed, False), run(x, packed, True)
+  assert isinstance(partials, split_k.SplitKPartials)
+  np.testing.assert_array_equal(np.asarray(jax.jit(lambda p: p.sum())(partials), np.float32),
+                                np.asarray(summed, np.float32))
+  want = np.asarray(w12.matmul(x, packed, implementation="reference"), np.float32)
+  np.testing.assert_allclose(np.asarray(summed, np.float32), want, rtol=2e-2, atol=2e-2 * np.abs(want).max())

@@ -37,7 +37,15 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import pdl
 from pallas_kernels.skinny_matmul.config import TuningConfig
-from pallas_kernels.split_k import SplitKPartials, auto_split_k, num_sms, round_up, smem_transforms
+from pallas_kernels.split_k import (
+    SplitKPartials,
+    auto_split_k,
+    halves_scratch,
+    num_sms,
+    round_up,
+    smem_transforms,
+    store_split,
+)
 from pallas_kernels.tma import pad_for_tma
 
 TILE_N = 64  # output channels per block: one wgmma M
@@ -118,22 +126,12 @@ def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, inter
       return acc_ref[...]
 
     acc = pl.run_scoped(accumulate, plgpu.ACC((TILE_N, tile_m), jnp.float32))
-    if halves == 1:
-      out_smem.at[0].T[...] = acc.astype(jnp.bfloat16)
-    else:
-      bits = lax.bitcast_convert_type(acc, jnp.uint32)
-      for half, part in enumerate((bits >> 16, bits & 0xFFFF)):
-        out_smem.at[half].T[...] = lax.bitcast_convert_type(part.astype(jnp.uint16), jnp.bfloat16)
-    plgpu.commit_smem()
-    for half in range(halves):  # one 2-D copy each: TMA strides at most 5 tiled dimensions
-      plgpu.copy_smem_to_gmem(out_smem.at[half], out_gmem.at[split, half, m_slice, n_slice])
-    plgpu.wait_smem_to_gmem(0)
+    store_split(acc, out_smem, out_gmem, split, m_slice, n_slice)
 
   call = plgpu.kernel(
       skinny_matmul_body, out_type=jax.ShapeDtypeStruct((split_k, halves, mp, n), jnp.bfloat16),
       grid=(n // TILE_N, mp // tile_m, split_k), grid_names=("n", "m", "s"),
-      scratch_types={"out_smem": plgpu.SMEM((halves, tile_m, TILE_N), jnp.bfloat16,
-                                            transforms=smem_transforms(TILE_N, jnp.bfloat16))},
+      scratch_types={"out_smem": halves_scratch(halves, tile_m, TILE_N)},
       interpret=interpret,
   )
   return call(w, x2)

@@ -36,8 +36,11 @@ bf16 matmul at M = 1 on the layer shapes, the kernel alone ~3.2 TB/s of stored b
 instructions a word (format 3 drops the window test, ~15 -> ~11) moved it 2.5 %: it is bound by latency with
 too few eligible warps (Nsight Compute: issue slots 52 % busy), not by instruction count. In the H200's decode
 loop the W12 matmuls take what the bf16 ones take, and the XLA epilogues carrying the escape gathers cost
-~0.85 ms a step. ``TuningConfig.escapes_in_kernel`` (opt-in, not yet timed) adds the lists' correction in the
-kernel's first split instead. Next: warp specialisation (a TMA producer and two decoding consumer
+~0.85 ms a step. ``TuningConfig.escapes_in_kernel`` (opt-in) adds the lists' correction in the kernel's first split
+instead: in the probe 0.1 us a call faster (docs/results/2026-12-01-rope-swiglu-h200/), in the loop not timed yet.
+The register decode writes the skinny kernel's tokens-major split halves (``split_k.store_split``), so with every
+escape corrected in the kernel ``w12_matmul(..., reduce=False)`` hands the splits to the add + norm and q/k norm +
+rope kernels (``SplitKPartials``) and the o, down and q|k|v projections need no XLA epilogue at all. Next: warp specialisation (a TMA producer and two decoding consumer
 warpgroups), one base load per step, the split-K sum inside the kernel.
 """
 
@@ -59,13 +62,18 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import pdl
 from pallas_kernels.split_k import (
+  SplitKPartials,
   auto_split_k,
+  f32_from_halves,
+  halves_from_f32,
+  halves_scratch,
   num_sms,
   partial_sums_kernel,
   reduce_partial_sums,
   round_up,
   smem_transforms,
   store_partial_sum,
+  store_split,
 )
 from pallas_kernels.tma import pad_for_tma
 from pallas_kernels.w12 import register_decode
@@ -332,15 +340,16 @@ def _escape_correction_in_registers(tile_m: int, capacity: int, m: int):
 
 
 def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, group_k, tile_m, tile_k,
-                          max_concurrent_steps, split_k, out_dtype, escape_lists=None, m=None):
+                          max_concurrent_steps, split_k, halves, escape_lists=None, m=None):
   """One warpgroup per (64 channels, tile_m tokens, K split); each step's W12 tiles are decoded by
   ``register_decode`` straight into wgmma's A registers, 64 K at a time, in logical K order (the planes' stored
   order is the order the threads read), against ``x2`` ``[m, K]`` as the caller has it (``pad_for_tma``: decode's
   one to eight rows untouched): TMA fills the activation tiles' rows past ``m`` (up to ``mp``) and columns past
   ``K`` (up to ``Kp``) with zeros, so no padded or permuted copy of ``x`` is made. Each thread reads its two
   rows' base exponents for the step straight from ``base_exponent`` ``[N, groups]`` in GMEM (48 KB for a
-  12288x4096 weight: L2-resident), so no per-call XLA op rearranges them. Same output as ``_smem_decode_call``:
-  ``[split_k, N, Mp]``. With ``escape_lists`` (``(column_escape_rows, column_escape_bits)``, one token block: ``mp
+  12288x4096 weight: L2-resident), so no per-call XLA op rearranges them. The output is the skinny kernel's,
+  tokens-major ``[split_k, halves, Mp, N]`` (``split_k.store_split``): with every escape corrected in the kernel,
+  a consumer kernel can add the splits itself (``SplitKPartials``). With ``escape_lists`` (``(column_escape_rows, column_escape_bits)``, one token block: ``mp
   == tile_m``, ``m`` real rows) the first split's blocks add the lists' correction to their accumulators
   (``_escape_correction_in_registers``)."""
   tile_n = register_decode.ROWS
@@ -351,7 +360,6 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   byte_transforms = smem_transforms(tile_k, jnp.uint8)
   nibble_transforms = smem_transforms(tile_k // 2, jnp.uint8)
   x_transforms = smem_transforms(register_decode.CHUNK, jnp.bfloat16)
-  out_transforms = smem_transforms(tile_m, out_dtype)
   decoders = [_decode_chunk_to_registers(c, tile_k, byte_transforms, nibble_transforms) for c in range(chunks)]
   correct = None
   if escape_lists is not None:
@@ -391,11 +399,13 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
           acc_ref[...] = correct(acc_ref[...], rows_gmem.at[n_slice], bits_gmem.at[n_slice], x_gmem)
       return acc_ref[...]
 
-    store_partial_sum(accumulate, out_smem, out_gmem.at[split, n_slice, m_slice], (tile_n, tile_m), out_dtype)
+    acc = pl.run_scoped(accumulate, plgpu.ACC((tile_n, tile_m), jnp.float32))
+    store_split(acc, out_smem, out_gmem, split, m_slice, n_slice)
 
-  call = partial_sums_kernel(
-      w12_matmul_body, n=n, mp=mp, tile_n=tile_n, tile_m=tile_m, split_k=split_k, out_dtype=out_dtype,
-      scratch_types=dict(out_smem=plgpu.SMEM((tile_n, tile_m), out_dtype, transforms=out_transforms)),
+  call = plgpu.kernel(
+      w12_matmul_body, out_type=jax.ShapeDtypeStruct((split_k, halves, mp, n), jnp.bfloat16),
+      grid=(n // tile_n, mp // tile_m, split_k), grid_names=("n", "m", "s"),
+      scratch_types={"out_smem": halves_scratch(halves, tile_m, tile_n)},
   )
   return call(byte_plane, nibble_plane, base_exponent, x2, *(escape_lists or ()))
 
@@ -406,8 +416,12 @@ def w12_matmul(
     *,
     config: TuningConfig | None = None,
     interpret: plgpu.InterpretGPUParams | None = None,
-) -> jax.Array:
-  """``x @ W`` for bf16 ``x`` ``[..., K]``: the fused kernel plus the escape patch.
+    reduce: bool = True,
+) -> jax.Array | SplitKPartials:
+  """``x @ W`` for bf16 ``x`` ``[..., K]``: the fused kernel plus the escape patch. With ``reduce=False``, when
+  nothing is left to patch after the kernel (no escapes, or all corrected in it: ``escapes_in_kernel`` and no
+  overflow) and K is split, the unsummed ``SplitKPartials`` for a consumer kernel that adds them itself
+  (``add_rms_norm``, ``qk_norm_rope``), as ``skinny_matmul`` returns them.
 
   ``interpret=plgpu.InterpretGPUParams()`` runs it on CPU for tests. Unsupported
   shapes raise NotImplementedError so ``w12.matmul`` can fall back loudly.
@@ -426,14 +440,14 @@ def w12_matmul(
   k_steps = kp // config.tile_k
   split_k = config.split_k or auto_split_k((n // config.tile_n) * (mp // tile_m), k_steps, num_sms(),
                                            config.blocks_per_sm)
-  out_dtype = jnp.float32 if has_escapes or split_k > 1 else x.dtype
+  halves = 2 if has_escapes or split_k > 1 else 1  # f32 partial sums, or the bf16 result
   in_kernel = bool(config.decode == "registers" and config.escapes_in_kernel and packed.column_capacity
                    and mp == tile_m)
   if config.decode == "registers":
-    y_t = _register_decode_call(
+    out = _register_decode_call(
         pad_for_tma(x2, (8, register_decode.CHUNK)), packed.sign_mantissa, packed.exponent_codes,
         packed.base_exponent, mp=mp, group_k=packed.group_k, tile_m=tile_m, tile_k=config.tile_k,
-        max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, out_dtype=out_dtype,
+        max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, halves=halves,
         escape_lists=(packed.column_escape_rows, packed.column_escape_bits) if in_kernel else None, m=m)
   else:
     # one base row per K step, [Kp / tile_k, N]: one small TMA box per step
@@ -445,10 +459,20 @@ def w12_matmul(
         x_stored, packed.sign_mantissa, packed.exponent_codes, base_tiles.astype(_BASE_DTYPE),
         tile_n=config.tile_n, tile_m=tile_m, tile_k=config.tile_k,
         max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, overlap_decode=config.overlap_decode,
-        out_dtype=out_dtype, interpret=interpret)
-  # y_t: [split_k, N, Mp]. The overflow escapes (usually none) are scattered into the first partial sum, in place.
-  # Up to GATHER_ROWS rows the listed ones are gathers that join the split-K sum, the transpose and the cast in one
-  # XLA fusion; above, they are scattered too.
+        out_dtype=jnp.float32 if halves == 2 else x.dtype, interpret=interpret)
+    # channel-major [split_k, N, Mp] -> the register decode's tokens-major [split_k, halves, Mp, N], in XLA (this
+    # decode is the interpretable one, not the fast one)
+    y = jnp.swapaxes(y_t, 1, 2)
+    out = halves_from_f32(y) if halves == 2 else y[:, None]
+  if not has_escapes or (in_kernel and not packed.escape_index.shape[0]):
+    if halves == 1:
+      return out[0, 0, :m].reshape(*lead, n)
+    partials = SplitKPartials(out, lead, jnp.dtype(x.dtype).name)
+    return partials if not reduce else partials.sum()
+  # out: [split_k, 2, Mp, N] f32 halves. The overflow escapes (usually none) are scattered into the first partial sum,
+  # in place. Up to GATHER_ROWS rows the listed ones are gathers that join the split-K sum, the transpose and the cast
+  # in one XLA fusion; above, they are scattered too.
+  y_t = jnp.swapaxes(f32_from_halves(out), 1, 2)  # [split_k, N, Mp]
   gather = bool(packed.column_capacity and m <= GATHER_ROWS and not in_kernel)
   y_t = scatter_escapes_t(y_t, x2, packed, lists=not (gather or in_kernel))
   correction = column_escape_correction_t(x2, packed, mp) if gather else None

@@ -8,6 +8,7 @@ from typing import Literal
 import jax
 
 from pallas_kernels.device import on_hopper as _on_hopper  # a module name tests can patch
+from pallas_kernels.split_k import SplitKPartials
 from pallas_kernels.w12.config import TuningConfig
 from pallas_kernels.w12.format import W12Array
 from pallas_kernels.w12.reference import w12_matmul_reference
@@ -20,10 +21,10 @@ _IMPLEMENTATIONS = ("reference", "xla_decode", "mosaic_gpu")
 DEFAULT: Implementation = "mosaic_gpu"  # what ``implementation=None`` runs; see `matmul`
 
 
-def _mosaic_gpu(x, packed, config):
+def _mosaic_gpu(x, packed, config, reduce=True):
   from pallas_kernels.w12 import mosaic_gpu  # lazy: needs a Mosaic GPU capable jaxlib
 
-  return mosaic_gpu.w12_matmul(x, packed, config=config)
+  return mosaic_gpu.w12_matmul(x, packed, config=config, reduce=reduce)
 
 
 def matmul(
@@ -32,8 +33,10 @@ def matmul(
     *,
     implementation: Implementation | None = None,
     config: TuningConfig | None = None,
-) -> jax.Array:
-  """``x @ W`` for ``x`` ``[..., K]`` and a W12 weight ``[K, N]``; f32 accumulation.
+    reduce: bool = True,
+) -> jax.Array | SplitKPartials:
+  """``x @ W`` for ``x`` ``[..., K]`` and a W12 weight ``[K, N]``; f32 accumulation. ``reduce=False``: the kernel may
+  return its K splits unsummed (``SplitKPartials``, ``mosaic_gpu.w12_matmul`` says when), for a consumer kernel.
 
   ``implementation=None`` runs ``DEFAULT``: the fused Mosaic GPU kernel on a Hopper
   (``mosaic_gpu.DEFAULT_CONFIG``, the register decode: 7x faster than the reference and
@@ -52,11 +55,11 @@ def matmul(
   if chosen == "xla_decode":
     return w12_matmul_xla_decode(x, packed)
   if implementation == "mosaic_gpu":
-    return _mosaic_gpu(x, packed, config)
+    return _mosaic_gpu(x, packed, config, reduce)
   if not _on_hopper():
     return w12_matmul_reference(x, packed)
   try:
-    return _mosaic_gpu(x, packed, config)
+    return _mosaic_gpu(x, packed, config, reduce)
   except (NotImplementedError, ImportError) as e:
     _log.warning("w12 matmul falls back to the reference for x%s, W%s: %s", x.shape, packed.shape, e)
     return w12_matmul_reference(x, packed)

@@ -74,7 +74,7 @@ def linear(x: jax.Array, w: Any, reduce: bool = True):
     if _is_w12(w):
         from pallas_kernels import w12
 
-        return w12.matmul(x, w)
+        return w12.matmul(x, w, reduce=reduce)
     from pallas_kernels import skinny_matmul
 
     return skinny_matmul.matmul(x, w, reduce=reduce)

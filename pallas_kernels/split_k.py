@@ -114,9 +114,12 @@ def join_halves(hi: jax.Array, lo: jax.Array) -> jax.Array:
 def load_row(ref, row, dtype, cols=slice(None)):
   """Inside a Mosaic GPU kernel: row ``row`` (columns ``cols``) of a matmul result as ``dtype``, from a plain
   ``[M, N]`` ref or from ``[S, 2, Mp, N]`` uint16 split-K halves (``SplitKPartials``' bits), whose splits are added in
-  split order in f32 and rounded to ``dtype`` as ``SplitKPartials.sum`` does."""
+  split order in f32 and rounded to ``dtype`` as ``SplitKPartials.sum`` does; ``[1, 1, Mp, N]``: the 16-bit result's
+  own bits (an unsplit K)."""
   if len(ref.shape) == 2:
     return ref[row, cols].astype(dtype)
+  if ref.shape[1] == 1:
+    return lax.bitcast_convert_type(ref[0, 0, row, cols], dtype)
   total = None
   for s in range(ref.shape[0]):
     part = join_halves(ref[s, 0, row, cols], ref[s, 1, row, cols])
@@ -138,8 +141,10 @@ class SplitKPartials:
   XLA kernel of its own (~1.45 us; two a layer in a Qwen3-8B decode step, after the o and down projections,
   docs/results/2026-12-01-fusion-prefetch-h200/), while ``add_rms_norm``'s kernel reads the row anyway.
 
-  ``halves``: bf16 ``[S, 2, Mp, N]``, the f32 partial sums' high and low 16 bits (``f32_from_halves``); rows past
-  ``prod(lead)`` are padding. ``lead``: the result's leading shape; ``dtype``: its dtype's name.
+  ``halves``: bf16 ``[S, 2, Mp, N]``, the f32 partial sums' high and low 16 bits (``f32_from_halves``), or
+  ``[1, 1, Mp, N]``, the result itself (K not split: a kernel consumer then reads the matmul's padded output as it
+  is, where a slice of it would be an XLA copy kernel); rows past ``prod(lead)`` are padding. ``lead``: the result's
+  leading shape; ``dtype``: its dtype's name.
   """
 
   halves: jax.Array
@@ -157,6 +162,8 @@ class SplitKPartials:
   def sum(self) -> jax.Array:
     """The result: the splits added in order (``((p0 + p1) + p2) + ...``, as a consumer kernel adds them, so the two
     paths round alike) in f32, cast to ``dtype``, the padding rows sliced off."""
+    if self.halves.shape[1] == 1:
+      return self.halves[0, 0, :math.prod(self.lead)].astype(self.dtype).reshape(self.shape)
     parts = f32_from_halves(self.halves)
     total = functools.reduce(operator.add, [parts[s] for s in range(self.num_splits)])
     return total.astype(self.dtype)[:math.prod(self.lead)].reshape(self.shape)

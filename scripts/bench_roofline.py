@@ -127,7 +127,8 @@ SKINNY_VARIANTS = {"skinny_forward": "xla_forward", "skinny_decode_loop": "xla_d
 (``skinny_matmul.ops.DEFAULT = "mosaic_gpu"``): the kernel and XLA's dot side by side in one run."""
 FUSED_NORM_VARIANTS = {"fused_norm_decode_loop": "xla_decode_loop", "split_decode_loop": "xla_decode_loop",
                        "pdl_decode_loop": "xla_decode_loop", "summed_splits_decode_loop": "xla_decode_loop",
-                       "rope_decode_loop": "xla_decode_loop"}
+                       "rope_decode_loop": "xla_decode_loop", "pdl_rope_decode_loop": "xla_decode_loop",
+                       "chain_decode_loop": "xla_decode_loop", "pdl_chain_decode_loop": "xla_decode_loop"}
 """``skinny_decode_loop`` again with every residual add + RMSNorm on ``pallas_kernels.add_rms_norm``'s kernel, in a
 process of its own: the kernel's effect on the best AR configuration, side by side in one run.
 ``split_decode_loop``: ``fused_norm_decode_loop``
@@ -137,7 +138,11 @@ with the skinny kernel's K splits from ``--skinny-splits``
 (``pallas_kernels.pdl``). ``summed_splits_decode_loop``: ``fused_norm_decode_loop`` with the o and down projections'
 K splits summed by XLA before the add + norm kernel (``skinny_matmul.ops.PASS_SPLITS = False``, the model before the
 kernel took them). ``rope_decode_loop``: ``fused_norm_decode_loop`` with the q/k norm + rope on
-``pallas_kernels.qk_norm_rope``'s kernel (``--rope``). PDL on the H200 changed nothing (4.695 against 4.695 ms), nor did XLA's own PDL for its
+``pallas_kernels.qk_norm_rope``'s kernel (``--rope``). ``pdl_rope_decode_loop``: ``rope_decode_loop`` under PDL (the
+skinny kernel's first weight tiles and the tree-attention kernel's prefix loads issued before the grid-dependency
+wait). ``chain_decode_loop``: ``rope_decode_loop`` with the SwiGLU and the attention's split merge on Mosaic GPU kernels
+(``--swiglu``, ``--combine-kernel``), so every kernel of a layer is one of ours; ``pdl_chain_decode_loop``: that under
+PDL. PDL on the H200 changed nothing (4.695 against 4.695 ms), nor did XLA's own PDL for its
 fusions (``--xla-flags "on=--xla_gpu_enable_pdl=true --xla_gpu_enable_pdl_launch=true"``: 4.686 against 4.674 ms
 off; docs/results/2026-12-01-pdl-h200/)."""
 SKINNY_FLAG_VARIANTS = {"skinny_cmdbuf_while": "xla_flags_cmdbuf_while"}
@@ -180,6 +185,9 @@ WHAT = {
     "pdl_decode_loop": "fused_norm_decode_loop, the Mosaic GPU kernels launched with PDL",
     "summed_splits_decode_loop": "fused_norm_decode_loop, the K splits summed by XLA before the add + norm kernel",
     "rope_decode_loop": "fused_norm_decode_loop, q/k norm + rope on the qk_norm_rope kernel",
+    "pdl_rope_decode_loop": "rope_decode_loop under PDL (weights and the cache prefix loaded before the wait)",
+    "chain_decode_loop": "rope_decode_loop, SwiGLU and the attention merge on Mosaic GPU kernels",
+    "pdl_chain_decode_loop": "chain_decode_loop under PDL",
     "torch_peer_eager": "PyTorch gpt-fast style, eager",
     "torch_peer_cudagraphs": "PyTorch, compile reduce-overhead (CUDA graphs)",
     "torch_peer_compile": "PyTorch, compile max-autotune-no-cudagraphs",
@@ -859,6 +867,14 @@ def apply_kernel_settings(spec: dict) -> dict:
         from pallas_kernels.qk_norm_rope import ops as rope_ops
 
         rope_ops.DEFAULT = spec["rope"]
+    if spec.get("swiglu"):
+        from pallas_kernels.swiglu import ops as swiglu_ops
+
+        swiglu_ops.DEFAULT = spec["swiglu"]
+    if spec.get("combine_kernel"):
+        from pallas_kernels.tree_attention import mosaic_gpu as ta_mosaic_gpu
+
+        ta_mosaic_gpu.COMBINE_KERNEL = True
     if spec.get("skinny_splits"):
         from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
 
@@ -884,6 +900,8 @@ def apply_kernel_settings(spec: dict) -> dict:
     res["matmul"] = spec.get("matmul") or "default"
     res["norm"] = spec.get("norm") or "default"
     res["rope"] = spec.get("rope") or "default"
+    res["swiglu"] = spec.get("swiglu") or "default"
+    res["combine_kernel"] = bool(spec.get("combine_kernel"))
     res["pdl"] = bool(spec.get("pdl"))
     return res
 
@@ -960,6 +978,12 @@ def parse_args(argv=None):
     ap.add_argument("--rope", choices=("xla", "mosaic_gpu"), default=None,
                     help="the q/k norm + rope after every q|k|v projection in every JAX job: XLA's or the "
                          "qk_norm_rope kernel (sets qk_norm_rope.ops.DEFAULT; default: leave it as it is)")
+    ap.add_argument("--swiglu", choices=("xla", "mosaic_gpu"), default=None,
+                    help="the MLP's SwiGLU in every JAX job: XLA's fusion or the swiglu kernel (sets "
+                         "swiglu.ops.DEFAULT; default: leave it as it is)")
+    ap.add_argument("--combine-kernel", action="store_true",
+                    help="the tree-attention kernel's split merge on its Mosaic GPU kernel in every JAX job (sets "
+                         "tree_attention.mosaic_gpu.COMBINE_KERNEL)")
     ap.add_argument("--skinny-splits", nargs="+", default=[], metavar="KxN=S|FILE",
                     help="the split_decode_loop row's K split per weight shape: KxN=S items or a JSON file of "
                          "{\"KxN\": S} (scripts/h200/split_probe.py --json)")
@@ -1016,6 +1040,8 @@ def settings(args) -> dict:
         "matmul": args.matmul,
         "norm": args.norm,
         "rope": args.rope,
+        "swiglu": args.swiglu,
+        "combine_kernel": args.combine_kernel,
         "pdl": args.pdl,
         "drafter_layers": 1 if q else 5,
         "block_size": 4 if q else 16,
@@ -1146,6 +1172,13 @@ def plan_jobs(args, s: dict, run: Path, chosen: list[str]) -> tuple[list[Job], J
     if "rope_decode_loop" in chosen:
         jobs.append(jax_job("rope", ["xla_decode_loop"], t["xla"], ["rope_decode_loop"], matmul="mosaic_gpu",
                             norm="mosaic_gpu", rope="mosaic_gpu", loop_label="rope_decode_loop"))
+    rope_kernels = dict(matmul="mosaic_gpu", norm="mosaic_gpu", rope="mosaic_gpu")
+    chain_kernels = dict(rope_kernels, swiglu="mosaic_gpu", combine_kernel=True)
+    for name, kernels in (("pdl_chain", dict(chain_kernels, pdl=True)), ("pdl_rope", dict(rope_kernels, pdl=True)),
+                          ("chain", chain_kernels)):
+        if f"{name}_decode_loop" in chosen:
+            jobs.append(jax_job(name, ["xla_decode_loop"], t["xla"], [f"{name}_decode_loop"],
+                                loop_label=f"{name}_decode_loop", **kernels))
     if "pdl_decode_loop" in chosen:
         jobs.append(jax_job("pdl", ["xla_decode_loop"], t["xla"], ["pdl_decode_loop"], matmul="mosaic_gpu",
                             norm="mosaic_gpu", pdl=True, loop_label="pdl_decode_loop"))
@@ -1477,7 +1510,9 @@ def markdown(rep: dict) -> str:
         f"- Date: {p['date']}. Device: {p['device']}. jax {p['jax']}, torch {p['torch']}. Commit `{p['commit']}`.",
         f"- Command: `{p['command']}` ({p['wall_s']:.0f} s).",
         f"- Attention: AR rows `{s.get('ar_attention', 'xla')}`, verify rows `{s.get('verify_attention', 'xla')}`. "
-        f"Residual add + RMSNorm: `{s.get('norm') or 'default'}`. q/k norm + rope: `{s.get('rope') or 'default'}`.",
+        f"Residual add + RMSNorm: `{s.get('norm') or 'default'}`. q/k norm + rope: `{s.get('rope') or 'default'}`. "
+        f"SwiGLU: `{s.get('swiglu') or 'default'}`. Attention merge: "
+        f"`{'kernel' if s.get('combine_kernel') else 'xla'}`. PDL: `{bool(s.get('pdl'))}` (rows may set their own).",
         (f"- Roofline = bytes of weights + KV read ÷ measured read bandwidth ({bw}) and ÷ 4.3 TB/s (nominal copy "
          f"rate). ms = median of synchronised steps (decode loop: loop time ÷ steps)."),
         "",

@@ -123,11 +123,13 @@ def test_a_run_cut_off_before_its_summary_is_read_from_its_trial_log(tmp_path):
 
 def test_memory_transfer_script_end_to_end(tmp_path):
     """scripts/memory_transfer.py with a stand-in search (tests/fake_search.py on the FakeBackend): A writes
-    records, B runs seeded (a copy of A's records) and unseeded (empty), and the comparison says who was first."""
+    records, B runs seeded (a copy of A's records) and unseeded (empty), and the comparison says who was first.
+    Each fake trial sleeps 0.5 s, so the seeded run's two trials fewer lead by ~1 s of search time: at 0.2 s the
+    lead was 0.4 s, which a loaded 2-core machine (the suite on two workers) ate once."""
     work = tmp_path / "work"
     cmd = [sys.executable, str(REPO / "scripts" / "memory_transfer.py"), "--work", str(work),
            "--search-cmd", str(REPO / "tests" / "fake_search.py"), "--", "search.rounds=6",
-           "search.candidates_per_round=1", "deployment.name=fake", "fake.delay_s=0.2"]
+           "search.candidates_per_round=1", "deployment.name=fake", "fake.delay_s=0.5"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -296,3 +296,38 @@ def test_w12_escapes_in_kernel_reaches_only_the_w12_job(tmp_path):
         assert w12_mosaic_gpu.DEFAULT_CONFIG == dataclasses.replace(default, escapes_in_kernel=True)
     finally:
         w12_mosaic_gpu.DEFAULT_CONFIG = default
+
+
+def test_chain_rows_carry_their_kernels_to_their_jobs(tmp_path):
+    """The PDL / kernel-chain rows each get a job whose spec names its kernels, and a job given them sets the modules'
+    flags (restored here)."""
+    from pallas_kernels import pdl
+    from pallas_kernels.swiglu import ops as swiglu_ops
+    from pallas_kernels.tree_attention import mosaic_gpu as ta_mosaic_gpu
+
+    br = _load_script()
+    rows = ["rope_decode_loop", "pdl_rope_decode_loop", "chain_decode_loop", "pdl_chain_decode_loop"]
+    args = br.parse_args(["--quick", "--variants", *rows])
+    jobs, _ = br.plan_jobs(args, br.settings(args), tmp_path, br.selected_variants(args))
+    spec = {j.rows[0]: j.spec for j in jobs}
+    assert sorted(spec) == sorted(rows)
+    kernels = lambda r: (spec[r].get("pdl"), spec[r].get("swiglu"), bool(spec[r].get("combine_kernel")))
+    assert kernels("rope_decode_loop") == (False, None, False)
+    assert kernels("pdl_rope_decode_loop") == (True, None, False)
+    assert kernels("chain_decode_loop") == (False, "mosaic_gpu", True)
+    assert kernels("pdl_chain_decode_loop") == (True, "mosaic_gpu", True)
+    assert all(spec[r]["rope"] == spec[r]["norm"] == spec[r]["matmul"] == "mosaic_gpu" for r in rows)
+    from pallas_kernels.add_rms_norm import ops as norm_ops
+    from pallas_kernels.qk_norm_rope import ops as rope_ops
+    from pallas_kernels.skinny_matmul import ops as skinny_ops
+
+    ops = (swiglu_ops, norm_ops, rope_ops, skinny_ops)
+    saved = (pdl.ENABLED, ta_mosaic_gpu.COMBINE_KERNEL, [m.DEFAULT for m in ops])
+    try:
+        res = br.apply_kernel_settings(spec["pdl_chain_decode_loop"])
+        assert (res["pdl"], res["swiglu"], res["combine_kernel"]) == (True, "mosaic_gpu", True)
+        assert (pdl.ENABLED, swiglu_ops.DEFAULT, ta_mosaic_gpu.COMBINE_KERNEL) == (True, "mosaic_gpu", True)
+    finally:
+        pdl.ENABLED, ta_mosaic_gpu.COMBINE_KERNEL = saved[:2]
+        for m, default in zip(ops, saved[2]):
+            m.DEFAULT = default

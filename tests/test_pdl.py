@@ -15,6 +15,7 @@ from pallas_kernels.add_rms_norm import mosaic_gpu as norm_mosaic_gpu
 from pallas_kernels.device import on_hopper
 from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
 from pallas_kernels.skinny_matmul.reference import skinny_matmul_reference
+from pallas_kernels.swiglu import mosaic_gpu as swiglu_mosaic_gpu
 from pallas_kernels.tree_attention import mosaic_gpu as ta_mosaic_gpu
 from pallas_kernels.w12 import mosaic_gpu as w12_mosaic_gpu
 
@@ -46,8 +47,21 @@ def _tree_attention_case():
   return (lambda *a: ta_mosaic_gpu.tree_attention(*a, interpretable=False)), shapes
 
 
+def _settled_tree_attention_case():
+  fn, shapes = _tree_attention_case()
+  return (lambda *a: ta_mosaic_gpu.tree_attention(*a, interpretable=False, cache_settled=True)), shapes
+
+
+def _combine_case():
+  parts = sds((8, 1, 1, 8, 4, 128), jnp.float32)
+  return (lambda o, l: ta_mosaic_gpu._combine_kernel(o, l, BF16, None)), (parts, parts)
+
+
 CASES = {
     "skinny_matmul": lambda: (skinny_mosaic_gpu.skinny_matmul, (sds((1, 4096), BF16), sds((4096, 1024), BF16))),
+    "swiglu": lambda: (swiglu_mosaic_gpu.swiglu, (sds((1, 24576), BF16),)),
+    "tree_attention_settled_cache": _settled_tree_attention_case,
+    "tree_attention_combine": _combine_case,
     "add_rms_norm": lambda: ((lambda x, d, w: norm_mosaic_gpu.add_rms_norm(x, d, w, 1e-6)),
                              (sds((1, 4096), BF16), sds((1, 4096), BF16), sds((4096,), BF16))),
     "tree_attention": _tree_attention_case,
@@ -103,6 +117,59 @@ def test_a_dependent_chain_gives_the_same_bits_with_and_without_pdl():
       results[on] = [np.asarray(run(x * (i + 1), ws, norm_w), np.float32) for i in range(5)]
   finally:
     pdl.ENABLED = default
+    jax.clear_caches()
+  for a, b in zip(results[False], results[True]):
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_hopper(), reason="needs an H100/H200")
+def test_decode_steps_on_every_kernel_give_the_same_bits_with_and_without_pdl():
+  """Four decode steps of a 3-layer model at Qwen3-8B widths in one jitted loop, every op on this package's kernels
+  (skinny matmul, add + norm, q/k norm + rope, tree attention with the settled-cache order and the combine kernel,
+  SwiGLU): under PDL each kernel's early loads (weights, the cache prefix) run before its predecessor has finished,
+  so a load that depended on it would change the bits."""
+  import dataclasses as dc
+
+  from pallas_kernels.add_rms_norm import ops as norm_ops
+  from pallas_kernels.qk_norm_rope import ops as rope_ops
+  from pallas_kernels.skinny_matmul import ops as skinny_ops
+  from pallas_kernels.swiglu import ops as swiglu_ops
+  from specpilot.models import target
+  from specpilot.models.kv_cache import KVCache
+  from specpilot.models.weights import init_random_target
+  from tests import models as tm
+
+  cfg = tm.target_config(vocab=4096, hidden=4096, layers=3, heads=32, kv_heads=8, head_dim=128, intermediate=12288)
+  w = init_random_target(cfg, 0, BF16)
+  rng = np.random.default_rng(1)
+  kv = rng.normal(size=(2, cfg.num_layers, 1, 1024, cfg.num_kv_heads, cfg.head_dim)).astype(np.float32)
+  cache = KVCache(k=jnp.asarray(kv[0], BF16), v=jnp.asarray(kv[1], BF16), lengths=jnp.asarray([700], jnp.int32))
+
+  def steps(w, tok, cache):
+    def body(_, carry):
+      tok, cache, logits = carry
+      out = target.forward(w, cfg, tok, cache.lengths[:, None], cache, attention="pallas_tree")
+      nxt = jnp.argmax(out.logits[:, -1], axis=-1).astype(jnp.int32)[:, None]
+      return nxt, dc.replace(out.cache, lengths=out.cache.lengths + 1), logits + out.logits[:, -1]
+    return jax.lax.fori_loop(0, 4, body, (tok, cache, jnp.zeros((1, cfg.vocab_size), jnp.float32)))
+
+  modules = (skinny_ops, norm_ops, rope_ops, swiglu_ops)
+  saved = [m.DEFAULT for m in modules] + [pdl.ENABLED, ta_mosaic_gpu.COMBINE_KERNEL]
+  results = {}
+  try:
+    for m in modules:
+      m.DEFAULT = "mosaic_gpu"
+    ta_mosaic_gpu.COMBINE_KERNEL = True
+    for on in (False, True):
+      pdl.ENABLED = on
+      jax.clear_caches()
+      tok, out_cache, logits = jax.jit(steps)(w, jnp.asarray([[5]], jnp.int32), cache)
+      results[on] = [np.asarray(x, np.float32) for x in (tok, logits, out_cache.k, out_cache.v)]
+  finally:
+    for m, d in zip(modules, saved):
+      m.DEFAULT = d
+    pdl.ENABLED, ta_mosaic_gpu.COMBINE_KERNEL = saved[-2:]
     jax.clear_caches()
   for a, b in zip(results[False], results[True]):
     np.testing.assert_array_equal(a, b)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_kernels import pdl
 from pallas_kernels import tree_attention as ta
 from pallas_kernels.tree_attention import mosaic_gpu as ta_mosaic_gpu
 from pallas_kernels.tree_attention import ops as ta_ops
@@ -193,6 +194,58 @@ class TestMosaicGpuInterpret(TreeAttentionSuite):
             self.run(args, config)
 
 
+@pytest.fixture
+def pdl_on(monkeypatch):
+    """``pdl.ENABLED`` for one test (read at trace time; interpret mode emits no grid-dependency instructions, so
+    what it tests is the kernel's order of loads and waits)."""
+    monkeypatch.setattr(pdl, "ENABLED", True)
+    jax.clear_caches()
+    yield
+    jax.clear_caches()
+
+
+@pytest.mark.usefixtures("pdl_on")
+class TestMosaicGpuInterpretSettledCache(TreeAttentionSuite):
+    """The kernel with its prefix loads ahead of the PDL wait and q, the ancestor words and the tree's K/V after it
+    (``cache_settled`` with PDL on): every case of the suite, splits without prefix blocks among them."""
+
+    def run(self, args, config):
+        return ta_mosaic_gpu.tree_attention(*args, config=config, interpret=plgpu.InterpretGPUParams(),
+                                            cache_settled=True)
+
+
+@pytest.fixture
+def combine_kernel(monkeypatch):
+    monkeypatch.setattr(ta_mosaic_gpu, "COMBINE_KERNEL", True)
+
+
+@pytest.mark.usefixtures("pdl_on", "combine_kernel")
+class TestMosaicGpuInterpretCombineKernel(TreeAttentionSuite):
+    """The kernel with its splits merged by the combine kernel (where G * D tiles it; the rest by XLA), under the PDL
+    order of loads: every case of the suite."""
+
+    def run(self, args, config):
+        return ta_mosaic_gpu.tree_attention(*args, config=config, interpret=plgpu.InterpretGPUParams(),
+                                            cache_settled=True)
+
+
+def test_combine_kernel_equals_the_xla_combine():
+    """Random partials as the kernel writes them (as in the split-by-split test below), merged by the Mosaic GPU kernel
+    in interpret mode and by XLA: equal up to the f32 exponential's last bits, then rounded alike."""
+    rng = np.random.default_rng(11)
+    splits, b, n, hkv, g, d = 6, 2, 3, 2, 4, 64
+    lse = rng.normal(scale=4.0, size=(splits, b, n, hkv, g)).astype(np.float32)
+    empty = rng.random(lse.shape) < 0.3
+    empty[:, 0, 1, 1, 2] = True  # a row no split saw: zeros
+    out_parts = np.where(empty[..., None], 0.0, rng.normal(size=(splits, b, n, hkv, g, d))).astype(np.float32)
+    tiles = np.broadcast_to(np.where(empty, ta_mosaic_gpu._EMPTY_LSE, lse)[..., None], out_parts.shape)
+    args = (jnp.asarray(out_parts), jnp.asarray(np.ascontiguousarray(tiles)))
+    got = ta_mosaic_gpu._combine_kernel(*args, jnp.float32, plgpu.InterpretGPUParams())
+    np.testing.assert_allclose(np.asarray(got), np.asarray(ta_mosaic_gpu._combine(*args)), rtol=1e-5, atol=1e-6)
+    assert (np.asarray(got)[0, 1, 1, 2] == 0).all()
+    assert ta_mosaic_gpu._combine_kernel(args[0][..., :1, :32], args[1][..., :1, :32], jnp.float32, None) is None
+
+
 def pack(args):
     """The suite's inputs with the nodes' q, k and v packed head-wise: ``tree_attention_packed``'s arguments."""
     q, k_cache, v_cache, lengths, k_tree, v_tree, bits = args
@@ -220,6 +273,13 @@ class TestPackedMosaicGpuInterpret(TreeAttentionSuite):
         qkv = pack(args)[0][:, :, :5]
         with pytest.raises(ValueError, match="qkv has 5 heads"):
             ta_mosaic_gpu.tree_attention_packed(qkv, *pack(args)[1:], interpret=plgpu.InterpretGPUParams())
+
+
+@pytest.mark.usefixtures("pdl_on")
+class TestPackedMosaicGpuInterpretSettledCache(TreeAttentionSuite):
+    def run(self, args, config):
+        return ta_mosaic_gpu.tree_attention_packed(*pack(args), config=config, interpret=plgpu.InterpretGPUParams(),
+                                                   cache_settled=True)
 
 
 @pytest.mark.parametrize("b,n", [(1, 1), (1, 16), (1, 64)])

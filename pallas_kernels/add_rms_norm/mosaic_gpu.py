@@ -63,7 +63,7 @@ def add_rms_norm(x: jax.Array, delta: jax.Array | SplitKPartials | None, w: jax.
     delta_arg = delta.astype(dtype).reshape(m, h)
 
   def add_rms_norm_body(*refs):  # the body's name is the kernel's name in profiles
-    pdl.begin_kernel(interpret)
+    pdl.begin_kernel(interpret, release_first=True)  # a small kernel: its successor may start now
     if has_delta:
       x_ref, d_ref, w_ref, o_ref, s_ref = refs
     else:

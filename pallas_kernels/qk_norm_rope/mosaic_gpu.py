@@ -78,7 +78,7 @@ def qk_norm_rope(qkv: jax.Array | SplitKPartials, q_norm: jax.Array | None, k_no
   weights = (q_norm.astype(dtype), k_norm.astype(dtype)) if norm else ()
 
   def qk_norm_rope_body(*refs):  # the body's name is the kernel's name in profiles
-    pdl.begin_kernel(interpret)
+    pdl.begin_kernel(interpret, release_first=True)  # a small kernel: its successor may start now
     x_ref, cos_ref, sin_ref, *refs = refs
     (qn_ref, kn_ref), refs = (refs[:2], refs[2:]) if norm else ((None, None), refs)
     *out_refs, twice = refs

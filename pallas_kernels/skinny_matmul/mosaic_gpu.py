@@ -106,23 +106,43 @@ def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, inter
   w_transforms = smem_transforms(TILE_N, jnp.bfloat16)
   x_transforms = smem_transforms(tile_k, jnp.bfloat16)
 
-  def skinny_matmul_body(w_gmem, x_gmem, out_gmem, out_smem):  # its name in profiles (CUPTI)
-    pdl.begin_kernel(interpret)
+  def skinny_matmul_body(w_gmem, x_gmem, out_gmem, w_smem, x_smem, loaded, out_smem):  # its name in profiles
     n_slice = pl.ds(lax.axis_index("n") * TILE_N, TILE_N)
     m_slice = pl.ds(lax.axis_index("m") * tile_m, tile_m)
     split = lax.axis_index("s")
     first = split * steps
 
-    in_specs = [plgpu.BlockSpec((tile_k, TILE_N), lambda s: (first + s, 0), transforms=w_transforms),
-                plgpu.BlockSpec((tile_m, tile_k), lambda s: (0, first + s), transforms=x_transforms)]
+    def load_w(step, slot):
+      k_slice = pl.ds((first + step) * tile_k, tile_k)
+      plgpu.copy_gmem_to_smem(w_gmem.at[k_slice, n_slice], w_smem.at[slot], loaded.at[slot])
+
+    def load_x(step, slot):
+      k_slice = pl.ds((first + step) * tile_k, tile_k)
+      plgpu.copy_gmem_to_smem(x_gmem.at[m_slice, k_slice], x_smem.at[slot], loaded.at[slot])
+
+    # The pipeline's first weight tiles go out before the grid-dependency wait: no kernel writes a weight, so under
+    # PDL they stream while the kernel before this one still runs; x, its output, is read only after the wait.
+    for slot in range(depth):
+      load_w(slot, slot)
+    pdl.begin_kernel(interpret)
+    for slot in range(depth):
+      load_x(slot, slot)
 
     def accumulate(acc_ref):
-      def step(_, w_smem, x_smem):
-        plgpu.wgmma(acc_ref, w_smem.T, x_smem.T)
+      def step(i, carry):
+        slot = lax.rem(i, depth)
+        plgpu.barrier_wait(loaded.at[slot])
+        plgpu.wgmma(acc_ref, w_smem.at[slot].T, x_smem.at[slot].T)
         plgpu.wgmma_wait(0)
 
-      pipeline = plgpu.emit_pipeline(step, grid=(steps,), in_specs=in_specs, max_concurrent_steps=depth)
-      pipeline(w_gmem.at[:, n_slice], x_gmem.at[m_slice])
+        @pl.when(i + depth < steps)
+        def _refill():  # the slot's tiles were read by the wgmma just waited for
+          load_w(i + depth, slot)
+          load_x(i + depth, slot)
+
+        return carry
+
+      lax.fori_loop(0, steps, step, None)
       return acc_ref[...]
 
     acc = pl.run_scoped(accumulate, plgpu.ACC((TILE_N, tile_m), jnp.float32))
@@ -131,7 +151,12 @@ def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, inter
   call = plgpu.kernel(
       skinny_matmul_body, out_type=jax.ShapeDtypeStruct((split_k, halves, mp, n), jnp.bfloat16),
       grid=(n // TILE_N, mp // tile_m, split_k), grid_names=("n", "m", "s"),
-      scratch_types={"out_smem": halves_scratch(halves, tile_m, TILE_N)},
+      scratch_types={
+          "w_smem": plgpu.SMEM((depth, tile_k, TILE_N), jnp.bfloat16, transforms=w_transforms),
+          "x_smem": plgpu.SMEM((depth, tile_m, tile_k), jnp.bfloat16, transforms=x_transforms),
+          "loaded": plgpu.Barrier(num_arrivals=2, num_barriers=depth),  # a slot's weight and x tiles
+          "out_smem": halves_scratch(halves, tile_m, TILE_N),
+      },
       interpret=interpret,
   )
   return call(w, x2)
@@ -141,7 +166,8 @@ def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = N
                   interpret: plgpu.InterpretGPUParams | None = None,
                   reduce: bool = True) -> jax.Array | SplitKPartials:
   """``x @ w`` for bf16 ``x`` ``[..., K]`` and ``w`` ``[K, N]``, f32 accumulation, bf16 result; with
-  ``reduce=False`` and K split, the unsummed ``SplitKPartials`` (for a consumer that adds them itself).
+  ``reduce=False`` the kernel's output as ``SplitKPartials`` (the unsummed K splits, or with K unsplit the padded
+  result), for a consumer kernel that reads it itself.
 
   ``interpret=plgpu.InterpretGPUParams()`` runs it on CPU for tests. Unsupported shapes raise
   NotImplementedError (at trace time) so ``skinny_matmul.matmul`` can fall back loudly.
@@ -165,7 +191,5 @@ def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = N
   partial = _call(x2, w, tile_m=tile_m, tile_k=config.tile_k,
                   max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, halves=2 if split_k > 1 else 1,
                   interpret=interpret, mp=mp)
-  if split_k == 1:
-    return partial[0, 0, :m].reshape(*lead, n)
-  partials = SplitKPartials(partial, lead, jnp.dtype(x.dtype).name)
+  partials = SplitKPartials(partial, lead, jnp.dtype(x.dtype).name)  # split_k == 1: the padded result itself
   return partials.sum() if reduce else partials

@@ -143,13 +143,17 @@ def _kernel_call(
     tree_blocks: int,
     interpretable: bool,
     interpret,
+    early_cache: bool,
 ):
     """The ``(B, Hkv, row blocks, splits)`` grid over ``n_pad`` nodes (``q`` may hold fewer: TMA reads zeros past
     them and stores nothing there); returns the output ``[B, n, Hkv, G, D]``, plus lse when ``splits > 1``.
 
     ``q``, ``k_tree`` and ``v_tree`` are ``[B, n, heads, D]`` arrays in which the query heads start at head
     ``head0[0]`` (``G = groups`` of them per KV head, KV head-major), the tree's key heads at ``head0[1]`` and its
-    value heads at ``head0[2]``: three arrays of their own (offsets 0), or one array holding all three."""
+    value heads at ``head0[2]``: three arrays of their own (offsets 0), or one array holding all three.
+
+    ``early_cache``: the PDL grid-dependency wait (``pdl.begin_kernel``) comes after the prefix pipeline's first loads
+    and before anything else is read (q, the ancestor words, the tree's K/V), instead of first thing."""
     b, n_q, _, d = q.shape
     capacity, hkv, g = k_cache.shape[1], k_cache.shape[2], groups
     q0, k0, v0 = head0
@@ -166,20 +170,23 @@ def _kernel_call(
 
     def tree_attention_body(q_ref, k_cache_ref, v_cache_ref, lengths_ref, k_tree_ref, v_tree_ref, bits_ref,
                               *refs):  # its name in profiles (CUPTI)
-        pdl.begin_kernel(interpret)
         out_ref, lse_ref = (refs[0], None) if final else refs[:2]
         q_smem, bits_smem, out_smem, p_smem, load_barrier = refs[1 if final else 2 :]
         bi, hi = lax.axis_index("b"), lax.axis_index("h")
         row_block, split = lax.axis_index("rows"), lax.axis_index("split")
         node0 = row_block * nodes
 
-        for gi in range(g):
-            plgpu.copy_gmem_to_smem(
-                q_ref.at[bi, pl.ds(node0, nodes), q0 + hi * g + gi], q_smem.at[pl.ds(gi * nodes, nodes)],
-                load_barrier,
-            )
-        plgpu.copy_gmem_to_smem(bits_ref.at[bi, row_block], bits_smem, load_barrier)
-        # awaited in the first step that uses them (``wait_for_q``), so the first K/V loads go out alongside
+        def load_q():
+            for gi in range(g):
+                plgpu.copy_gmem_to_smem(
+                    q_ref.at[bi, pl.ds(node0, nodes), q0 + hi * g + gi], q_smem.at[pl.ds(gi * nodes, nodes)],
+                    load_barrier,
+                )
+            plgpu.copy_gmem_to_smem(bits_ref.at[bi, row_block], bits_smem, load_barrier)
+
+        if not early_cache:
+            pdl.begin_kernel(interpret)
+            load_q()  # awaited in the first step that uses it (``wait_for_q``): the first K/V loads go out alongside
 
         # this split's slice [lo, hi) of the blocks: prefix blocks first, then the tree's
         length = jnp.clip(lengths_ref[bi], 0, capacity)  # here, not in XLA: a launch less a step
@@ -233,8 +240,17 @@ def _kernel_call(
 
         def wait_for_q(when):
             """Q and the ancestor words, awaited once: in the first step of the first pipeline with steps (or after
-            both, if this split has none), so their load overlaps the pipeline's first K/V loads."""
-            pl.when(when)(lambda: plgpu.barrier_wait(load_barrier))
+            both, if this split has none), so their load overlaps the pipeline's first K/V loads. With
+            ``early_cache`` the grid-dependency wait and Q's loads come here too, after the prefix pipeline's first
+            loads (the cache was written before the kernel this one follows)."""
+
+            def ready():
+                if early_cache:
+                    pdl.begin_kernel(interpret)
+                    load_q()
+                plgpu.barrier_wait(load_barrier)
+
+            pl.when(when)(ready)
 
         def prefix_step(idx, k_smem, v_smem, carry):
             wait_for_q(idx[0] == 0)
@@ -242,7 +258,8 @@ def _kernel_call(
             return attend(carry, k_smem, v_smem, first_key + column() < length)
 
         def tree_step(idx, k_smem, v_smem, carry):
-            wait_for_q((idx[0] == 0) & (prefix_steps == 0))
+            if not early_cache:
+                wait_for_q((idx[0] == 0) & (prefix_steps == 0))
             col = column()
             first_word = (tree_lo + idx[0]) * words_per_block
             word = None
@@ -265,6 +282,8 @@ def _kernel_call(
             max_concurrent_steps=config.max_concurrent_steps,
             init_carry=carry,
         )(k_cache_ref.at[bi, :, hi], v_cache_ref.at[bi, :, hi])
+        if early_cache:  # the tree's K/V come from the kernel just before: its loads go out after the wait
+            wait_for_q(prefix_steps == 0)
         carry = plgpu.emit_pipeline(
             tree_step,
             grid=(tree_steps,),
@@ -272,7 +291,8 @@ def _kernel_call(
             max_concurrent_steps=min(config.max_concurrent_steps, tree_blocks),
             init_carry=carry,
         )(k_tree_ref.at[bi, :, k0 + hi], v_tree_ref.at[bi, :, v0 + hi])
-        wait_for_q((prefix_steps == 0) & (tree_steps == 0))
+        if not early_cache:
+            wait_for_q((prefix_steps == 0) & (tree_steps == 0))
         acc, row_max, row_sum = carry
 
         seen = row_sum > 0  # rows with no visible key (padding) write 0, lse _EMPTY_LSE
@@ -354,6 +374,43 @@ def _combine(out_parts, lse):
     return acc / total
 
 
+COMBINE_KERNEL = False
+"""Merge the splits with ``_combine_kernel`` (a Mosaic GPU kernel) instead of XLA's fusion of ``_combine``. Why: the
+two are one launch each (~1.6 us on the H200), but an XLA kernel is launched without programmatic dependent launch,
+so under ``pallas_kernels.pdl`` it breaks the chain of our kernels: the o projection after it cannot start its weight
+loads early. Off until the H200 says it pays (``bench_roofline.py --combine-kernel``). Read at trace time."""
+
+
+def _combine_kernel(out_parts, lse, dtype, interpret):
+    """``_combine`` as one Mosaic GPU kernel, rounded to ``dtype``: one block of 128 threads per (request, node, KV
+    head) reads its ``G x D`` values of every split, in the same order of operations; None where the kernel does not
+    tile the row (``G * D`` not a multiple of 128)."""
+    splits = out_parts.shape[0]
+    rows, width = math.prod(out_parts.shape[1:4]), math.prod(out_parts.shape[4:])
+    if width % 128:
+        return None
+
+    def tree_attention_combine_body(parts_ref, lse_ref, out_ref):  # its name in profiles (CUPTI)
+        pdl.begin_kernel(interpret, release_first=True)  # a small kernel: the o projection may start now
+        r = lax.axis_index("row")
+        lses = [lse_ref[i, r, :] for i in range(splits)]
+        top = lses[0]
+        for part in lses[1:]:
+            top = jnp.maximum(top, part)
+        total = acc = None
+        for i in range(splits):
+            weight = jnp.exp2(lses[i] - top)
+            total = weight if total is None else total + weight
+            acc = weight * parts_ref[i, r, :] if acc is None else acc + weight * parts_ref[i, r, :]
+        out_ref[r, :] = (acc / total).astype(dtype)
+
+    call = plgpu.kernel(tree_attention_combine_body, out_type=jax.ShapeDtypeStruct((rows, width), dtype),
+                        grid=(rows,), grid_names=("row",), interpret=interpret,
+                        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
+    merged = call(out_parts.reshape(splits, rows, width), lse.reshape(splits, rows, width))
+    return merged.reshape(out_parts.shape[1:])
+
+
 _NODE_TILES = (1, 8, 1, 1)
 """The TMA tiling of q's and the tree K/V's node axis (``pad_for_tma``): 8 nodes, or fewer unpadded."""
 
@@ -370,8 +427,10 @@ def tree_attention(
     config: TuningConfig | None = None,
     interpret: plgpu.InterpretGPUParams | None = None,
     interpretable: bool | None = None,
+    cache_settled: bool = False,
 ) -> jax.Array:
-    """Tree attention with the Mosaic GPU kernel; shapes and semantics as ``tree_attention_reference``.
+    """Tree attention with the Mosaic GPU kernel; shapes and semantics as ``tree_attention_reference``,
+    ``cache_settled`` as ``ops.tree_attention``.
 
     ``interpret=plgpu.InterpretGPUParams()`` runs it on CPU for tests. ``interpretable``
     (default: only when interpreting) selects the ``P V`` form interpret mode can run.
@@ -383,7 +442,7 @@ def tree_attention(
     # the boxes past their nodes read zeros (hidden by the ancestor bits) and store nothing
     q, k_tree, v_tree = (pad_for_tma(x, _NODE_TILES) for x in (q, k_tree, v_tree))
     return _attend(q, k_tree, v_tree, (0, 0, 0), q.shape[2], k_cache, v_cache, lengths, ancestor_bits, config,
-                   interpret, interpretable)
+                   interpret, interpretable, cache_settled)
 
 
 def tree_attention_packed(
@@ -396,6 +455,7 @@ def tree_attention_packed(
     config: TuningConfig | None = None,
     interpret: plgpu.InterpretGPUParams | None = None,
     interpretable: bool | None = None,
+    cache_settled: bool = False,
 ) -> jax.Array:
     """``tree_attention`` with the nodes' query, key and value heads side by side in one array ``qkv``
     ``[B, n, Hq + 2 Hkv, D]`` (Hkv from the cache): the kernel reads each from its head offset, so a model that
@@ -412,11 +472,11 @@ def tree_attention_packed(
     check_supported(q_view, k_cache, v_cache, kv_view, kv_view, ancestor_bits, config)
     qkv = pad_for_tma(qkv, _NODE_TILES)
     return _attend(qkv, qkv, qkv, (0, hq, hq + hkv), hq, k_cache, v_cache, lengths, ancestor_bits, config, interpret,
-                   interpretable)
+                   interpretable, cache_settled)
 
 
 def _attend(q_src, k_src, v_src, head0, hq, k_cache, v_cache, lengths, ancestor_bits, config, interpret,
-            interpretable):
+            interpretable, cache_settled):
     """The kernel and its combine over checked, TMA-ready ``[B, n (or more), heads, D]`` sources."""
     b, n = ancestor_bits.shape[:2]
     d = q_src.shape[3]
@@ -451,8 +511,12 @@ def _attend(q_src, k_src, v_src, head0, hq, k_cache, v_cache, lengths, ancestor_
         tree_blocks=tree_blocks,
         interpretable=interpretable,
         interpret=interpret,
+        early_cache=cache_settled and pdl.ENABLED,
     )
-    out = result if splits == 1 else _combine(*result)
+    out = result
+    if splits > 1:
+        out = _combine_kernel(*result, q_src.dtype, interpret) if COMBINE_KERNEL else None
+        out = _combine(*result) if out is None else out
     n_q = q_src.shape[1]
     out = out.reshape(b, n_q, hq, d)
     return (out if n_q == n else out[:, :n]).astype(q_src.dtype)

@@ -17,7 +17,7 @@ Implementation = Literal["pallas", "reference"]
 _IMPLEMENTATIONS = ("pallas", "reference")
 
 
-def _pallas(name, *args, config, interpret):
+def _pallas(name, *args, config, interpret, cache_settled):
     """``mosaic_gpu.<name>(*args)``: ``tree_attention`` or ``tree_attention_packed``."""
     from jax.experimental.pallas import mosaic_gpu as plgpu  # lazy: importing the package stays cheap
 
@@ -25,11 +25,11 @@ def _pallas(name, *args, config, interpret):
 
     if not interpret and not _on_hopper():
         raise NotImplementedError("the tree attention kernel needs an H100/H200 (or interpret=True)")
-    return getattr(mosaic_gpu, name)(*args, config=config,
+    return getattr(mosaic_gpu, name)(*args, config=config, cache_settled=cache_settled,
                                       interpret=plgpu.InterpretGPUParams() if interpret else None)
 
 
-def _dispatch(name, reference, args, implementation, interpret, config, what):
+def _dispatch(name, reference, args, implementation, interpret, config, what, cache_settled):
     """The implementation choice shared by ``tree_attention`` and ``tree_attention_packed`` (their docstrings)."""
     if implementation not in (None, *_IMPLEMENTATIONS):
         raise ValueError(
@@ -38,11 +38,11 @@ def _dispatch(name, reference, args, implementation, interpret, config, what):
     if implementation == "reference":
         return reference(*args)
     if implementation == "pallas":
-        return _pallas(name, *args, config=config, interpret=interpret)
+        return _pallas(name, *args, config=config, interpret=interpret, cache_settled=cache_settled)
     if not (interpret or _on_hopper()):
         return reference(*args)
     try:
-        return _pallas(name, *args, config=config, interpret=interpret)
+        return _pallas(name, *args, config=config, interpret=interpret, cache_settled=cache_settled)
     except NotImplementedError as e:
         _log.warning("tree attention falls back to the reference for %s, k_cache%s: %s", what, args[1].shape, e)
         return reference(*args)
@@ -60,6 +60,7 @@ def tree_attention(
     implementation: Implementation | None = None,
     interpret: bool = False,
     config: TuningConfig | None = None,
+    cache_settled: bool = False,
 ) -> jax.Array:
     """Attention of a draft tree's nodes over their cached prefix and their ancestors.
 
@@ -74,10 +75,14 @@ def tree_attention(
     jnp reference. ``None`` picks the kernel on Hopper (or when interpreting) and the
     reference elsewhere; a shape the kernel does not support then falls back to the
     reference with a warning at trace time, so the result is never silently wrong.
+
+    ``cache_settled``: no kernel launched right before this call wrote the cache prefix (the model's forward writes
+    its new K/V after the last layer). With ``pallas_kernels.pdl`` on, the kernel's prefix loads then start before
+    its grid-dependency wait, behind the kernel before it.
     """
     args = (q, k_cache, v_cache, lengths, k_tree, v_tree, ancestor_bits)
     return _dispatch("tree_attention", tree_attention_reference, args, implementation, interpret, config,
-                     f"q{q.shape}")
+                     f"q{q.shape}", cache_settled)
 
 
 def unpack_heads(qkv: jax.Array, num_kv_heads: int) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -101,11 +106,13 @@ def tree_attention_packed(
     implementation: Implementation | None = None,
     interpret: bool = False,
     config: TuningConfig | None = None,
+    cache_settled: bool = False,
 ) -> jax.Array:
     """``tree_attention`` with the nodes' q, k and v heads in one array ``[B, n, Hq + 2 Hkv, D]`` (``unpack_heads``'s
     layout; Hkv is the cache's): the kernel reads each part at its head offset, so no slice of q, k or v is copied
-    out first (at 16 rows those were three XLA kernels a layer). Implementations and fallback as ``tree_attention``.
+    out first (at 16 rows those were three XLA kernels a layer). Implementations, fallback and ``cache_settled`` as
+    ``tree_attention``.
     """
     args = (qkv, k_cache, v_cache, lengths, ancestor_bits)
     return _dispatch("tree_attention_packed", _packed_reference, args, implementation, interpret, config,
-                     f"qkv{qkv.shape}")
+                     f"qkv{qkv.shape}", cache_settled)

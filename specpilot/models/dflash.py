@@ -28,10 +28,11 @@ import numpy as np
 
 from pallas_kernels.add_rms_norm.reference import rms_norm
 from pallas_kernels.qk_norm_rope import apply_rope, qk_norm_rope
+from pallas_kernels.swiglu import swiglu
 from pallas_kernels.tree_attention import dense_to_ancestor_bits, tree_attention_packed, unpack_heads
 from specpilot.models.config import DrafterConfig
 from specpilot.models.kv_cache import KVCache, init_cache, write_layer
-from specpilot.models.target import ATTENTION, fused_attention, rope_tables, swiglu
+from specpilot.models.target import ATTENTION, fused_attention, rope_tables
 from specpilot.models.target import attention as dense_attention
 from specpilot.models.weights import DrafterWeights, linear
 
@@ -153,8 +154,8 @@ def _block_pass(weights, cfg, embed, lm_head, ctx: KVCache, block_tokens, block_
             v_all = write_layer(v_all, i, v_new, old_lengths)
             heads = heads[:, tn:]
         if attention == "pallas_tree":
-            attn = tree_attention_packed(heads.astype(k_all.dtype), k_all[i], v_all[i], lengths,
-                                         bits).reshape(b, t, -1)
+            attn = tree_attention_packed(heads.astype(k_all.dtype), k_all[i], v_all[i], lengths, bits,
+                                         cache_settled=new is None).reshape(b, t, -1)  # else written just now
         else:
             q, k, v = unpack_heads(heads, lc.num_kv_heads)
             keys = jnp.concatenate([k_all[i], k.astype(k_all.dtype)], axis=1)

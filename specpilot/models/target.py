@@ -12,13 +12,15 @@ Attention implementations (`forward(..., attention=)`, the engines' `attention` 
   tokens' own K/V under the [B, T, T] mask packed as ancestor bits; its Mosaic GPU kernel on an H100/H200
   (16-bit weights, head_dim a multiple of 64; other shapes fall back to its jnp reference with a warning),
   the jnp reference elsewhere. It does not read the new tokens from the cache, so their K/V are written after the
-  last layer, for all layers at once (`kv_cache.write_layer` with every layer: 2 scatters a step, not 2 per layer).
+  last layer, for all layers at once (`kv_cache.write_layer` with every layer: 2 scatters a step, not 2 per layer),
+  so no kernel of the forward writes the prefix it reads (`cache_settled`: under PDL its loads start early).
   Above one new token the kernel reads their q, k and v from one array (`tree_attention_packed`), as
   `qk_norm_rope` writes them: in the H200's DFlash drafter pass (16 rows) that removed three copies a layer
   (docs/results/2026-12-01-drafter-tree-h200/). A one-token step has them written as three arrays.
 
 After the q|k|v projection, `pallas_kernels.qk_norm_rope` norms q's and k's heads (Qwen3) and rotates them: XLA's
-fusions, or with its `DEFAULT` set to `mosaic_gpu` one kernel that also adds the projection's K splits.
+fusions, or with its `DEFAULT` set to `mosaic_gpu` one kernel that also adds the projection's K splits. The MLP's
+activation is `pallas_kernels.swiglu` (XLA's fusion, or its kernel reading the gate|up kernel's padded output).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import numpy as np
 
 from pallas_kernels.add_rms_norm import add_rms_norm
 from pallas_kernels.qk_norm_rope import qk_norm_rope
+from pallas_kernels.swiglu import swiglu  # the MLP's activation, rounded once (its reference says why)
 from pallas_kernels.tree_attention import dense_to_ancestor_bits, tree_attention, tree_attention_packed, unpack_heads
 from specpilot.models.config import ModelConfig, rope_inv_freq
 from specpilot.models.kv_cache import KVCache, write_layer
@@ -48,14 +51,6 @@ def rope_tables(cfg: ModelConfig, positions: jax.Array) -> tuple[jax.Array, jax.
     inv = rope_inv_freq(cfg.rope, cfg.head_dim)
     ang = positions.astype(jnp.float32)[..., None] * np.concatenate([inv, inv])
     return jnp.cos(ang), jnp.sin(ang)
-
-
-def swiglu(gate_up: jax.Array) -> jax.Array:
-    """The MLP's activation of the fused gate|up projection ``[..., 2 I]``: ``silu(gate) * up`` in f32, rounded once.
-    Why once: HF's bf16 MLP also rounds the activation, but XLA on the GPU drops such a round trip inside a fusion
-    (excess precision), so the rounding would depend on the backend (docs/results/2026-12-01-rope-swiglu-h200/)."""
-    gate, up = jnp.split(gate_up.astype(jnp.float32), 2, axis=-1)
-    return (jax.nn.silu(gate) * up).astype(gate_up.dtype)
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
@@ -125,12 +120,13 @@ def _layer(cfg: ModelConfig, lw: Layer, i: int, x, h, cos, sin, cache: KVCache, 
     elif tree_bits is None:
         attn = attention(q, cache.k[i], cache.v[i], mask)
     elif t == 1:  # the kernel reads the prefix below `lengths` and the new token's q, k, v (not from the cache)
-        attn = tree_attention(q, cache.k[i], cache.v[i], cache.lengths, k, v, tree_bits).reshape(b, t, -1)
+        attn = tree_attention(q, cache.k[i], cache.v[i], cache.lengths, k, v, tree_bits,
+                              cache_settled=True).reshape(b, t, -1)
     else:  # the same with the new tokens' q, k and v read from one array, so none is copied out for the kernel
-        attn = tree_attention_packed(heads, cache.k[i], cache.v[i], cache.lengths, tree_bits)
+        attn = tree_attention_packed(heads, cache.k[i], cache.v[i], cache.lengths, tree_bits, cache_settled=True)
         attn = attn.reshape(b, t, -1)
     x, h = add_rms_norm(x, linear(attn, lw.w_o, reduce=False), lw.mlp_norm, cfg.rms_norm_eps)
-    return x, linear(swiglu(linear(h, lw.w_gate_up)), lw.w_down, reduce=False), cache, (k, v)
+    return x, linear(swiglu(linear(h, lw.w_gate_up, reduce=False)), lw.w_down, reduce=False), cache, (k, v)
 
 
 def forward(

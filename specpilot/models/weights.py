@@ -65,8 +65,9 @@ def _is_w12(w) -> bool:
 
 def linear(x: jax.Array, w: Any, reduce: bool = True):
     """`x @ w` with float32 accumulation, dispatching on the weight leaf's format. `reduce=False` is for an output
-    that goes straight into `add_rms_norm` or `qk_norm_rope`: a bf16 leaf's kernel may then return its K splits
-    unsummed (`pallas_kernels.split_k.SplitKPartials`), which those kernels add themselves."""
+    that goes straight into `add_rms_norm`, `qk_norm_rope` or `swiglu`: a bf16 leaf's kernel may then return its K
+    splits unsummed, or its padded output (`pallas_kernels.split_k.SplitKPartials`), which those kernels read
+    themselves."""
     if isinstance(w, QuantArray):
         from pallas_kernels import quant_matmul
 

@@ -45,7 +45,12 @@ from __future__ import annotations
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 ENABLED = False
-"""Off: no gain measured (above). ``bench_roofline.py`` row ``pdl_decode_loop`` and ``--pdl`` turn it on."""
+"""Off: no gain measured. Inside XLA's command buffers (the default for a loop body's kernels) nothing overlaps at all:
+the kernel times of a step sum to less than its wall time (4.434 against 4.397 ms without PDL). Without command
+buffers the kernels overlap and the launch gaps go (4.820 -> 4.374 ms), which only matches the command buffers
+(docs/results/2026-12-01-pdl-early-loads-h200/). ``bench_roofline.py`` rows ``pdl_rope_decode_loop``,
+``pdl_chain_decode_loop`` and ``--pdl`` turn it on; ``XLA_FLAGS=--xla_gpu_enable_command_buffer=`` turns the
+graphs off."""
 
 
 def begin_kernel(interpret, *, release_first: bool = False) -> None:

@@ -144,7 +144,10 @@ wait). ``chain_decode_loop``: ``rope_decode_loop`` with the SwiGLU and the atten
 (``--swiglu``, ``--combine-kernel``), so every kernel of a layer is one of ours; ``pdl_chain_decode_loop``: that under
 PDL. PDL on the H200 changed nothing (4.695 against 4.695 ms), nor did XLA's own PDL for its
 fusions (``--xla-flags "on=--xla_gpu_enable_pdl=true --xla_gpu_enable_pdl_launch=true"``: 4.686 against 4.674 ms
-off; docs/results/2026-12-01-pdl-h200/)."""
+off; docs/results/2026-12-01-pdl-h200/). With the early loads, inside XLA's command buffers nothing overlaps
+(``pdl_rope`` 4.434, ``pdl_chain`` 4.431 against ``rope`` 4.397 ms); with them off (``XLA_FLAGS`` in the harness's
+environment, which its jobs inherit and the report names) the kernels overlap and ``pdl_rope`` takes 4.374 ms
+(docs/results/2026-12-01-pdl-early-loads-h200/)."""
 SKINNY_FLAG_VARIANTS = {"skinny_cmdbuf_while": "xla_flags_cmdbuf_while"}
 """The decode loop with the kernel and an ``XLA_FLAG_VARIANTS`` entry's flags: 5.03 ms on the H200 with XLA attention
 (docs/results/2026-11-30-skinny-matmul-h200/); with ``--ar-attention pallas_tree`` the same as without the flags
@@ -1452,7 +1455,7 @@ def build_report(s: dict, results: dict, records: list, order: list[str], args, 
         "provenance": {"date": time.strftime("%Y-%m-%d %H:%M"), "device": device, "jax": jax_v, "torch": torch_v,
                        "commit": git_commit(),
                        "command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]),
-                       "hardware": hw, "wall_s": t_total},
+                       "xla_flags": os.environ.get("XLA_FLAGS", ""), "hardware": hw, "wall_s": t_total},
         "settings": s,
         "nominal_bytes_per_s": NOMINAL_BYTES_PER_S,
         "rows": rows,
@@ -1508,7 +1511,8 @@ def markdown(rep: dict) -> str:
         f"# Decode step vs HBM roofline: {s['model']}, {s['dtype']}, batch 1, context {s['context']}",
         "",
         f"- Date: {p['date']}. Device: {p['device']}. jax {p['jax']}, torch {p['torch']}. Commit `{p['commit']}`.",
-        f"- Command: `{p['command']}` ({p['wall_s']:.0f} s).",
+        f"- Command: `{p['command']}` ({p['wall_s']:.0f} s)."
+        + (f" XLA_FLAGS of every job: `{p['xla_flags']}`." if p.get("xla_flags") else ""),
         f"- Attention: AR rows `{s.get('ar_attention', 'xla')}`, verify rows `{s.get('verify_attention', 'xla')}`. "
         f"Residual add + RMSNorm: `{s.get('norm') or 'default'}`. q/k norm + rope: `{s.get('rope') or 'default'}`. "
         f"SwiGLU: `{s.get('swiglu') or 'default'}`. Attention merge: "

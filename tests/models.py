@@ -115,3 +115,24 @@ def whole_batch(engine):
     shrinking itself (test_engines covers it)."""
     engine.shrink_from = 1 << 30
     return engine
+
+
+def bf16_step_inputs(cfg: ModelConfig, capacity: int = 16, length: int = 5):
+    """A random bf16 target (seed 1) and a KV cache of ``capacity`` slots with ``length`` random committed positions:
+    what the kernel-in-the-model tests run one forward over."""
+    from specpilot.models.kv_cache import KVCache
+
+    w = init_random_target(cfg, 1, jnp.bfloat16)
+    kv = np.random.default_rng(0).normal(size=(2, cfg.num_layers, 1, capacity, cfg.num_kv_heads, cfg.head_dim))
+    cache = KVCache(k=jnp.asarray(kv[0], jnp.bfloat16), v=jnp.asarray(kv[1], jnp.bfloat16),
+                    lengths=jnp.asarray([length], jnp.int32))
+    return w, cache
+
+
+def choose_kernels(monkeypatch, kernels: dict) -> None:
+    """Each ``ops`` module in ``kernels`` picks its Mosaic GPU kernel as if on a Hopper, and runs it through the given
+    function (the kernel in interpret mode, usually wrapped to record what it was given)."""
+    for module, kernel in kernels.items():
+        monkeypatch.setattr(module, "DEFAULT", "mosaic_gpu")
+        monkeypatch.setattr(module, "_on_hopper", lambda: True)
+        monkeypatch.setattr(module, "_mosaic_gpu", kernel)

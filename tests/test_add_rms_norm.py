@@ -164,8 +164,6 @@ def test_kernel_inside_the_model_in_interpret_mode(monkeypatch):
     """A bf16 model forward with every residual add and norm on the kernel (interpret mode): the hidden states it
     returns and its logits match the XLA path's, and the kernel ran at each of the layers' adds."""
     from specpilot.models import target
-    from specpilot.models.kv_cache import KVCache
-    from specpilot.models.weights import init_random_target
     from tests import models as tm
 
     calls = []
@@ -175,11 +173,7 @@ def test_kernel_inside_the_model_in_interpret_mode(monkeypatch):
         return norm_mosaic_gpu.add_rms_norm(x, delta, w, eps, interpret=plgpu.InterpretGPUParams())
 
     cfg = tm.target_config(vocab=32, hidden=1024, layers=2, heads=8, kv_heads=2, head_dim=128)
-    w = init_random_target(cfg, 1, jnp.bfloat16)
-    rng = np.random.default_rng(0)
-    kv = rng.normal(size=(2, cfg.num_layers, 1, 16, cfg.num_kv_heads, cfg.head_dim))
-    cache = KVCache(k=jnp.asarray(kv[0], jnp.bfloat16), v=jnp.asarray(kv[1], jnp.bfloat16),
-                    lengths=jnp.asarray([5], jnp.int32))
+    w, cache = tm.bf16_step_inputs(cfg)
     tokens = jnp.asarray([[3, 7]], jnp.int32)
 
     def run():
@@ -187,9 +181,7 @@ def test_kernel_inside_the_model_in_interpret_mode(monkeypatch):
         return out.logits, out.hidden
 
     want_logits, want_hidden = run()
-    monkeypatch.setattr(norm_ops, "DEFAULT", "mosaic_gpu")
-    monkeypatch.setattr(norm_ops, "_on_hopper", lambda: True)
-    monkeypatch.setattr(norm_ops, "_mosaic_gpu", kernel)
+    tm.choose_kernels(monkeypatch, {norm_ops: kernel})
     got_logits, got_hidden = run()
     assert calls == [True, False, False, False, False]  # the first layer's norm has no add; then 2 adds a layer
     np.testing.assert_allclose(np.asarray(got_hidden, np.float32), np.asarray(want_hidden, np.float32), rtol=0.02,
@@ -202,8 +194,6 @@ def test_model_hands_the_o_and_down_splits_to_the_kernel(monkeypatch):
   the norm kernel as unsummed K splits, and the forward's logits match the XLA path's."""
   from pallas_kernels.skinny_matmul import ops as skinny_ops
   from specpilot.models import target
-  from specpilot.models.kv_cache import KVCache
-  from specpilot.models.weights import init_random_target
   from tests import models as tm
 
   deltas = []
@@ -216,20 +206,14 @@ def test_model_hands_the_o_and_down_splits_to_the_kernel(monkeypatch):
     return skinny_mosaic_gpu.skinny_matmul(x, w, config=config, reduce=reduce, interpret=plgpu.InterpretGPUParams())
 
   cfg = tm.target_config(vocab=32, hidden=1024, layers=1, heads=8, kv_heads=2, head_dim=128, intermediate=1024)
-  w = init_random_target(cfg, 1, jnp.bfloat16)
-  kv = np.random.default_rng(0).normal(size=(2, cfg.num_layers, 1, 16, cfg.num_kv_heads, cfg.head_dim))
-  cache = KVCache(k=jnp.asarray(kv[0], jnp.bfloat16), v=jnp.asarray(kv[1], jnp.bfloat16),
-                  lengths=jnp.asarray([5], jnp.int32))
+  w, cache = tm.bf16_step_inputs(cfg)
   tokens = jnp.asarray([[3]], jnp.int32)
 
   def run():
     return target.forward(w, cfg, tokens, cache.lengths[:, None], cache).logits
 
   want = run()
-  for module, kernel in ((norm_ops, norm_kernel), (skinny_ops, skinny_kernel)):
-    monkeypatch.setattr(module, "DEFAULT", "mosaic_gpu")
-    monkeypatch.setattr(module, "_on_hopper", lambda: True)
-    monkeypatch.setattr(module, "_mosaic_gpu", kernel)
+  tm.choose_kernels(monkeypatch, {norm_ops: norm_kernel, skinny_ops: skinny_kernel})
   got = run()
   assert deltas == ["NoneType", "SplitKPartials", "SplitKPartials"]  # input norm, then after o and after down
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=0.05, rtol=0.02)

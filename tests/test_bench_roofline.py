@@ -46,16 +46,17 @@ def run_quick(tmp: Path, *args: str) -> tuple[dict, str, str, Path]:
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
+    # every variant but the PDL / kernel-chain rows, which differ from rope_decode_loop only in flags the CPU ignores
+    # (test_chain_rows_carry_their_kernels_to_their_jobs checks what reaches their jobs)
+    args = ["--variants", "xla_forward", "xla_decode_loop", "skinny_forward", "skinny_decode_loop",
+            "fused_norm_decode_loop", "split_decode_loop", "summed_splits_decode_loop",
+            "pdl_decode_loop", "rope_decode_loop",
+            "skinny_cmdbuf_while", "xla_flags",
+            "xla_forward_w12",
+            "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "w12_kernel_decode_loop", "verify_nodes",
+            "verify_loop", "drafter"]
     if HAS_TORCH_PYTHON:
-        args = ["--torch-python", str(REF_PYTHON), "--torch-compile-backend", "aot_eager"]
-    else:
-        args = ["--variants", "xla_forward", "xla_decode_loop", "skinny_forward", "skinny_decode_loop",
-                "fused_norm_decode_loop", "split_decode_loop", "summed_splits_decode_loop",
-                "pdl_decode_loop", "rope_decode_loop",
-                "skinny_cmdbuf_while", "xla_flags",
-                "xla_forward_w12",
-                "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "w12_kernel_decode_loop", "verify_nodes",
-                "verify_loop", "drafter"]
+        args += ["torch_peer", "--torch-python", str(REF_PYTHON), "--torch-compile-backend", "aot_eager"]
     return run_quick(tmp_path_factory.mktemp("roofline"), *args, "--skinny-splits", "256x512=2", "64x64=1")
 
 
@@ -331,3 +332,16 @@ def test_chain_rows_carry_their_kernels_to_their_jobs(tmp_path):
         pdl.ENABLED, ta_mosaic_gpu.COMBINE_KERNEL = saved[:2]
         for m, default in zip(ops, saved[2]):
             m.DEFAULT = default
+
+
+def test_report_names_the_xla_flags_its_jobs_inherited(monkeypatch):
+    """XLA_FLAGS in the harness's environment reach every job (they inherit it): the report records and names them."""
+    br = _load_script()
+    s = br.settings(br.parse_args(["--quick"]))
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=")
+    rep = br.build_report(s, {"rope_decode_loop": {"ms": 4.4}}, [], ["rope_decode_loop"], None, 1.0)
+    assert rep["provenance"]["xla_flags"] == "--xla_gpu_enable_command_buffer="
+    assert "XLA_FLAGS of every job: `--xla_gpu_enable_command_buffer=`." in br.markdown(rep)
+    monkeypatch.delenv("XLA_FLAGS")
+    rep = br.build_report(s, {"rope_decode_loop": {"ms": 4.4}}, [], ["rope_decode_loop"], None, 1.0)
+    assert rep["provenance"]["xla_flags"] == "" and "XLA_FLAGS of every job" not in br.markdown(rep)

@@ -182,8 +182,6 @@ def test_model_runs_the_kernel_on_the_qkv_projection(monkeypatch, t, attention):
   them apart and packed for the tree-attention kernel above one token; its logits and new K/V match the XLA path's."""
   from pallas_kernels.skinny_matmul import ops as skinny_ops
   from specpilot.models import target
-  from specpilot.models.kv_cache import KVCache
-  from specpilot.models.weights import init_random_target
   from tests import models as tm
 
   seen = []
@@ -196,10 +194,7 @@ def test_model_runs_the_kernel_on_the_qkv_projection(monkeypatch, t, attention):
     return skinny_mosaic_gpu.skinny_matmul(x, w, config=config, reduce=reduce, interpret=INTERPRET)
 
   cfg = tm.target_config(vocab=32, hidden=1024, layers=1, heads=8, kv_heads=2, head_dim=128, intermediate=1024)
-  w = init_random_target(cfg, 1, jnp.bfloat16)
-  kv = np.random.default_rng(0).normal(size=(2, cfg.num_layers, 1, 16, cfg.num_kv_heads, cfg.head_dim))
-  cache = KVCache(k=jnp.asarray(kv[0], jnp.bfloat16), v=jnp.asarray(kv[1], jnp.bfloat16),
-                  lengths=jnp.asarray([5], jnp.int32))
+  w, cache = tm.bf16_step_inputs(cfg)
   tokens = jnp.asarray([[3, 7][:t]], jnp.int32)
 
   def run():
@@ -207,10 +202,7 @@ def test_model_runs_the_kernel_on_the_qkv_projection(monkeypatch, t, attention):
     return out.logits, out.cache.k
 
   want = run()
-  for module, kernel in ((rope_ops, rope_kernel), (skinny_ops, skinny_kernel)):
-    monkeypatch.setattr(module, "DEFAULT", "mosaic_gpu")
-    monkeypatch.setattr(module, "_on_hopper", lambda: True)
-    monkeypatch.setattr(module, "_mosaic_gpu", kernel)
+  tm.choose_kernels(monkeypatch, {rope_ops: rope_kernel, skinny_ops: skinny_kernel})
   got = run()
   packed = attention == "pallas_tree" and t > 1
   assert seen == [("SplitKPartials", not packed)]  # a few rows: the skinny kernel splits K

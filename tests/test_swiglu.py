@@ -116,8 +116,6 @@ def test_model_runs_the_kernel_on_the_gate_up_projection(monkeypatch):
   SwiGLU kernel as the skinny kernel's padded output, and the forward's logits match the XLA path's."""
   from pallas_kernels.skinny_matmul import ops as skinny_ops
   from specpilot.models import target
-  from specpilot.models.kv_cache import KVCache
-  from specpilot.models.weights import init_random_target
   from tests import models as tm
 
   seen = []
@@ -129,23 +127,17 @@ def test_model_runs_the_kernel_on_the_gate_up_projection(monkeypatch):
   def skinny_kernel(x, w, config, reduce):
     return skinny_mosaic_gpu.skinny_matmul(x, w, config=config, reduce=reduce, interpret=INTERPRET)
 
-  cfg = tm.target_config(vocab=32, hidden=256, layers=2, heads=2, kv_heads=1, head_dim=128, intermediate=1024)
-  w = init_random_target(cfg, 1, jnp.bfloat16)
-  kv = np.random.default_rng(0).normal(size=(2, cfg.num_layers, 1, 16, cfg.num_kv_heads, cfg.head_dim))
-  cache = KVCache(k=jnp.asarray(kv[0], jnp.bfloat16), v=jnp.asarray(kv[1], jnp.bfloat16),
-                  lengths=jnp.asarray([5], jnp.int32))
+  cfg = tm.target_config(vocab=32, hidden=256, layers=1, heads=2, kv_heads=1, head_dim=128, intermediate=1024)
+  w, cache = tm.bf16_step_inputs(cfg)
   tokens = jnp.asarray([[3]], jnp.int32)
 
   def run():
     return target.forward(w, cfg, tokens, cache.lengths[:, None], cache).logits
 
   want = run()
-  for module, kernel in ((swiglu_ops, swiglu_kernel), (skinny_ops, skinny_kernel)):
-    monkeypatch.setattr(module, "DEFAULT", "mosaic_gpu")
-    monkeypatch.setattr(module, "_on_hopper", lambda: True)
-    monkeypatch.setattr(module, "_mosaic_gpu", kernel)
+  tm.choose_kernels(monkeypatch, {swiglu_ops: swiglu_kernel, skinny_ops: skinny_kernel})
   got = run()
-  assert seen == ["SplitKPartials", "SplitKPartials"]
+  assert seen == ["SplitKPartials"]
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=0.05, rtol=0.02)
 
 

@@ -204,25 +204,17 @@ def pdl_on(monkeypatch):
     jax.clear_caches()
 
 
-@pytest.mark.usefixtures("pdl_on")
-class TestMosaicGpuInterpretSettledCache(TreeAttentionSuite):
-    """The kernel with its prefix loads ahead of the PDL wait and q, the ancestor words and the tree's K/V after it
-    (``cache_settled`` with PDL on): every case of the suite, splits without prefix blocks among them."""
-
-    def run(self, args, config):
-        return ta_mosaic_gpu.tree_attention(*args, config=config, interpret=plgpu.InterpretGPUParams(),
-                                            cache_settled=True)
-
-
 @pytest.fixture
 def combine_kernel(monkeypatch):
     monkeypatch.setattr(ta_mosaic_gpu, "COMBINE_KERNEL", True)
 
 
 @pytest.mark.usefixtures("pdl_on", "combine_kernel")
-class TestMosaicGpuInterpretCombineKernel(TreeAttentionSuite):
-    """The kernel with its splits merged by the combine kernel (where G * D tiles it; the rest by XLA), under the PDL
-    order of loads: every case of the suite."""
+class TestMosaicGpuInterpretSettledCache(TreeAttentionSuite):
+    """The kernel with its prefix loads ahead of the PDL wait and q, the ancestor words and the tree's K/V after it
+    (``cache_settled`` with PDL on), its splits merged by the combine kernel where ``G * D`` tiles it (by XLA
+    elsewhere): every case of the suite, splits without prefix blocks among them. The packed form differs only in
+    its head offsets, which the packed classes check."""
 
     def run(self, args, config):
         return ta_mosaic_gpu.tree_attention(*args, config=config, interpret=plgpu.InterpretGPUParams(),
@@ -273,13 +265,6 @@ class TestPackedMosaicGpuInterpret(TreeAttentionSuite):
         qkv = pack(args)[0][:, :, :5]
         with pytest.raises(ValueError, match="qkv has 5 heads"):
             ta_mosaic_gpu.tree_attention_packed(qkv, *pack(args)[1:], interpret=plgpu.InterpretGPUParams())
-
-
-@pytest.mark.usefixtures("pdl_on")
-class TestPackedMosaicGpuInterpretSettledCache(TreeAttentionSuite):
-    def run(self, args, config):
-        return ta_mosaic_gpu.tree_attention_packed(*pack(args), config=config, interpret=plgpu.InterpretGPUParams(),
-                                                   cache_settled=True)
 
 
 @pytest.mark.parametrize("b,n", [(1, 1), (1, 16), (1, 64)])
@@ -403,3 +388,23 @@ def test_host_masks_pack_to_the_same_bits_as_traced_ones():
     rows = ta_mosaic_gpu._row_bits(host, 40, 48, 16, 4, 2)
     assert isinstance(rows, np.ndarray)
     np.testing.assert_array_equal(rows, np.asarray(ta_mosaic_gpu._row_bits(jnp.asarray(host), 40, 48, 16, 4, 2)))
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3, 8, 16])
+def test_split_ranges_cover_every_block_once_and_give_a_short_tree_its_own_split(splits):
+    """For every prefix length and tree size: the splits' ranges partition the prefix and the tree blocks; a tree no
+    longer than a prefix split's share sits alone in the last split (so no CTA runs two pipelines), and no split holds
+    more blocks than the longer of that share and the even cut of all blocks."""
+    for prefix_blocks in range(0, 40):
+        for tree_blocks in range(1, 6):
+            ranges = [tuple(int(v) for v in ta_mosaic_gpu.split_ranges(prefix_blocks, tree_blocks, s, splits))
+                      for s in range(splits)]
+            prefix = [i for p_lo, p_hi, _, _ in ranges for i in range(p_lo, p_hi)]
+            tree = [i for _, _, t_lo, t_hi in ranges for i in range(t_lo, t_hi)]
+            assert prefix == list(range(prefix_blocks)) and tree == list(range(tree_blocks)), (prefix_blocks, ranges)
+            share = -(-prefix_blocks // max(splits - 1, 1))
+            if splits > 1 and prefix_blocks and tree_blocks <= share:
+                assert ranges[-1][:2] == (prefix_blocks, prefix_blocks) and ranges[-1][2:] == (0, tree_blocks)
+                assert all(t_hi == t_lo for _, _, t_lo, t_hi in ranges[:-1])
+            most = max(share, -(-(prefix_blocks + tree_blocks) // splits))
+            assert max(p_hi - p_lo + t_hi - t_lo for p_lo, p_hi, t_lo, t_hi in ranges) <= most

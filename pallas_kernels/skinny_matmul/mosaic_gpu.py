@@ -22,6 +22,11 @@ split slabs, slices the padding off and casts, with no transpose; or, with ``red
 (``split_k.SplitKPartials``: the residual add + norm kernel). The channel-major first version needed
 one, a kernel of its own (at 16 tokens, 9.7 us per Qwen3-8B layer).
 
+The pipeline is written out (one barrier per slot for its weight and x tiles) rather than ``emit_pipeline``'s, which
+loads both tiles of a step together: the first ``max_concurrent_steps`` weight tiles go out before the PDL wait
+(``pallas_kernels.pdl``), the x tiles after it. On the H200 the written-out pipeline took what ``emit_pipeline`` took
+(3715 against 3702-3766 us of matmuls a decode step, docs/results/2026-12-01-pdl-early-loads-h200/).
+
 Runs in Pallas GPU-interpret mode (both wgmma operands come from SMEM), so the CPU tests run the kernel.
 """
 

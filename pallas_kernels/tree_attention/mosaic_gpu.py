@@ -12,8 +12,9 @@ contiguous ``[T, D]`` TMA box of ``q`` and of the output; no transpose in HBM). 
 V of that KV head are then read once per ``block_m`` rows instead of once per head.
 
 KV. The keys of one request are the prefix blocks ``0 .. ceil(length / block_kv)``
-followed by the tree's keys, padded to whole blocks. This virtual block sequence is
-cut into ``splits`` contiguous ranges; each CTA of the grid ``(B, Hkv, row blocks,
+followed by the tree's keys, padded to whole blocks. A tree no longer than a prefix split's share gets the
+last split to itself, the prefix cut evenly over the others; a longer one is cut with the prefix as one sequence
+into ``splits`` contiguous ranges (``split_ranges``). Each CTA of the grid ``(B, Hkv, row blocks,
 splits)`` streams its range with a TMA pipeline (one for the prefix part, one for the
 tree part), running the online softmax (FlashAttention-2 style, base-2 exponentials).
 The prefix mask (key < length) only bites in the block holding ``length``; tree blocks
@@ -27,10 +28,15 @@ more, each split writes its normalised f32 partial and its log2-sum-exp, both as
 ``[B, n, Hkv, G, D]`` tiles in the output's order (the lse repeated along D, written
 from the output tile's SMEM once TMA has read the partial), and a jnp combine
 (``_combine``) weights them: ``o = sum_s 2**(lse_s - m) o_s / sum_s 2**(lse_s - m)``.
-Elementwise throughout, so XLA makes it one kernel (``scripts/h200/combine_probe.py``).
+Elementwise throughout, so XLA makes it one kernel (``scripts/h200/combine_probe.py``); with ``COMBINE_KERNEL``
+it is one Mosaic GPU kernel of the same operations instead (``_combine_kernel``).
 The auto split (``TuningConfig.splits``) keeps ``B * Hkv * row blocks * splits`` at
 about one wave of 132 SMs: B=1, Hkv=8, n=16 (one row block) gets 16 splits of a 2k
 prefix.
+
+PDL. With ``pallas_kernels.pdl`` on and ``cache_settled`` (no kernel just before this one wrote the cache prefix),
+the grid-dependency wait comes after the prefix pipeline's first loads, and q, the ancestor words and the tree's K/V
+are loaded after it; otherwise the wait is the kernel's first instruction.
 
 Status: passes ``tests/test_tree_attention.py`` in Pallas GPU-interpret mode on CPU and on the H200, where it
 beats XLA's masked attention at every size measured (docs/results/2026-11-30-kernels-h200-splitk/) and, as a
@@ -48,8 +54,9 @@ Not done yet (in expected order of gain): warp specialisation (a TMA warpgroup a
 two compute warpgroups ping-ponging softmax and wgmma, as in FA3 / ``attention_mgpu``);
 async wgmma so ``Q K^T`` of the next block overlaps the softmax; two compute
 warpgroups per CTA (block_m = 128) so the prefix is re-read by half as many row blocks
-(16 per KV head at n = 256, G = 4); a fused combine (the last CTA of a row block merges
-the partials, maybe in bf16) to save a launch and the f32 partials' traffic at small batch.
+(16 per KV head at n = 256, G = 4); the combine inside this kernel (one split's CTA of a row block merges
+the partials, behind a GMEM semaphore or in a cluster) to save a launch, a serial step and the f32 partials' traffic
+at small batch.
 """
 
 from __future__ import annotations
@@ -188,18 +195,9 @@ def _kernel_call(
             pdl.begin_kernel(interpret)
             load_q()  # awaited in the first step that uses it (``wait_for_q``): the first K/V loads go out alongside
 
-        # this split's slice [lo, hi) of the blocks: prefix blocks first, then the tree's
         length = jnp.clip(lengths_ref[bi], 0, capacity)  # here, not in XLA: a launch less a step
         prefix_blocks = (length + block_kv - 1) // block_kv
-        total = prefix_blocks + tree_blocks
-        per_split = (total + splits - 1) // splits
-        lo = jnp.minimum(split * per_split, total)
-        hi_ = jnp.minimum(lo + per_split, total)
-        prefix_lo, prefix_hi = jnp.minimum(lo, prefix_blocks), jnp.minimum(hi_, prefix_blocks)
-        tree_lo, tree_hi = (
-            jnp.maximum(lo, prefix_blocks) - prefix_blocks,
-            jnp.maximum(hi_, prefix_blocks) - prefix_blocks,
-        )
+        prefix_lo, prefix_hi, tree_lo, tree_hi = split_ranges(prefix_blocks, tree_blocks, split, splits)
 
         def column():
             return plgpu.broadcasted_iota(jnp.int32, (block_m, block_kv), 1, layout=plgpu.Layout.WGMMA)
@@ -339,6 +337,33 @@ def _kernel_call(
     return call(q, k_cache, v_cache, lengths, k_tree, v_tree, row_bits)
 
 
+def split_ranges(prefix_blocks, tree_blocks: int, split, splits: int):
+    """The KV blocks split ``split`` of ``splits`` attends: prefix blocks ``[p_lo, p_hi)`` and tree blocks
+    ``[t_lo, t_hi)`` (``prefix_blocks`` and ``split`` traced in the kernel, plain integers in tests).
+
+    A tree no longer than a prefix split's share gets the last split to itself, the prefix spread evenly over the
+    others. Why: a CTA runs its prefix pipeline and then its tree pipeline, whose loads go out only when the first one
+    is done, so a CTA holding both pays two memory latencies where the others pay one; an AR step's one-node tree
+    (1 block after 16 of a 1k prefix, 8 splits) put it beside a prefix block. A longer tree (or an empty prefix) takes
+    the old cut: the prefix blocks then the tree's as one sequence in ``splits`` contiguous ranges."""
+    if splits == 1:
+        return 0, prefix_blocks, 0, tree_blocks
+    rest = splits - 1
+    alone = (prefix_blocks > 0) & (tree_blocks * rest <= prefix_blocks + rest - 1)  # tree <= ceil(prefix / rest)
+    own_lo, own_hi = jnp.minimum(split, rest), jnp.minimum(split + 1, rest)  # the last split: no prefix block
+    total = prefix_blocks + tree_blocks
+    per = (total + splits - 1) // splits
+    lo = jnp.minimum(split * per, total)
+    hi = jnp.minimum(lo + per, total)
+    ranges = (
+        (own_lo * prefix_blocks // rest, jnp.minimum(lo, prefix_blocks)),
+        (own_hi * prefix_blocks // rest, jnp.minimum(hi, prefix_blocks)),
+        (0, jnp.maximum(lo, prefix_blocks) - prefix_blocks),
+        (jnp.where(split == rest, tree_blocks, 0), jnp.maximum(hi, prefix_blocks) - prefix_blocks),
+    )
+    return tuple(jnp.where(alone, own, cut) for own, cut in ranges)
+
+
 def _row_bits(ancestor_bits, n, n_pad, nodes, g, words):
     """uint32 ``[B, row blocks, words, block_m]``: row ``r = g * T + t`` of a block holds node ``t``'s words.
 
@@ -376,9 +401,11 @@ def _combine(out_parts, lse):
 
 COMBINE_KERNEL = False
 """Merge the splits with ``_combine_kernel`` (a Mosaic GPU kernel) instead of XLA's fusion of ``_combine``. Why: the
-two are one launch each (~1.6 us on the H200), but an XLA kernel is launched without programmatic dependent launch,
-so under ``pallas_kernels.pdl`` it breaks the chain of our kernels: the o projection after it cannot start its weight
-loads early. Off until the H200 says it pays (``bench_roofline.py --combine-kernel``). Read at trace time."""
+two are one launch each (~1.6 us on the H200), and it was built so that, under ``pallas_kernels.pdl``, a layer's chain
+is all the package's kernels (the o projection after the merge then starts its weight loads early). Off: on the H200
+it took 60.0 us a decode step against XLA's 56.5 (36 calls); inside XLA's command buffers PDL overlaps nothing, and
+without them XLA launches its own fusions as programmatic dependents too (docs/results/2026-12-01-pdl-early-loads-h200/).
+``bench_roofline.py --combine-kernel`` (rows ``chain_*``). Read at trace time."""
 
 
 def _combine_kernel(out_parts, lse, dtype, interpret):

@@ -83,25 +83,29 @@ def qk_norm_rope(qkv: jax.Array | SplitKPartials, q_norm: jax.Array | None, k_no
     (qn_ref, kn_ref), refs = (refs[:2], refs[2:]) if norm else ((None, None), refs)
     *out_refs, twice = refs
     row, head = lax.axis_index("row"), lax.axis_index("head")
+    # every load first (the tables and weights too, which a v head does not use): their latencies then overlap
+    # the head's instead of following the norm's reduction
     x = load_row(x_ref, row, dtype, pl.ds(head * d, d))
+    cos, sin = cos_ref[row, :], sin_ref[row, :]
+    q_gain, k_gain = (qn_ref[...], kn_ref[...]) if norm else (None, None)
 
     def store(ref, first_head, value):
       ref[row, pl.ds((head - first_head) * d, d)] = value
 
-    def rotated(g_ref, ref, first_head):
+    def rotated(gain, ref, first_head):
       y = x.astype(jnp.float32)
-      if g_ref is not None:  # rms_norm's roundings: the normed head, then the weight's product
+      if gain is not None:  # rms_norm's roundings: the normed head, then the weight's product
         y = (y * lax.rsqrt(jnp.sum(y * y) / d + eps)).astype(dtype)
-        y = (g_ref[...].astype(jnp.float32) * y.astype(jnp.float32)).astype(dtype).astype(jnp.float32)
+        y = (gain.astype(jnp.float32) * y.astype(jnp.float32)).astype(dtype).astype(jnp.float32)
       twice[pl.ds(0, d)] = y
       twice[pl.ds(d, d)] = y
       partner = twice[pl.ds(d // 2, d)]  # element i: y[(i + D/2) mod D]
-      store(ref, first_head, (y * cos_ref[row, :] + partner * sin_ref[row, :]).astype(dtype))
+      store(ref, first_head, (y * cos + partner * sin).astype(dtype))
 
     q_out, k_out, v_out = out_refs if split else out_refs * 3
     firsts = (0, hq, hq + num_kv_heads) if split else (0, 0, 0)
-    pl.when(head < hq)(lambda: rotated(qn_ref, q_out, firsts[0]))
-    pl.when((head >= hq) & (head < hq + num_kv_heads))(lambda: rotated(kn_ref, k_out, firsts[1]))
+    pl.when(head < hq)(lambda: rotated(q_gain, q_out, firsts[0]))
+    pl.when((head >= hq) & (head < hq + num_kv_heads))(lambda: rotated(k_gain, k_out, firsts[1]))
     pl.when(head >= hq + num_kv_heads)(lambda: store(v_out, firsts[2], x))
 
   widths = (hq * d, num_kv_heads * d, num_kv_heads * d) if split else (n,)

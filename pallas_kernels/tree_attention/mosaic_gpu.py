@@ -420,15 +420,16 @@ def _combine_kernel(out_parts, lse, dtype, interpret):
     def tree_attention_combine_body(parts_ref, lse_ref, out_ref):  # its name in profiles (CUPTI)
         pdl.begin_kernel(interpret, release_first=True)  # a small kernel: the o projection may start now
         r = lax.axis_index("row")
-        lses = [lse_ref[i, r, :] for i in range(splits)]
+        lses = [lse_ref[i, r, :] for i in range(splits)]  # every load first, so their latencies overlap
+        parts = [parts_ref[i, r, :] for i in range(splits)]
         top = lses[0]
-        for part in lses[1:]:
-            top = jnp.maximum(top, part)
+        for lse in lses[1:]:
+            top = jnp.maximum(top, lse)
         total = acc = None
-        for i in range(splits):
-            weight = jnp.exp2(lses[i] - top)
+        for lse, part in zip(lses, parts):
+            weight = jnp.exp2(lse - top)
             total = weight if total is None else total + weight
-            acc = weight * parts_ref[i, r, :] if acc is None else acc + weight * parts_ref[i, r, :]
+            acc = weight * part if acc is None else acc + weight * part
         out_ref[r, :] = (acc / total).astype(dtype)
 
     call = plgpu.kernel(tree_attention_combine_body, out_type=jax.ShapeDtypeStruct((rows, width), dtype),

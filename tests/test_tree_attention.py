@@ -179,6 +179,19 @@ class TestMosaicGpuInterpret(TreeAttentionSuite):
     def run(self, args, config):
         return ta_mosaic_gpu.tree_attention(*args, config=config, interpret=plgpu.InterpretGPUParams())
 
+    def test_lse_reuses_the_output_tile_where_shared_memory_is_short(self):
+        """Five K/V stages at D = 128 leave no room for an lse tile of its own: the split kernel then stores the lse
+        from the output tile once TMA has read the partial, and still matches the oracle."""
+        config = ta.TuningConfig(max_concurrent_steps=5, num_splits=2)
+        limit = ta_mosaic_gpu._SMEM_LIMIT - ta_mosaic_gpu._SMEM_RESERVED
+        sizes = [ta_mosaic_gpu.smem_bytes(128, 2, config, final=False, interpretable=True, lse_apart=apart)
+                 for apart in (False, True)]
+        assert sizes[0] <= limit < sizes[1]
+        args, visible = make_inputs(1, 16, 4, 1, 128, 512, "random", [300], seed=3)
+        out = self.run(args, config)
+        err = np.abs(np.asarray(out, np.float64) - oracle(*args[:-1], visible))
+        assert err.max() < 2e-2 and err.mean() < 2e-3, (err.max(), err.mean())
+
     @pytest.mark.parametrize(
         "hq,hkv,d,s,config,match",
         [

@@ -25,8 +25,9 @@ split ranges follow the live length rather than the cache capacity, blocks past
 
 Combine. With one split the kernel writes the normalised output in q's dtype. With
 more, each split writes its normalised f32 partial and its log2-sum-exp, both as
-``[B, n, Hkv, G, D]`` tiles in the output's order (the lse repeated along D, written
-from the output tile's SMEM once TMA has read the partial), and a jnp combine
+``[B, n, Hkv, G, D]`` tiles in the output's order (the lse repeated along D, from a tile
+of its own where shared memory allows, so both stores are in flight at once; else from
+the output tile's once TMA has read the partial), and a jnp combine
 (``_combine``) weights them: ``o = sum_s 2**(lse_s - m) o_s / sum_s 2**(lse_s - m)``.
 Elementwise throughout, so XLA makes it one kernel (``scripts/h200/combine_probe.py``); with ``COMBINE_KERNEL``
 it is one Mosaic GPU kernel of the same operations instead (``_combine_kernel``).
@@ -121,13 +122,15 @@ def check_supported(q, k_cache, v_cache, k_tree, v_tree, ancestor_bits, config: 
         raise NotImplementedError(f"cache capacity S={s} is not a multiple of block_kv={config.block_kv}")
 
 
-def smem_bytes(d: int, row_words: int, config: TuningConfig, *, final: bool, interpretable: bool) -> int:
-    """Shared memory one CTA allocates (the two KV pipelines reuse the same buffers)."""
+def smem_bytes(d: int, row_words: int, config: TuningConfig, *, final: bool, interpretable: bool,
+               lse_apart: bool = False) -> int:
+    """Shared memory one CTA allocates (the two KV pipelines reuse the same buffers); ``lse_apart``: the lse tile has
+    a buffer of its own instead of reusing the output tile's."""
     m, kv = config.block_m, config.block_kv
     return (
         m * d * 2  # Q tile
         + row_words * m * 4  # ancestor words
-        + m * d * (2 if final else 4)  # output tile (and, after it, the lse tile)
+        + m * d * (2 if final else 4) * (2 if lse_apart else 1)  # output tile (and the lse tile)
         + (m * kv * 2 if interpretable else 0)
         + 2 * config.max_concurrent_steps * kv * d * 2
     )  # K and V stages
@@ -151,6 +154,7 @@ def _kernel_call(
     interpretable: bool,
     interpret,
     early_cache: bool,
+    lse_apart: bool,
 ):
     """The ``(B, Hkv, row blocks, splits)`` grid over ``n_pad`` nodes (``q`` may hold fewer: TMA reads zeros past
     them and stores nothing there); returns the output ``[B, n, Hkv, G, D]``, plus lse when ``splits > 1``.
@@ -160,7 +164,8 @@ def _kernel_call(
     value heads at ``head0[2]``: three arrays of their own (offsets 0), or one array holding all three.
 
     ``early_cache``: the PDL grid-dependency wait (``pdl.begin_kernel``) comes after the prefix pipeline's first loads
-    and before anything else is read (q, the ancestor words, the tree's K/V), instead of first thing."""
+    and before anything else is read (q, the ancestor words, the tree's K/V), instead of first thing. ``lse_apart``
+    (split only): the lse tile goes through a buffer of its own, so its store does not wait for the output's."""
     b, n_q, _, d = q.shape
     capacity, hkv, g = k_cache.shape[1], k_cache.shape[2], groups
     q0, k0, v0 = head0
@@ -178,7 +183,7 @@ def _kernel_call(
     def tree_attention_body(q_ref, k_cache_ref, v_cache_ref, lengths_ref, k_tree_ref, v_tree_ref, bits_ref,
                               *refs):  # its name in profiles (CUPTI)
         out_ref, lse_ref = (refs[0], None) if final else refs[:2]
-        q_smem, bits_smem, out_smem, p_smem, load_barrier = refs[1 if final else 2 :]
+        q_smem, bits_smem, out_smem, lse_smem, p_smem, load_barrier = refs[1 if final else 2 :]
         bi, hi = lax.axis_index("b"), lax.axis_index("h")
         row_block, split = lax.axis_index("rows"), lax.axis_index("split")
         node0 = row_block * nodes
@@ -296,19 +301,20 @@ def _kernel_call(
         seen = row_sum > 0  # rows with no visible key (padding) write 0, lse _EMPTY_LSE
         out = acc / lax.broadcast_in_dim(jnp.where(seen, row_sum, 1.0), acc.shape, [0])
 
-        def store(tile, dst):
-            out_smem[...] = tile
+        def store(tile, smem, dst):
+            smem[...] = tile
             plgpu.commit_smem()
             for gi in range(g):
                 out_rows = (bi, pl.ds(node0, nodes), hi, gi)
-                plgpu.copy_smem_to_gmem(out_smem.at[pl.ds(gi * nodes, nodes)],
+                plgpu.copy_smem_to_gmem(smem.at[pl.ds(gi * nodes, nodes)],
                                         dst.at[out_rows] if final else dst.at[(split, *out_rows)])
 
-        store(out.astype(out_dtype), out_ref)
-        if not final:  # the lse along D, from the same tile once TMA has read the partial out of it
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        store(out.astype(out_dtype), out_smem, out_ref)
+        if not final:  # the lse along D: from a tile of its own, both stores in flight at once, or after the output's
+            if lse_smem is None:
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             lse = jnp.where(seen, row_max + jnp.log(row_sum) * _LOG2E, _EMPTY_LSE)
-            store(lax.broadcast_in_dim(lse, (block_m, d), [0]), lse_ref)
+            store(lax.broadcast_in_dim(lse, (block_m, d), [0]), out_smem if lse_smem is None else lse_smem, lse_ref)
         plgpu.wait_smem_to_gmem(0)
 
     if final:
@@ -322,6 +328,7 @@ def _kernel_call(
         plgpu.SMEM((block_m, d), dtype, transforms=_smem_transforms(d, dtype)),
         plgpu.SMEM(row_bits.shape[2:], jnp.uint32),
         plgpu.SMEM((block_m, d), out_dtype, transforms=_smem_transforms(d, out_dtype)),
+        plgpu.SMEM((block_m, d), out_dtype, transforms=_smem_transforms(d, out_dtype)) if lse_apart else None,
         plgpu.SMEM((block_m, block_kv), dtype, transforms=_smem_transforms(block_kv, dtype)) if interpretable else None,
         plgpu.Barrier(num_arrivals=g + 1),
     )
@@ -517,6 +524,9 @@ def _attend(q_src, k_src, v_src, head0, hq, k_cache, v_cache, lengths, ancestor_
     row_words = tree_blocks * config.block_kv // WORD_BITS
     interpretable = interpret is not None if interpretable is None else interpretable
     smem = smem_bytes(d, row_words, config, final=splits == 1, interpretable=interpretable)
+    # the lse tile apart when it fits: one store round trip less at the end of every split
+    lse_apart = splits > 1 and smem_bytes(d, row_words, config, final=False, interpretable=interpretable,
+                                          lse_apart=True) + _SMEM_RESERVED <= _SMEM_LIMIT
     if smem + _SMEM_RESERVED > _SMEM_LIMIT:
         raise NotImplementedError(
             f"{smem} bytes of shared memory per CTA exceed {_SMEM_LIMIT}: lower max_concurrent_steps or block_kv"
@@ -540,6 +550,7 @@ def _attend(q_src, k_src, v_src, head0, hq, k_cache, v_cache, lengths, ancestor_
         interpretable=interpretable,
         interpret=interpret,
         early_cache=cache_settled and pdl.ENABLED,
+        lse_apart=lse_apart,
     )
     out = result
     if splits > 1:

@@ -72,6 +72,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import pdl
+from pallas_kernels.split_k import exit_wait
 from pallas_kernels.tma import pad_for_tma
 from pallas_kernels.tree_attention.ancestors import WORD_BITS, num_words
 from pallas_kernels.tree_attention.config import TuningConfig
@@ -315,7 +316,7 @@ def _kernel_call(
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             lse = jnp.where(seen, row_max + jnp.log(row_sum) * _LOG2E, _EMPTY_LSE)
             store(lax.broadcast_in_dim(lse, (block_m, d), [0]), out_smem if lse_smem is None else lse_smem, lse_ref)
-        plgpu.wait_smem_to_gmem(0)
+        exit_wait()
 
     if final:
         out_type = jax.ShapeDtypeStruct((b, n_q, hkv, g, d), dtype)

@@ -112,7 +112,7 @@ def split_k_update(m, k, h, split, seed, interpret=True):
   return x, matmul
 
 
-@pytest.mark.parametrize("m,split", [(1, 4), (3, 2), ((2, 3), 8)])
+@pytest.mark.parametrize("m,split", [(1, 4), (3, 2), ((2, 3), 8), (2, 1)])  # 1: the padded result itself
 def test_kernel_adds_split_k_partials_as_their_sum_would(m, split):
   """The o / down projections' K splits go into the kernel unsummed: its new residual rows equal the reference's
   (the splits added in order, rounded to bf16, added to the rows) bit for bit, and the normed rows match."""

@@ -465,9 +465,7 @@ def w12_matmul(
     y = jnp.swapaxes(y_t, 1, 2)
     out = halves_from_f32(y) if halves == 2 else y[:, None]
   if not has_escapes or (in_kernel and not packed.escape_index.shape[0]):
-    if halves == 1:
-      return out[0, 0, :m].reshape(*lead, n)
-    partials = SplitKPartials(out, lead, jnp.dtype(x.dtype).name)
+    partials = SplitKPartials(out, lead, jnp.dtype(x.dtype).name)  # halves == 1: the padded bf16 result itself
     return partials if not reduce else partials.sum()
   # out: [split_k, 2, Mp, N] f32 halves. The overflow escapes (usually none) are scattered into the first partial sum,
   # in place. Up to GATHER_ROWS rows the listed ones are gathers that join the split-K sum, the transpose and the cast

@@ -56,7 +56,7 @@ graphs off."""
 def begin_kernel(interpret, *, release_first: bool = False) -> None:
   """Call in a Mosaic GPU kernel body (every thread) before it reads anything its predecessor may have written, and
   before it writes anything: waits for the kernels it depends on, then lets its own dependents launch
-  (``release_first``: the other way round, for a kernel whose blocks are all resident at once; module docstring).
+  (``release_first``: the other way round, for a small kernel between two big ones; module docstring).
   A no-op when ``ENABLED`` is false or the kernel is interpreted."""
   if ENABLED and interpret is None:
     if release_first:

@@ -26,7 +26,10 @@ caller says the prefix is settled (``cache_settled``: the models' forward writes
 How far back "the last few" reaches: a kernel starts at the earliest when its predecessor has triggered, and a
 predecessor that releases first triggers as it starts, so a kernel that follows a small one may start while the
 kernel before that one still runs; since two small kernels never follow each other in the models, two launches back
-is as far as it reaches, and a weight or a settled prefix is older than that.
+is as far as it reaches, and a weight or a settled prefix is older than that. Two assumptions make that hold: a
+weight enters the program as an input (not computed in it right before its matmul), and no kernel of another origin
+releases its successor before its own wait (XLA's fusions, launched as dependents when command buffers are off, might;
+the models' early loads then still read only program inputs and a cache written at the previous step's end).
 
 A kernel that follows an XLA kernel launched without PDL behaves as without it (the wait returns at once).
 Interpret mode has no grid dependencies: nothing is emitted there. ``ENABLED`` is read at trace time (like

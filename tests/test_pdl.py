@@ -100,6 +100,15 @@ def _chain(x, ws, norm_w):
   return h + delta
 
 
+NO_COMMAND_BUFFERS = {"xla_gpu_enable_command_buffer": ""}
+"""The GPU tests' compile options: inside XLA's command buffers (the default) PDL overlaps no kernels at all, so a load
+that raced its predecessor could not show there; without them it does (docs/results/2026-12-01-pdl-early-loads-h200/)."""
+
+
+def _compiled(fn, *args):
+  return jax.jit(fn).lower(*args).compile(compiler_options=NO_COMMAND_BUFFERS)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not on_hopper(), reason="needs an H100/H200")
 def test_a_dependent_chain_gives_the_same_bits_with_and_without_pdl():
@@ -113,7 +122,7 @@ def test_a_dependent_chain_gives_the_same_bits_with_and_without_pdl():
     for on in (False, True):
       pdl.ENABLED = on
       jax.clear_caches()
-      run = jax.jit(_chain)
+      run = _compiled(_chain, x, ws, norm_w)
       results[on] = [np.asarray(run(x * (i + 1), ws, norm_w), np.float32) for i in range(5)]
   finally:
     pdl.ENABLED = default
@@ -127,8 +136,8 @@ def test_a_dependent_chain_gives_the_same_bits_with_and_without_pdl():
 def test_decode_steps_on_every_kernel_give_the_same_bits_with_and_without_pdl():
   """Four decode steps of a 3-layer model at Qwen3-8B widths in one jitted loop, every op on this package's kernels
   (skinny matmul, add + norm, q/k norm + rope, tree attention with the settled-cache order and the combine kernel,
-  SwiGLU): under PDL each kernel's early loads (weights, the cache prefix) run before its predecessor has finished,
-  so a load that depended on it would change the bits."""
+  SwiGLU), compiled without command buffers: under PDL each kernel's early loads (weights, the cache prefix and its
+  lengths) run before its predecessor has finished, so a load that depended on it would change the bits."""
   import dataclasses as dc
 
   from pallas_kernels.add_rms_norm import ops as norm_ops
@@ -164,7 +173,8 @@ def test_decode_steps_on_every_kernel_give_the_same_bits_with_and_without_pdl():
     for on in (False, True):
       pdl.ENABLED = on
       jax.clear_caches()
-      tok, out_cache, logits = jax.jit(steps)(w, jnp.asarray([[5]], jnp.int32), cache)
+      tok0 = jnp.asarray([[5]], jnp.int32)
+      tok, out_cache, logits = _compiled(steps, w, tok0, cache)(w, tok0, cache)
       results[on] = [np.asarray(x, np.float32) for x in (tok, logits, out_cache.k, out_cache.v)]
   finally:
     for m, d in zip(modules, saved):

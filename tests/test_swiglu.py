@@ -112,8 +112,9 @@ def test_dispatch_is_the_reference_off_hopper_and_refuses_unknown_names(monkeypa
 
 
 def test_model_runs_the_kernel_on_the_gate_up_projection(monkeypatch):
-  """With the skinny kernel and the SwiGLU kernel chosen (interpret mode), each layer's gate|up output reaches the
-  SwiGLU kernel as the skinny kernel's padded output, and the forward's logits match the XLA path's."""
+  """With the skinny kernel and the SwiGLU kernel chosen (interpret mode), the layer's gate|up output reaches the
+  SwiGLU kernel as the skinny kernel wrote it (here its K splits; the unsplit form is the test above's), and the
+  forward's logits match the XLA path's."""
   from pallas_kernels.skinny_matmul import ops as skinny_ops
   from specpilot.models import target
   from tests import models as tm
@@ -121,7 +122,7 @@ def test_model_runs_the_kernel_on_the_gate_up_projection(monkeypatch):
   seen = []
 
   def swiglu_kernel(gate_up):
-    seen.append(type(gate_up).__name__)
+    seen.append(gate_up.halves.shape[:2] if isinstance(gate_up, SplitKPartials) else type(gate_up).__name__)
     return swiglu_mosaic_gpu.swiglu(gate_up, interpret=INTERPRET)
 
   def skinny_kernel(x, w, config, reduce):
@@ -137,7 +138,7 @@ def test_model_runs_the_kernel_on_the_gate_up_projection(monkeypatch):
   want = run()
   tm.choose_kernels(monkeypatch, {swiglu_ops: swiglu_kernel, skinny_ops: skinny_kernel})
   got = run()
-  assert seen == ["SplitKPartials"]
+  assert seen == [(2, 2)]  # the gate|up kernel's two K splits, unsummed (32 channel blocks: K split to fill the SMs)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=0.05, rtol=0.02)
 
 

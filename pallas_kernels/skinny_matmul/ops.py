@@ -60,8 +60,13 @@ def matmul(x: jax.Array, w: jax.Array, *, implementation: Implementation | None 
            config: TuningConfig | None = None, reduce: bool = True) -> jax.Array | SplitKPartials:
   """``x @ w`` for ``x`` ``[..., K]`` and ``w`` ``[K, N]``, f32 accumulation, returned in ``x.dtype``.
 
-  ``reduce=False`` lets the kernel return its K splits unsummed (``SplitKPartials``) for a consumer that adds them
-  itself (``add_rms_norm``); XLA's dot and an unsplit kernel return the array either way."""
+  ``reduce=False`` lets the kernel return its output as it wrote it (``SplitKPartials``: the K splits unsummed, or the
+  padded result of an unsplit K) for a consumer kernel that reads it itself (``add_rms_norm``, ``qk_norm_rope``,
+  ``swiglu``); XLA's dot returns the array either way.
+
+  The kernel reads its first weight tiles before the PDL wait (``pallas_kernels.pdl``): ``w`` must not be written by
+  the kernel launched just before it, which holds for a weight that enters the program as an input (the models'), not
+  for one computed in it right before the matmul (a slice, a cast or a transpose of a weight in the same program)."""
   if implementation not in (None, *_IMPLEMENTATIONS):
     raise ValueError(f"unknown skinny_matmul implementation {implementation!r}; expected one of {_IMPLEMENTATIONS}")
   reduce = reduce or not PASS_SPLITS

@@ -76,9 +76,10 @@ def tree_attention(
     reference elsewhere; a shape the kernel does not support then falls back to the
     reference with a warning at trace time, so the result is never silently wrong.
 
-    ``cache_settled``: no kernel launched right before this call wrote the cache prefix (the model's forward writes
-    its new K/V after the last layer). With ``pallas_kernels.pdl`` on, the kernel's prefix loads then start before
-    its grid-dependency wait, behind the kernel before it.
+    ``cache_settled``: no kernel launched in the two launches before this call wrote the cache prefix or ``lengths``
+    (the model's forward writes its new K/V after the last layer, and its lengths come in with the cache). With
+    ``pallas_kernels.pdl`` on, the kernel then reads ``lengths`` and starts its prefix loads before its
+    grid-dependency wait, behind the kernel before it.
     """
     args = (q, k_cache, v_cache, lengths, k_tree, v_tree, ancestor_bits)
     return _dispatch("tree_attention", tree_attention_reference, args, implementation, interpret, config,

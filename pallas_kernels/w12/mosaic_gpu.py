@@ -420,8 +420,9 @@ def w12_matmul(
 ) -> jax.Array | SplitKPartials:
   """``x @ W`` for bf16 ``x`` ``[..., K]``: the fused kernel plus the escape patch. With ``reduce=False``, when
   nothing is left to patch after the kernel (no escapes, or all corrected in it: ``escapes_in_kernel`` and no
-  overflow) and K is split, the unsummed ``SplitKPartials`` for a consumer kernel that adds them itself
-  (``add_rms_norm``, ``qk_norm_rope``), as ``skinny_matmul`` returns them.
+  overflow), the kernel's output as ``SplitKPartials`` (the unsummed K splits, or the padded result of an unsplit K)
+  for a consumer kernel that reads it itself (``add_rms_norm``, ``qk_norm_rope``, ``swiglu``), as ``skinny_matmul``
+  returns it.
 
   ``interpret=plgpu.InterpretGPUParams()`` runs it on CPU for tests. Unsupported
   shapes raise NotImplementedError so ``w12.matmul`` can fall back loudly.

@@ -1172,13 +1172,10 @@ def plan_jobs(args, s: dict, run: Path, chosen: list[str]) -> tuple[list[Job], J
         jobs.append(jax_job("summed_splits", ["xla_decode_loop"], t["xla"], ["summed_splits_decode_loop"],
                             matmul="mosaic_gpu", norm="mosaic_gpu", pass_splits=False,
                             loop_label="summed_splits_decode_loop"))
-    if "rope_decode_loop" in chosen:
-        jobs.append(jax_job("rope", ["xla_decode_loop"], t["xla"], ["rope_decode_loop"], matmul="mosaic_gpu",
-                            norm="mosaic_gpu", rope="mosaic_gpu", loop_label="rope_decode_loop"))
     rope_kernels = dict(matmul="mosaic_gpu", norm="mosaic_gpu", rope="mosaic_gpu")
     chain_kernels = dict(rope_kernels, swiglu="mosaic_gpu", combine_kernel=True)
-    for name, kernels in (("pdl_chain", dict(chain_kernels, pdl=True)), ("pdl_rope", dict(rope_kernels, pdl=True)),
-                          ("chain", chain_kernels)):
+    for name, kernels in (("rope", rope_kernels), ("pdl_chain", dict(chain_kernels, pdl=True)),
+                          ("pdl_rope", dict(rope_kernels, pdl=True)), ("chain", chain_kernels)):
         if f"{name}_decode_loop" in chosen:
             jobs.append(jax_job(name, ["xla_decode_loop"], t["xla"], [f"{name}_decode_loop"],
                                 loop_label=f"{name}_decode_loop", **kernels))

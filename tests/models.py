@@ -136,3 +136,12 @@ def choose_kernels(monkeypatch, kernels: dict) -> None:
         monkeypatch.setattr(module, "DEFAULT", "mosaic_gpu")
         monkeypatch.setattr(module, "_on_hopper", lambda: True)
         monkeypatch.setattr(module, "_mosaic_gpu", kernel)
+
+
+def interpreted_skinny(x, w, config, reduce):
+    """``skinny_matmul.ops``'s kernel hook (``_mosaic_gpu``) run in Pallas GPU-interpret mode, for ``choose_kernels``."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
+
+    return skinny_mosaic_gpu.skinny_matmul(x, w, config=config, reduce=reduce, interpret=plgpu.InterpretGPUParams())

@@ -202,9 +202,6 @@ def test_model_hands_the_o_and_down_splits_to_the_kernel(monkeypatch):
     deltas.append(type(delta).__name__)
     return norm_mosaic_gpu.add_rms_norm(x, delta, w, eps, interpret=plgpu.InterpretGPUParams())
 
-  def skinny_kernel(x, w, config, reduce):
-    return skinny_mosaic_gpu.skinny_matmul(x, w, config=config, reduce=reduce, interpret=plgpu.InterpretGPUParams())
-
   cfg = tm.target_config(vocab=32, hidden=1024, layers=1, heads=8, kv_heads=2, head_dim=128, intermediate=1024)
   w, cache = tm.bf16_step_inputs(cfg)
   tokens = jnp.asarray([[3]], jnp.int32)
@@ -213,7 +210,7 @@ def test_model_hands_the_o_and_down_splits_to_the_kernel(monkeypatch):
     return target.forward(w, cfg, tokens, cache.lengths[:, None], cache).logits
 
   want = run()
-  tm.choose_kernels(monkeypatch, {norm_ops: norm_kernel, skinny_ops: skinny_kernel})
+  tm.choose_kernels(monkeypatch, {norm_ops: norm_kernel, skinny_ops: tm.interpreted_skinny})
   got = run()
   assert deltas == ["NoneType", "SplitKPartials", "SplitKPartials"]  # input norm, then after o and after down
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=0.05, rtol=0.02)

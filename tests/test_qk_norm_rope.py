@@ -190,9 +190,6 @@ def test_model_runs_the_kernel_on_the_qkv_projection(monkeypatch, t, attention):
     seen.append((type(args[0]).__name__, kwargs["split"]))
     return rope_mosaic_gpu.qk_norm_rope(*args, **kwargs, interpret=INTERPRET)
 
-  def skinny_kernel(x, w, config, reduce):
-    return skinny_mosaic_gpu.skinny_matmul(x, w, config=config, reduce=reduce, interpret=INTERPRET)
-
   cfg = tm.target_config(vocab=32, hidden=1024, layers=1, heads=8, kv_heads=2, head_dim=128, intermediate=1024)
   w, cache = tm.bf16_step_inputs(cfg)
   tokens = jnp.asarray([[3, 7][:t]], jnp.int32)
@@ -202,7 +199,7 @@ def test_model_runs_the_kernel_on_the_qkv_projection(monkeypatch, t, attention):
     return out.logits, out.cache.k
 
   want = run()
-  tm.choose_kernels(monkeypatch, {rope_ops: rope_kernel, skinny_ops: skinny_kernel})
+  tm.choose_kernels(monkeypatch, {rope_ops: rope_kernel, skinny_ops: tm.interpreted_skinny})
   got = run()
   packed = attention == "pallas_tree" and t > 1
   assert seen == [("SplitKPartials", not packed)]  # a few rows: the skinny kernel splits K

@@ -125,9 +125,6 @@ def test_model_runs_the_kernel_on_the_gate_up_projection(monkeypatch):
     seen.append(gate_up.halves.shape[:2] if isinstance(gate_up, SplitKPartials) else type(gate_up).__name__)
     return swiglu_mosaic_gpu.swiglu(gate_up, interpret=INTERPRET)
 
-  def skinny_kernel(x, w, config, reduce):
-    return skinny_mosaic_gpu.skinny_matmul(x, w, config=config, reduce=reduce, interpret=INTERPRET)
-
   cfg = tm.target_config(vocab=32, hidden=256, layers=1, heads=2, kv_heads=1, head_dim=128, intermediate=1024)
   w, cache = tm.bf16_step_inputs(cfg)
   tokens = jnp.asarray([[3]], jnp.int32)
@@ -136,7 +133,7 @@ def test_model_runs_the_kernel_on_the_gate_up_projection(monkeypatch):
     return target.forward(w, cfg, tokens, cache.lengths[:, None], cache).logits
 
   want = run()
-  tm.choose_kernels(monkeypatch, {swiglu_ops: swiglu_kernel, skinny_ops: skinny_kernel})
+  tm.choose_kernels(monkeypatch, {swiglu_ops: swiglu_kernel, skinny_ops: tm.interpreted_skinny})
   got = run()
   assert seen == [(2, 2)]  # the gate|up kernel's two K splits, unsummed (32 channel blocks: K split to fill the SMs)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=0.05, rtol=0.02)

@@ -35,9 +35,10 @@ The auto split (``TuningConfig.splits``) keeps ``B * Hkv * row blocks * splits``
 about one wave of 132 SMs: B=1, Hkv=8, n=16 (one row block) gets 16 splits of a 2k
 prefix.
 
-PDL. With ``pallas_kernels.pdl`` on and ``cache_settled`` (no kernel just before this one wrote the cache prefix),
-the grid-dependency wait comes after the prefix pipeline's first loads, and q, the ancestor words and the tree's K/V
-are loaded after it; otherwise the wait is the kernel's first instruction.
+PDL. With ``pallas_kernels.pdl`` on and ``cache_settled`` (no kernel of the two launches before this one wrote the
+cache prefix or the lengths: ``ops.tree_attention``), the lengths and the prefix pipeline's first loads come before
+the grid-dependency wait, and q, the ancestor words and the tree's K/V after it; otherwise the wait is the kernel's
+first instruction.
 
 Status: passes ``tests/test_tree_attention.py`` in Pallas GPU-interpret mode on CPU and on the H200, where it
 beats XLA's masked attention at every size measured (docs/results/2026-11-30-kernels-h200-splitk/) and, as a
@@ -397,13 +398,21 @@ def _combine(out_parts, lse):
     the variadic reduction over a transposed lse before it three (docs/results/2026-12-01-combine-h200/). Splits
     that saw no key (``_EMPTY_LSE``) weigh nothing; a row no split saw merges zeros.
     """
-    top = lse[0]
-    for s in range(1, lse.shape[0]):
-        top = jnp.maximum(top, lse[s])
-    total = acc = 0.0
-    for s in range(lse.shape[0]):
-        weight = jnp.exp2(lse[s] - top)
-        total, acc = total + weight, acc + weight * out_parts[s]
+    splits = range(lse.shape[0])
+    return _merge_splits([lse[s] for s in splits], [out_parts[s] for s in splits])
+
+
+def _merge_splits(lses, parts):
+    """``sum_s 2^(lse_s - M) part_s / sum_s 2^(lse_s - M)`` over per-split arrays of one shape, split by split: the
+    operations both merges run (``_combine`` in XLA, ``_combine_kernel`` on rows it loaded), so they round alike."""
+    top = lses[0]
+    for lse in lses[1:]:
+        top = jnp.maximum(top, lse)
+    total = acc = None
+    for lse, part in zip(lses, parts):
+        weight = jnp.exp2(lse - top)
+        total = weight if total is None else total + weight
+        acc = weight * part if acc is None else acc + weight * part
     return acc / total
 
 
@@ -418,8 +427,8 @@ without them XLA launches its own fusions as programmatic dependents too (docs/r
 
 def _combine_kernel(out_parts, lse, dtype, interpret):
     """``_combine`` as one Mosaic GPU kernel, rounded to ``dtype``: one block of 128 threads per (request, node, KV
-    head) reads its ``G x D`` values of every split, in the same order of operations; None where the kernel does not
-    tile the row (``G * D`` not a multiple of 128)."""
+    head) reads its ``G x D`` values of every split and merges them as ``_combine`` does (``_merge_splits``); None
+    where the kernel does not tile the row (``G * D`` not a multiple of 128)."""
     splits = out_parts.shape[0]
     rows, width = math.prod(out_parts.shape[1:4]), math.prod(out_parts.shape[4:])
     if width % 128:
@@ -430,15 +439,7 @@ def _combine_kernel(out_parts, lse, dtype, interpret):
         r = lax.axis_index("row")
         lses = [lse_ref[i, r, :] for i in range(splits)]  # every load first, so their latencies overlap
         parts = [parts_ref[i, r, :] for i in range(splits)]
-        top = lses[0]
-        for lse in lses[1:]:
-            top = jnp.maximum(top, lse)
-        total = acc = None
-        for lse, part in zip(lses, parts):
-            weight = jnp.exp2(lse - top)
-            total = weight if total is None else total + weight
-            acc = weight * part if acc is None else acc + weight * part
-        out_ref[r, :] = (acc / total).astype(dtype)
+        out_ref[r, :] = _merge_splits(lses, parts).astype(dtype)
 
     call = plgpu.kernel(tree_attention_combine_body, out_type=jax.ShapeDtypeStruct((rows, width), dtype),
                         grid=(rows,), grid_names=("row",), interpret=interpret,
@@ -553,10 +554,11 @@ def _attend(q_src, k_src, v_src, head0, hq, k_cache, v_cache, lengths, ancestor_
         early_cache=cache_settled and pdl.ENABLED,
         lse_apart=lse_apart,
     )
-    out = result
-    if splits > 1:
-        out = _combine_kernel(*result, q_src.dtype, interpret) if COMBINE_KERNEL else None
-        out = _combine(*result) if out is None else out
+    if splits == 1:
+        out = result
+    else:
+        merged = _combine_kernel(*result, q_src.dtype, interpret) if COMBINE_KERNEL else None
+        out = _combine(*result) if merged is None else merged
     n_q = q_src.shape[1]
     out = out.reshape(b, n_q, hq, d)
     return (out if n_q == n else out[:, :n]).astype(q_src.dtype)

@@ -862,6 +862,10 @@ def apply_kernel_settings(spec: dict) -> dict:
         from pallas_kernels.skinny_matmul import ops as skinny_ops
 
         skinny_ops.DEFAULT = spec["matmul"]
+    if spec.get("skinny_max_tokens"):
+        from pallas_kernels.skinny_matmul import ops as skinny_ops
+
+        skinny_ops.MAX_TOKENS = spec["skinny_max_tokens"]
     if spec.get("norm"):
         from pallas_kernels.add_rms_norm import ops as norm_ops
 
@@ -901,6 +905,7 @@ def apply_kernel_settings(spec: dict) -> dict:
         skinny_ops.PASS_SPLITS = False
     res["pass_splits"] = spec.get("pass_splits", True)
     res["matmul"] = spec.get("matmul") or "default"
+    res["skinny_max_tokens"] = spec.get("skinny_max_tokens") or "default"
     res["norm"] = spec.get("norm") or "default"
     res["rope"] = spec.get("rope") or "default"
     res["swiglu"] = spec.get("swiglu") or "default"
@@ -975,6 +980,9 @@ def parse_args(argv=None):
     ap.add_argument("--matmul", choices=("xla", "mosaic_gpu"), default=None,
                     help="bf16 linear layers in every JAX job: XLA's dot or the skinny_matmul kernel (sets "
                          "skinny_matmul.ops.DEFAULT; default: leave it as it is)")
+    ap.add_argument("--skinny-max-tokens", type=int, default=None, metavar="ROWS",
+                    help="the most token rows a bf16 linear runs on the skinny kernel with --matmul mosaic_gpu (sets "
+                         "skinny_matmul.ops.MAX_TOKENS; default: leave it as it is)")
     ap.add_argument("--norm", choices=("xla", "mosaic_gpu"), default=None,
                     help="every residual add + RMSNorm of the target in every JAX job: XLA's or the add_rms_norm "
                          "kernel (sets add_rms_norm.ops.DEFAULT; default: leave it as it is)")
@@ -1041,6 +1049,7 @@ def settings(args) -> dict:
         "ar_attention": args.ar_attention,
         "kernel_split": args.kernel_split,
         "matmul": args.matmul,
+        "skinny_max_tokens": args.skinny_max_tokens,
         "norm": args.norm,
         "rope": args.rope,
         "swiglu": args.swiglu,
@@ -1511,6 +1520,8 @@ def markdown(rep: dict) -> str:
         f"- Command: `{p['command']}` ({p['wall_s']:.0f} s)."
         + (f" XLA_FLAGS of every job: `{p['xla_flags']}`." if p.get("xla_flags") else ""),
         f"- Attention: AR rows `{s.get('ar_attention', 'xla')}`, verify rows `{s.get('verify_attention', 'xla')}`. "
+        f"Matmuls: `{s.get('matmul') or 'default'}`"
+        + (f" up to {s['skinny_max_tokens']} rows" if s.get("skinny_max_tokens") else "") + ". "
         f"Residual add + RMSNorm: `{s.get('norm') or 'default'}`. q/k norm + rope: `{s.get('rope') or 'default'}`. "
         f"SwiGLU: `{s.get('swiglu') or 'default'}`. Attention merge: "
         f"`{'kernel' if s.get('combine_kernel') else 'xla'}`. PDL: `{bool(s.get('pdl'))}` (rows may set their own).",

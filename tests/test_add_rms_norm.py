@@ -214,3 +214,36 @@ def test_model_hands_the_o_and_down_splits_to_the_kernel(monkeypatch):
   got = run()
   assert deltas == ["NoneType", "SplitKPartials", "SplitKPartials"]  # input norm, then after o and after down
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=0.05, rtol=0.02)
+
+
+def test_drafter_hands_its_residual_updates_to_the_kernel(monkeypatch):
+  """The DFlash drafter's residual adds and norms run on the add + norm kernel as the target's do (interpret mode,
+  with the skinny kernel at the block's 8 rows): the input norm of layer 0, then the o and down projections' K splits
+  unsummed, the last into the final norm; the logits match the XLA path's."""
+  from pallas_kernels.skinny_matmul import ops as skinny_ops
+  from specpilot.models import dflash
+  from specpilot.models.kv_cache import KVCache
+  from tests import models as tm
+
+  deltas = []
+
+  def norm_kernel(x, delta, w, eps):
+    deltas.append(type(delta).__name__)
+    return norm_mosaic_gpu.add_rms_norm(x, delta, w, eps, interpret=plgpu.InterpretGPUParams())
+
+  tcfg = tm.target_config(vocab=32, hidden=1024, layers=2, heads=8, kv_heads=2, head_dim=128, intermediate=1024)
+  dlayers = tm.drafter_layers_config(tcfg, num_layers=2, heads=8, kv_heads=2, head_dim=128)
+  _, tw, dcfg, dw = tm.random_pair(tcfg, block_size=8, drafter_layers=dlayers, dtype=jnp.bfloat16)
+  kv = np.random.default_rng(0).normal(size=(2, 2, 1, 16, 2, 128))
+  ctx = KVCache(k=jnp.asarray(kv[0], jnp.bfloat16), v=jnp.asarray(kv[1], jnp.bfloat16),
+                lengths=jnp.asarray([5], jnp.int32))
+  block = jnp.asarray([[3] + [dcfg.mask_token_id] * 7], jnp.int32)
+
+  def run():
+    return dflash.draft_logits(dw, dcfg, tw.embed, tw.lm_head, ctx, block)
+
+  want = run()
+  tm.choose_kernels(monkeypatch, {norm_ops: norm_kernel, skinny_ops: tm.interpreted_skinny})
+  got = run()
+  assert deltas == ["NoneType"] + ["SplitKPartials"] * 4  # input norm; after o and down of each layer (final norm)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=0.05, rtol=0.02)

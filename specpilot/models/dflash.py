@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_kernels.add_rms_norm import add_rms_norm
 from pallas_kernels.add_rms_norm.reference import rms_norm
 from pallas_kernels.qk_norm_rope import apply_rope, qk_norm_rope
 from pallas_kernels.swiglu import swiglu
@@ -139,14 +140,12 @@ def _block_pass(weights, cfg, embed, lm_head, ctx: KVCache, block_tokens, block_
         visible = jnp.concatenate([ctx_visible, blk_visible], axis=1)  # [B, S + T], same for every query row
         mask = jnp.broadcast_to(visible[:, None, :], (b, t, visible.shape[1]))
     k_all, v_all = ctx.k, ctx.v
-    is_new = None if new is None else (np.arange(tn + t) < tn)[None, :, None]
+    update = None  # the last layer's MLP output: the next add_rms_norm adds it to h and norms the sum in one go
     for i, lw in enumerate(weights.layers):
-        if new is None:
-            rows = rms_norm(h, lw.attn_norm, lc.rms_norm_eps)
-        else:  # the context rows skip the input norm; normed beside the block's and selected, the concatenation
-            rows = jnp.concatenate([new, h], axis=1)  # can ride the norm's kernel instead of one of its own
-            rows = jnp.where(is_new, rows, rms_norm(rows, lw.attn_norm, lc.rms_norm_eps))
-        heads = qk_norm_rope(linear(rows, lw.w_qkv), lw.q_norm, lw.k_norm, cos, sin,
+        h, rows = add_rms_norm(h, update, lw.attn_norm, lc.rms_norm_eps)
+        if new is not None:  # the context rows skip the input norm
+            rows = jnp.concatenate([new, rows], axis=1)
+        heads = qk_norm_rope(linear(rows, lw.w_qkv, reduce=False), lw.q_norm, lw.k_norm, cos, sin,
                              num_kv_heads=lc.num_kv_heads, eps=lc.rms_norm_eps)
         if new is not None:  # the context rows' k and v into the cache (their q is dropped); the block's go on
             _, k_new, v_new = unpack_heads(heads[:, :tn], lc.num_kv_heads)
@@ -162,8 +161,7 @@ def _block_pass(weights, cfg, embed, lm_head, ctx: KVCache, block_tokens, block_
             vals = jnp.concatenate([v_all[i], v.astype(v_all.dtype)], axis=1)
             attn = (dense_attention(q, keys, vals, mask) if attention == "xla"
                     else fused_attention(q, keys, vals, mask, attention))
-        h = h + linear(attn, lw.w_o)
-        x = rms_norm(h, lw.mlp_norm, lc.rms_norm_eps)
-        h = h + linear(swiglu(linear(x, lw.w_gate_up)), lw.w_down)
-    h = rms_norm(h, weights.final_norm, lc.rms_norm_eps)
+        h, x = add_rms_norm(h, linear(attn, lw.w_o, reduce=False), lw.mlp_norm, lc.rms_norm_eps)
+        update = linear(swiglu(linear(x, lw.w_gate_up, reduce=False)), lw.w_down, reduce=False)
+    h = add_rms_norm(h, update, weights.final_norm, lc.rms_norm_eps)[1]
     return linear(h, lm_head).astype(jnp.float32), KVCache(k=k_all, v=v_all, lengths=lengths)

@@ -862,10 +862,14 @@ def apply_kernel_settings(spec: dict) -> dict:
         from pallas_kernels.skinny_matmul import ops as skinny_ops
 
         skinny_ops.DEFAULT = spec["matmul"]
-    if spec.get("skinny_max_tokens"):
+    for item in spec.get("skinny_max_tokens") or []:  # "ROWS" or "KxN=ROWS"
         from pallas_kernels.skinny_matmul import ops as skinny_ops
 
-        skinny_ops.MAX_TOKENS = spec["skinny_max_tokens"]
+        shape, _, rows = item.rpartition("=")
+        if shape:
+            skinny_ops.MAX_TOKENS_BY_SHAPE[tuple(map(int, shape.split("x")))] = int(rows)
+        else:
+            skinny_ops.MAX_TOKENS = int(rows)
     if spec.get("norm"):
         from pallas_kernels.add_rms_norm import ops as norm_ops
 
@@ -905,7 +909,7 @@ def apply_kernel_settings(spec: dict) -> dict:
         skinny_ops.PASS_SPLITS = False
     res["pass_splits"] = spec.get("pass_splits", True)
     res["matmul"] = spec.get("matmul") or "default"
-    res["skinny_max_tokens"] = spec.get("skinny_max_tokens") or "default"
+    res["skinny_max_tokens"] = spec.get("skinny_max_tokens") or []
     res["norm"] = spec.get("norm") or "default"
     res["rope"] = spec.get("rope") or "default"
     res["swiglu"] = spec.get("swiglu") or "default"
@@ -980,9 +984,10 @@ def parse_args(argv=None):
     ap.add_argument("--matmul", choices=("xla", "mosaic_gpu"), default=None,
                     help="bf16 linear layers in every JAX job: XLA's dot or the skinny_matmul kernel (sets "
                          "skinny_matmul.ops.DEFAULT; default: leave it as it is)")
-    ap.add_argument("--skinny-max-tokens", type=int, default=None, metavar="ROWS",
-                    help="the most token rows a bf16 linear runs on the skinny kernel with --matmul mosaic_gpu (sets "
-                         "skinny_matmul.ops.MAX_TOKENS; default: leave it as it is)")
+    ap.add_argument("--skinny-max-tokens", nargs="+", default=[], metavar="ROWS|KxN=ROWS",
+                    help="the most token rows a bf16 linear runs on the skinny kernel with --matmul mosaic_gpu: ROWS "
+                         "for every weight (skinny_matmul.ops.MAX_TOKENS), KxN=ROWS for one weight shape "
+                         "(ops.MAX_TOKENS_BY_SHAPE); default: leave them as they are")
     ap.add_argument("--norm", choices=("xla", "mosaic_gpu"), default=None,
                     help="every residual add + RMSNorm of the target in every JAX job: XLA's or the add_rms_norm "
                          "kernel (sets add_rms_norm.ops.DEFAULT; default: leave it as it is)")
@@ -1521,7 +1526,7 @@ def markdown(rep: dict) -> str:
         + (f" XLA_FLAGS of every job: `{p['xla_flags']}`." if p.get("xla_flags") else ""),
         f"- Attention: AR rows `{s.get('ar_attention', 'xla')}`, verify rows `{s.get('verify_attention', 'xla')}`. "
         f"Matmuls: `{s.get('matmul') or 'default'}`"
-        + (f" up to {s['skinny_max_tokens']} rows" if s.get("skinny_max_tokens") else "") + ". "
+        + (f" (at most rows: {' '.join(s['skinny_max_tokens'])})" if s.get("skinny_max_tokens") else "") + ". "
         f"Residual add + RMSNorm: `{s.get('norm') or 'default'}`. q/k norm + rope: `{s.get('rope') or 'default'}`. "
         f"SwiGLU: `{s.get('swiglu') or 'default'}`. Attention merge: "
         f"`{'kernel' if s.get('combine_kernel') else 'xla'}`. PDL: `{bool(s.get('pdl'))}` (rows may set their own).",

@@ -154,6 +154,11 @@ def test_dispatch(monkeypatch, caplog):
   skinny_matmul.matmul(x, w)
   skinny_matmul.matmul(jnp.ones((skinny_ops.MAX_TOKENS + 1, 128), jnp.bfloat16), w)  # above MAX_TOKENS: XLA
   assert calls == [(3, 128)]
+  big = jnp.ones((16, 128), jnp.bfloat16)
+  monkeypatch.setattr(skinny_ops, "MAX_TOKENS_BY_SHAPE", {(128, 64): 16})  # this weight's shape only
+  skinny_matmul.matmul(big, w)
+  skinny_matmul.matmul(big, random_pair((16,), 128, 128, seed=1)[1])  # another shape: MAX_TOKENS, XLA
+  assert calls == [(3, 128), (16, 128)]
   monkeypatch.undo()
   monkeypatch.setattr(skinny_ops, "DEFAULT", "mosaic_gpu")
   monkeypatch.setattr(skinny_ops, "_on_hopper", lambda: True)

@@ -39,15 +39,22 @@ MAX_TOKENS = 8
 (docs/results/2026-11-30-skinny-matmul-h200/); at 256 a verify pass is compute-bound and this kernel (one
 warpgroup, 64-row wgmmas, waited each step) is built for streaming, not for peak FLOPs."""
 
+MAX_TOKENS_BY_SHAPE: dict[tuple[int, int], int] = {}
+"""``MAX_TOKENS`` for one weight shape ``(K, N)`` (empty: ``MAX_TOKENS`` everywhere); ``bench_roofline.py
+--skinny-max-tokens KxN=ROWS`` sets it, to try the kernel at the drafter's 16 rows on some shapes only. Read at trace
+time."""
+
 PASS_SPLITS = True
 """``matmul(..., reduce=False)`` hands the kernel's K splits to the consumer unsummed (``SplitKPartials``). False:
 XLA sums them first, as with ``reduce=True`` (the model before the add + norm kernel took them; ``bench_roofline.py``
 row ``summed_splits_decode_loop``). Read at trace time."""
 
 
-def _kernel_chosen(x: jax.Array) -> bool:
-  """``DEFAULT`` asks for the kernel, ``x`` has at most ``MAX_TOKENS`` token rows and the device is a Hopper."""
-  return DEFAULT == "mosaic_gpu" and math.prod(x.shape[:-1]) <= MAX_TOKENS and _on_hopper()
+def _kernel_chosen(x: jax.Array, w: jax.Array) -> bool:
+  """``DEFAULT`` asks for the kernel, ``x`` has at most ``MAX_TOKENS`` token rows (``MAX_TOKENS_BY_SHAPE`` for ``w``'s
+  shape) and the device is a Hopper."""
+  rows = MAX_TOKENS_BY_SHAPE.get(tuple(w.shape), MAX_TOKENS)
+  return DEFAULT == "mosaic_gpu" and math.prod(x.shape[:-1]) <= rows and _on_hopper()
 
 
 def _mosaic_gpu(x, w, config, reduce):
@@ -72,7 +79,7 @@ def matmul(x: jax.Array, w: jax.Array, *, implementation: Implementation | None 
   reduce = reduce or not PASS_SPLITS
   if implementation == "mosaic_gpu":
     return _mosaic_gpu(x, w, config, reduce)
-  if implementation == "xla" or not _kernel_chosen(x):
+  if implementation == "xla" or not _kernel_chosen(x, w):
     return skinny_matmul_reference(x, w)
   try:
     return _mosaic_gpu(x, w, config, reduce)

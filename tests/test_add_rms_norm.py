@@ -59,9 +59,21 @@ class AddRmsNormSuite:
     assert_close_to_reference(got, add_rms_norm_reference(x, delta, w, EPS))
 
 
+  @pytest.mark.parametrize("lead,p,with_delta", [((2, 3), 4, True), ((1, 16), 8, True), ((2, 5), 1, False)])
+  def test_prefix_rows_come_before_each_requests_normed_rows(self, lead, p, with_delta):
+    """``prefix`` rows skip the norm and land, copied, ahead of each request's normed rows."""
+    x, delta, w = inputs(lead, 1024, seed=p, with_delta=with_delta)
+    prefix = jax.random.normal(jax.random.key(p + 7), (lead[0], p, 1024)).astype(x.dtype)
+    got = self.run(x, delta, w, prefix=prefix)
+    assert got[0].shape == x.shape and got[1].shape == (lead[0], p + lead[1], 1024)
+    np.testing.assert_array_equal(np.asarray(got[1][:, :p], np.float32), np.asarray(prefix, np.float32))
+    assert_close_to_reference((got[0], got[1][:, p:]), add_rms_norm_reference(x, delta, w, EPS))
+    assert_close_to_reference(got, add_rms_norm_reference(x, delta, w, EPS, prefix))
+
+
 class TestMosaicGpuInterpret(AddRmsNormSuite):
-  def run(self, x, delta, w):
-    return norm_mosaic_gpu.add_rms_norm(x, delta, w, EPS, interpret=plgpu.InterpretGPUParams())
+  def run(self, x, delta, w, prefix=None):
+    return norm_mosaic_gpu.add_rms_norm(x, delta, w, EPS, prefix=prefix, interpret=plgpu.InterpretGPUParams())
 
   def test_unsupported_and_bad_inputs(self):
     x, delta, w = inputs((2,), 1024, seed=0)
@@ -73,13 +85,20 @@ class TestMosaicGpuInterpret(AddRmsNormSuite):
       self.run(x, delta, w[:512])
     with pytest.raises(ValueError, match="does not match"):
       self.run(x, delta[:1], w)
+    with pytest.raises(ValueError, match=r"prefix \(2, 1024\) float32 does not fit x \(2, 1024\) bfloat16"):
+      self.run(x, delta, w, prefix=x.astype(jnp.float32))
+    with pytest.raises(ValueError, match=r"prefix \(1, 2, 512\)"):
+      self.run(x[None], delta[None], w, prefix=x[None, :, :512])
+    with pytest.raises(ValueError, match=r"prefix \(3, 2, 1024\)"):  # another request count
+      self.run(x[None], delta[None], w, prefix=jnp.stack([x] * 3))
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not norm_ops._on_hopper(), reason="needs an H100/H200")
 class TestMosaicGpu(AddRmsNormSuite):
-  def run(self, x, delta, w):
-    return jax.jit(lambda x, d, w: add_rms_norm(x, d, w, EPS, implementation="mosaic_gpu"))(x, delta, w)
+  def run(self, x, delta, w, prefix=None):
+    return jax.jit(lambda x, d, w, p: add_rms_norm(x, d, w, EPS, prefix=p, implementation="mosaic_gpu"))(
+        x, delta, w, prefix)
 
   @pytest.mark.parametrize("m,split", [(1, 4), (8, 3)])
   def test_split_k_partials(self, m, split):
@@ -94,6 +113,13 @@ def test_hopper_lowering_at_qwen3_shapes(m, with_delta):
   x, delta, w = inputs((m,), 4096, seed=1, with_delta=with_delta)
   run = jax.jit(lambda x, d, w: norm_mosaic_gpu.add_rms_norm(x, d, w, EPS))
   assert "mosaic_gpu" in run.trace(x, delta, w).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def test_hopper_lowering_with_prefix_rows_at_drafter_shapes():
+  """A DFlash round's input norm: 16 block rows normed behind 8 context rows, lowered for sm_90."""
+  x, delta, w = inputs((1, 16), 4096, seed=2)
+  run = jax.jit(lambda x, d, w, p: norm_mosaic_gpu.add_rms_norm(x, d, w, EPS, prefix=p))
+  assert "mosaic_gpu" in run.trace(x, delta, w, x[:, :8]).lower(lowering_platforms=("cuda",)).as_text()
 
 
 def split_k_update(m, k, h, split, seed, interpret=True):
@@ -168,9 +194,9 @@ def test_kernel_inside_the_model_in_interpret_mode(monkeypatch):
 
     calls = []
 
-    def kernel(x, delta, w, eps):
+    def kernel(x, delta, w, eps, prefix=None):
         calls.append(delta is None)
-        return norm_mosaic_gpu.add_rms_norm(x, delta, w, eps, interpret=plgpu.InterpretGPUParams())
+        return norm_mosaic_gpu.add_rms_norm(x, delta, w, eps, prefix=prefix, interpret=plgpu.InterpretGPUParams())
 
     cfg = tm.target_config(vocab=32, hidden=1024, layers=2, heads=8, kv_heads=2, head_dim=128)
     w, cache = tm.bf16_step_inputs(cfg)
@@ -198,9 +224,9 @@ def test_model_hands_the_o_and_down_splits_to_the_kernel(monkeypatch):
 
   deltas = []
 
-  def norm_kernel(x, delta, w, eps):
+  def norm_kernel(x, delta, w, eps, prefix=None):
     deltas.append(type(delta).__name__)
-    return norm_mosaic_gpu.add_rms_norm(x, delta, w, eps, interpret=plgpu.InterpretGPUParams())
+    return norm_mosaic_gpu.add_rms_norm(x, delta, w, eps, prefix=prefix, interpret=plgpu.InterpretGPUParams())
 
   cfg = tm.target_config(vocab=32, hidden=1024, layers=1, heads=8, kv_heads=2, head_dim=128, intermediate=1024)
   w, cache = tm.bf16_step_inputs(cfg)
@@ -219,7 +245,8 @@ def test_model_hands_the_o_and_down_splits_to_the_kernel(monkeypatch):
 def test_drafter_hands_its_residual_updates_to_the_kernel(monkeypatch):
   """The DFlash drafter's residual adds and norms run on the add + norm kernel as the target's do (interpret mode,
   with the skinny kernel at the block's 8 rows): the input norm of layer 0, then the o and down projections' K splits
-  unsummed, the last into the final norm; the logits match the XLA path's."""
+  unsummed, the last into the final norm; the logits match the XLA path's. In a round (``ingest_and_draft``) the new
+  context rows ride each input norm's output as its prefix."""
   from pallas_kernels.skinny_matmul import ops as skinny_ops
   from specpilot.models import dflash
   from specpilot.models.kv_cache import KVCache
@@ -227,9 +254,9 @@ def test_drafter_hands_its_residual_updates_to_the_kernel(monkeypatch):
 
   deltas = []
 
-  def norm_kernel(x, delta, w, eps):
-    deltas.append(type(delta).__name__)
-    return norm_mosaic_gpu.add_rms_norm(x, delta, w, eps, interpret=plgpu.InterpretGPUParams())
+  def norm_kernel(x, delta, w, eps, prefix=None):
+    deltas.append(type(delta).__name__ + ("+prefix" if prefix is not None else ""))
+    return norm_mosaic_gpu.add_rms_norm(x, delta, w, eps, prefix=prefix, interpret=plgpu.InterpretGPUParams())
 
   tcfg = tm.target_config(vocab=32, hidden=1024, layers=2, heads=8, kv_heads=2, head_dim=128, intermediate=1024)
   dlayers = tm.drafter_layers_config(tcfg, num_layers=2, heads=8, kv_heads=2, head_dim=128)
@@ -239,11 +266,20 @@ def test_drafter_hands_its_residual_updates_to_the_kernel(monkeypatch):
                 lengths=jnp.asarray([5], jnp.int32))
   block = jnp.asarray([[3] + [dcfg.mask_token_id] * 7], jnp.int32)
 
+  feats = jax.random.normal(jax.random.key(5), (1, 4, 2 * 1024)).astype(jnp.bfloat16)
+  n_new = jnp.asarray([3], jnp.int32)
+
   def run():
-    return dflash.draft_logits(dw, dcfg, tw.embed, tw.lm_head, ctx, block)
+    pass_ = dflash.draft_logits(dw, dcfg, tw.embed, tw.lm_head, ctx, block)
+    logits, new_ctx = dflash.ingest_and_draft(dw, dcfg, tw.embed, tw.lm_head, ctx, feats, n_new, block)
+    return pass_, logits, new_ctx.k
 
   want = run()
   tm.choose_kernels(monkeypatch, {norm_ops: norm_kernel, skinny_ops: tm.interpreted_skinny})
   got = run()
-  assert deltas == ["NoneType"] + ["SplitKPartials"] * 4  # input norm; after o and down of each layer (final norm)
-  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=0.05, rtol=0.02)
+  # the pass: input norm; after o and down of each layer (the last into the final norm); then the round's, whose
+  # input norms carry the context rows (its fc output is hidden-normed by XLA, before the layers)
+  assert deltas == (["NoneType"] + ["SplitKPartials"] * 4
+                    + ["NoneType+prefix", "SplitKPartials", "SplitKPartials+prefix", "SplitKPartials", "SplitKPartials"])
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=0.05, rtol=0.02)

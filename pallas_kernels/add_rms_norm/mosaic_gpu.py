@@ -22,6 +22,7 @@ import math
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import pdl
@@ -32,7 +33,8 @@ ROW_MULTIPLE = 1024
 """Hidden sizes this kernel tiles: a multiple of 1024 (128 threads x 8-element vectors)."""
 
 
-def check_supported(x: jax.Array, delta: jax.Array | SplitKPartials | None, w: jax.Array) -> None:
+def check_supported(x: jax.Array, delta: jax.Array | SplitKPartials | None, w: jax.Array,
+                    prefix: jax.Array | None = None) -> None:
   """ValueError for inconsistent inputs; NotImplementedError (the caller falls back) for what the kernel does
   not tile."""
   h = x.shape[-1]
@@ -40,6 +42,10 @@ def check_supported(x: jax.Array, delta: jax.Array | SplitKPartials | None, w: j
     raise ValueError(f"add_rms_norm: the weight has shape {w.shape}, the rows have {h} features")
   if delta is not None and tuple(delta.shape) != x.shape:
     raise ValueError(f"add_rms_norm: delta {tuple(delta.shape)} does not match x {x.shape}")
+  if prefix is not None and (x.ndim < 2 or prefix.shape[:-2] != x.shape[:-2] or prefix.shape[-1] != h
+                             or prefix.dtype != x.dtype):
+    raise ValueError(f"add_rms_norm: prefix {prefix.shape} {prefix.dtype} does not fit x {x.shape} {x.dtype} "
+                     "(expected [..., P, H] with x's leading axes, hidden size and dtype)")
   if jnp.dtype(x.dtype) not in map(jnp.dtype, _SUPPORTED_DTYPES):
     raise NotImplementedError(f"the add_rms_norm kernel takes 16-bit activations, got {x.dtype}")
   if h % ROW_MULTIPLE:
@@ -47,12 +53,16 @@ def check_supported(x: jax.Array, delta: jax.Array | SplitKPartials | None, w: j
 
 
 def add_rms_norm(x: jax.Array, delta: jax.Array | SplitKPartials | None, w: jax.Array, eps: float, *,
-                 interpret: plgpu.InterpretGPUParams | None = None) -> tuple[jax.Array, jax.Array]:
+                 prefix: jax.Array | None = None, interpret: plgpu.InterpretGPUParams | None = None
+                 ) -> tuple[jax.Array, jax.Array]:
   """``(x + delta, rms_norm(x + delta) * w)`` for ``x``, ``delta`` ``[..., H]`` (``delta=None``: no add; a
-  ``SplitKPartials``: summed here); one block of 128 threads per row."""
-  check_supported(x, delta, w)
+  ``SplitKPartials``: summed here); one block of 128 threads per row. ``prefix`` ``[..., P, H]``: rows copied ahead of
+  each request's normed rows (``reference.add_rms_norm_reference``), by blocks of their own in the same grid."""
+  check_supported(x, delta, w, prefix)
   lead, h = x.shape[:-1], x.shape[-1]
   m = math.prod(lead)
+  t = x.shape[-2] if prefix is not None else 1
+  p = prefix.shape[-2] if prefix is not None else 0  # rows ahead of each request's t normed rows
   dtype = x.dtype
   has_delta = delta is not None
   if isinstance(delta, SplitKPartials):
@@ -62,13 +72,7 @@ def add_rms_norm(x: jax.Array, delta: jax.Array | SplitKPartials | None, w: jax.
   elif has_delta:
     delta_arg = delta.astype(dtype).reshape(m, h)
 
-  def add_rms_norm_body(*refs):  # the body's name is the kernel's name in profiles
-    pdl.begin_kernel(interpret, release_first=True)  # a small kernel: its successor may start now
-    if has_delta:
-      x_ref, d_ref, w_ref, o_ref, s_ref = refs
-    else:
-      (x_ref, w_ref, o_ref), d_ref, s_ref = refs, None, None
-    row = lax.axis_index("row")
+  def norm_row(x_ref, d_ref, w_ref, o_ref, s_ref, row, out_row):
     # every load first: the weight's latency then overlaps the row's instead of following the reduction
     s, w = x_ref[row, :], w_ref[...]
     if d_ref is not None:
@@ -77,13 +81,35 @@ def add_rms_norm(x: jax.Array, delta: jax.Array | SplitKPartials | None, w: jax.
     s32 = s.astype(jnp.float32)
     inv = lax.rsqrt(jnp.sum(s32 * s32) / h + eps)
     y = (s32 * inv).astype(dtype)
-    o_ref[row, :] = (w.astype(jnp.float32) * y.astype(jnp.float32)).astype(dtype)
+    o_ref[out_row, :] = (w.astype(jnp.float32) * y.astype(jnp.float32)).astype(dtype)
 
-  rows = jax.ShapeDtypeStruct((m, h), dtype)
-  call = plgpu.kernel(add_rms_norm_body, out_type=(rows, rows) if has_delta else (rows,), grid=(m,), grid_names=("row",),
+  def add_rms_norm_body(*refs):  # the body's name is the kernel's name in profiles
+    pdl.begin_kernel(interpret, release_first=True)  # a small kernel: its successor may start now
+    refs = list(refs)
+    x_ref, d_ref = refs.pop(0), refs.pop(0) if has_delta else None
+    pre_ref = refs.pop(0) if p else None
+    w_ref, o_ref, s_ref = refs[0], refs[1], refs[2] if has_delta else None
+    row = lax.axis_index("row")
+    if not p:
+      norm_row(x_ref, d_ref, w_ref, o_ref, s_ref, row, row)
+      return
+    req, j = row // (p + t), row % (p + t)  # output row j of request req: a prefix row, or normed row j - p
+
+    @pl.when(j < p)
+    def _():
+      o_ref[row, :] = pre_ref[req * p + j, :]
+
+    @pl.when(j >= p)
+    def _():
+      norm_row(x_ref, d_ref, w_ref, o_ref, s_ref, req * t + j - p, row)
+
+  m_out = m + m // t * p
+  out_type = (jax.ShapeDtypeStruct((m_out, h), dtype), *((jax.ShapeDtypeStruct((m, h), dtype),) if has_delta else ()))
+  call = plgpu.kernel(add_rms_norm_body, out_type=out_type, grid=(m_out,), grid_names=("row",),
                       interpret=interpret,
                       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
-  args = (x.reshape(m, h), *((delta_arg,) if has_delta else ()), w.astype(dtype))
+  args = (x.reshape(m, h), *((delta_arg,) if has_delta else ()), *((prefix.reshape(-1, h),) if p else ()),
+          w.astype(dtype))
   outs = call(*args)
   s = outs[1].reshape(x.shape) if has_delta else x
-  return s, outs[0].reshape(x.shape)
+  return s, outs[0].reshape(*x.shape[:-2], x.shape[-2] + p, h) if p else outs[0].reshape(x.shape)

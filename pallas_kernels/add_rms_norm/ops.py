@@ -26,24 +26,27 @@ DEFAULT: Implementation = "xla"
 session after its last device call). Benchmarks and deployments that want it set it."""
 
 
-def _mosaic_gpu(x, delta, w, eps):
+def _mosaic_gpu(x, delta, w, eps, prefix=None):
   from pallas_kernels.add_rms_norm import mosaic_gpu  # lazy: needs a Mosaic GPU capable jaxlib
 
-  return mosaic_gpu.add_rms_norm(x, delta, w, eps)
+  return mosaic_gpu.add_rms_norm(x, delta, w, eps, prefix=prefix)
 
 
 def add_rms_norm(x: jax.Array, delta: jax.Array | SplitKPartials | None, w: jax.Array, eps: float, *,
-                 implementation: Implementation | None = None) -> tuple[jax.Array, jax.Array]:
+                 prefix: jax.Array | None = None, implementation: Implementation | None = None
+                 ) -> tuple[jax.Array, jax.Array]:
   """``(s, rms_norm(s) * w)`` with ``s = x + delta`` (``delta=None``: ``s = x``), over the last axis. ``delta`` may
-  be a matmul's unsummed K splits (``SplitKPartials``): the kernel adds them as it reads the row."""
+  be a matmul's unsummed K splits (``SplitKPartials``): the kernel adds them as it reads the row. ``prefix``
+  ``[..., P, H]`` (x ``[..., T, H]``): rows that skip the norm, put before each request's normed rows in the second
+  output (the DFlash round's new context rows: no concatenation kernel of their own)."""
   if implementation not in (None, *_IMPLEMENTATIONS):
     raise ValueError(f"unknown add_rms_norm implementation {implementation!r}; expected one of {_IMPLEMENTATIONS}")
   if implementation == "mosaic_gpu":
-    return _mosaic_gpu(x, delta, w, eps)
+    return _mosaic_gpu(x, delta, w, eps, prefix)
   if implementation == "xla" or DEFAULT == "xla" or not _on_hopper():
-    return add_rms_norm_reference(x, delta, w, eps)
+    return add_rms_norm_reference(x, delta, w, eps, prefix)
   try:
-    return _mosaic_gpu(x, delta, w, eps)
+    return _mosaic_gpu(x, delta, w, eps, prefix)
   except (NotImplementedError, ImportError) as e:
     _log.warning("add_rms_norm falls back to XLA for x%s %s: %s", x.shape, x.dtype, e)
-    return add_rms_norm_reference(x, delta, w, eps)
+    return add_rms_norm_reference(x, delta, w, eps, prefix)

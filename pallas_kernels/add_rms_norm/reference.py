@@ -17,11 +17,13 @@ def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
   return w.astype(x.dtype) * y.astype(x.dtype)
 
 
-def add_rms_norm_reference(x: jax.Array, delta: jax.Array | SplitKPartials | None, w: jax.Array, eps: float
-                           ) -> tuple[jax.Array, jax.Array]:
+def add_rms_norm_reference(x: jax.Array, delta: jax.Array | SplitKPartials | None, w: jax.Array, eps: float,
+                           prefix: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
   """``(s, rms_norm(s) * w)`` with ``s = x + delta`` in ``x.dtype`` (``delta=None``: ``s = x``; a ``SplitKPartials``
-  is summed first, into its own dtype, as the matmul would have returned it)."""
+  is summed first, into its own dtype, as the matmul would have returned it). ``prefix`` ``[..., P, H]`` (x
+  ``[..., T, H]``): rows that skip the norm, put before each request's normed rows (``[..., P + T, H]``)."""
   if isinstance(delta, SplitKPartials):
     delta = delta.sum()
   s = x if delta is None else x + delta.astype(x.dtype)
-  return s, rms_norm(s, w, eps)
+  out = rms_norm(s, w, eps)
+  return s, out if prefix is None else jnp.concatenate([prefix.astype(out.dtype), out], axis=-2)

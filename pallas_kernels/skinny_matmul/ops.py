@@ -39,10 +39,13 @@ MAX_TOKENS = 8
 (docs/results/2026-11-30-skinny-matmul-h200/); at 256 a verify pass is compute-bound and this kernel (one
 warpgroup, 64-row wgmmas, waited each step) is built for streaming, not for peak FLOPs."""
 
-MAX_TOKENS_BY_SHAPE: dict[tuple[int, int], int] = {}
-"""``MAX_TOKENS`` for one weight shape ``(K, N)`` (empty: ``MAX_TOKENS`` everywhere); ``bench_roofline.py
---skinny-max-tokens KxN=ROWS`` sets it, to try the kernel at the drafter's 16 rows on some shapes only. Read at trace
-time."""
+MAX_TOKENS_BY_SHAPE: dict[tuple[int, int], int] = {(4096, 4096): 32, (12288, 4096): 32}
+"""``MAX_TOKENS`` for one weight shape ``(K, N)``. Qwen3-8B's o and down projections take the kernel up to 32 rows:
+at a DFlash-b16 drafter's 16 block rows (24 in a round with the committed rows) the kernel streams them as fast as
+XLA's dots (178.6 against 177.6 us for the 10 calls) and hands its K splits to the add + norm kernel unsummed, which
+spares XLA's split-K reduce kernels: the drafter pass 0.897 -> 0.881 ms of GPU time, the round 0.974 -> 0.962, in one
+machine start (docs/results/2026-12-01-drafter-norm-h200/). Qwen3-8B's other shapes at 16 rows were not timed apart;
+all five together tied XLA. ``bench_roofline.py --skinny-max-tokens KxN=ROWS`` changes entries. Read at trace time."""
 
 PASS_SPLITS = True
 """``matmul(..., reduce=False)`` hands the kernel's K splits to the consumer unsummed (``SplitKPartials``). False:

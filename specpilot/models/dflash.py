@@ -142,9 +142,8 @@ def _block_pass(weights, cfg, embed, lm_head, ctx: KVCache, block_tokens, block_
     k_all, v_all = ctx.k, ctx.v
     update = None  # the last layer's MLP output: the next add_rms_norm adds it to h and norms the sum in one go
     for i, lw in enumerate(weights.layers):
-        h, rows = add_rms_norm(h, update, lw.attn_norm, lc.rms_norm_eps)
-        if new is not None:  # the context rows skip the input norm
-            rows = jnp.concatenate([new, rows], axis=1)
+        # the new context rows skip the input norm: they ride the norm's output ahead of the block's normed rows
+        h, rows = add_rms_norm(h, update, lw.attn_norm, lc.rms_norm_eps, prefix=new)
         heads = qk_norm_rope(linear(rows, lw.w_qkv, reduce=False), lw.q_norm, lw.k_norm, cos, sin,
                              num_kv_heads=lc.num_kv_heads, eps=lc.rms_norm_eps)
         if new is not None:  # the context rows' k and v into the cache (their q is dropped); the block's go on

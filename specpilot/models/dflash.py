@@ -14,6 +14,10 @@ context (read up to `ctx.lengths`) and the block's own K/V to the tree-attention
 every valid block row (an all-ones "ancestor" mask), reading q, k and v from one array (as `qk_norm_rope` writes them): no
 concatenation, no dense mask, no q/k/v copies, one kernel a layer.
 
+Residual adds and norms go through `add_rms_norm` as the target's do (the o and down projections' K splits handed
+over unsummed where the skinny kernel ran them); in a round the new context rows, which skip the input norm, ride
+each input norm's output ahead of the block's normed rows (its `prefix`).
+
 The context K/V are cached per layer (`ingest`), so a round only projects the newly committed tokens'
 features; the block's own K/V are never cached. A round does both at once (`ingest_and_draft`, what the engine's
 draft stage runs): each layer projects the new context rows and the block rows with one matmul, so its QKV weight is

@@ -85,6 +85,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -1033,7 +1034,11 @@ def parse_args(argv=None):
     ap.add_argument("--timeout-scale", type=float, default=1.0, help="multiply every job's timeout")
     ap.add_argument("--isolate", action="store_true", help="one process per JAX variant (slower: more compiles)")
     ap.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    for item in args.skinny_max_tokens:
+        if not re.fullmatch(r"(\d+x\d+=)?\d+", item):
+            ap.error(f"--skinny-max-tokens: {item!r} is neither ROWS nor KxN=ROWS (e.g. 32 or 4096x4096=32)")
+    return args
 
 
 def settings(args) -> dict:

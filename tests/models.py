@@ -138,6 +138,14 @@ def choose_kernels(monkeypatch, kernels: dict) -> None:
         monkeypatch.setattr(module, "_mosaic_gpu", kernel)
 
 
+def xla_then_kernels(monkeypatch, kernels: dict, run):
+    """``run()`` on the XLA path, then again with ``kernels`` chosen (``choose_kernels``): ``(want, got)``, what a
+    kernel-in-the-model test compares."""
+    want = run()
+    choose_kernels(monkeypatch, kernels)
+    return want, run()
+
+
 def interpreted_skinny(x, w, config, reduce):
     """``skinny_matmul.ops``'s kernel hook (``_mosaic_gpu``) run in Pallas GPU-interpret mode, for ``choose_kernels``."""
     from jax.experimental.pallas import mosaic_gpu as plgpu

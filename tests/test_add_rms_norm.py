@@ -206,9 +206,7 @@ def test_kernel_inside_the_model_in_interpret_mode(monkeypatch):
         out = target.forward(w, cfg, tokens, cache.lengths[:, None] + jnp.arange(2)[None], cache, None, (0, 1))
         return out.logits, out.hidden
 
-    want_logits, want_hidden = run()
-    tm.choose_kernels(monkeypatch, {norm_ops: kernel})
-    got_logits, got_hidden = run()
+    (want_logits, want_hidden), (got_logits, got_hidden) = tm.xla_then_kernels(monkeypatch, {norm_ops: kernel}, run)
     assert calls == [True, False, False, False, False]  # the first layer's norm has no add; then 2 adds a layer
     np.testing.assert_allclose(np.asarray(got_hidden, np.float32), np.asarray(want_hidden, np.float32), rtol=0.02,
                                atol=0.02)  # the streams after layers 0 and 1 (the last one final-normed)
@@ -235,9 +233,7 @@ def test_model_hands_the_o_and_down_splits_to_the_kernel(monkeypatch):
   def run():
     return target.forward(w, cfg, tokens, cache.lengths[:, None], cache).logits
 
-  want = run()
-  tm.choose_kernels(monkeypatch, {norm_ops: norm_kernel, skinny_ops: tm.interpreted_skinny})
-  got = run()
+  want, got = tm.xla_then_kernels(monkeypatch, {norm_ops: norm_kernel, skinny_ops: tm.interpreted_skinny}, run)
   assert deltas == ["NoneType", "SplitKPartials", "SplitKPartials"]  # input norm, then after o and after down
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=0.05, rtol=0.02)
 
@@ -274,9 +270,7 @@ def test_drafter_hands_its_residual_updates_to_the_kernel(monkeypatch):
     logits, new_ctx = dflash.ingest_and_draft(dw, dcfg, tw.embed, tw.lm_head, ctx, feats, n_new, block)
     return logits, new_ctx.k
 
-  want = run()
-  tm.choose_kernels(monkeypatch, {norm_ops: norm_kernel, skinny_ops: tm.interpreted_skinny})
-  got = run()
+  want, got = tm.xla_then_kernels(monkeypatch, {norm_ops: norm_kernel, skinny_ops: tm.interpreted_skinny}, run)
   # layer 0's input norm, o, layer 1's input norm (layer 0's down), o, the final norm (layer 1's down); the fc
   # output's hidden norm is XLA's, before the layers
   assert deltas == ["NoneType+prefix", "SplitKPartials", "SplitKPartials+prefix", "SplitKPartials", "SplitKPartials"]

@@ -181,6 +181,20 @@ def test_skinny_splits_parse_items_and_files_and_name_a_bad_entry(tmp_path):
             br.parse_skinny_splits([bad])
 
 
+def test_skinny_max_tokens_set_the_row_limits_and_name_a_bad_item(monkeypatch, capsys):
+    from pallas_kernels.skinny_matmul import ops as skinny_ops
+
+    br = _load_script()
+    monkeypatch.setattr(skinny_ops, "MAX_TOKENS", skinny_ops.MAX_TOKENS)
+    monkeypatch.setattr(skinny_ops, "MAX_TOKENS_BY_SHAPE", dict(skinny_ops.MAX_TOKENS_BY_SHAPE))
+    args = br.parse_args(["--skinny-max-tokens", "0", "4096x6144=16"])
+    br.apply_kernel_settings({"skinny_max_tokens": args.skinny_max_tokens})
+    assert skinny_ops.MAX_TOKENS == 0 and skinny_ops.MAX_TOKENS_BY_SHAPE[(4096, 6144)] == 16
+    with pytest.raises(SystemExit):
+        br.parse_args(["--skinny-max-tokens", "4096x6144"])
+    assert "--skinny-max-tokens: '4096x6144' is neither ROWS nor KxN=ROWS" in capsys.readouterr().err
+
+
 def test_kernel_split_is_opt_in_and_says_why_it_is_missing(tmp_path):
     """--kernel-split adds a per-kernel split to a row, or says why it could not (no CUPTI, as on a CPU); without
     the flag nothing is added."""

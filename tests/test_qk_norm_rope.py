@@ -198,9 +198,7 @@ def test_model_runs_the_kernel_on_the_qkv_projection(monkeypatch, t, attention):
     out = target.forward(w, cfg, tokens, cache.lengths[:, None] + jnp.arange(t)[None], cache, attention=attention)
     return out.logits, out.cache.k
 
-  want = run()
-  tm.choose_kernels(monkeypatch, {rope_ops: rope_kernel, skinny_ops: tm.interpreted_skinny})
-  got = run()
+  want, got = tm.xla_then_kernels(monkeypatch, {rope_ops: rope_kernel, skinny_ops: tm.interpreted_skinny}, run)
   packed = attention == "pallas_tree" and t > 1
   assert seen == [("SplitKPartials", not packed)]  # a few rows: the skinny kernel splits K
   np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want[0]), atol=0.05, rtol=0.02)

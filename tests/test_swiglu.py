@@ -132,9 +132,7 @@ def test_model_runs_the_kernel_on_the_gate_up_projection(monkeypatch):
   def run():
     return target.forward(w, cfg, tokens, cache.lengths[:, None], cache).logits
 
-  want = run()
-  tm.choose_kernels(monkeypatch, {swiglu_ops: swiglu_kernel, skinny_ops: tm.interpreted_skinny})
-  got = run()
+  want, got = tm.xla_then_kernels(monkeypatch, {swiglu_ops: swiglu_kernel, skinny_ops: tm.interpreted_skinny}, run)
   assert seen == [(2, 2)]  # the gate|up kernel's two K splits, unsummed (32 channel blocks: K split to fill the SMs)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=0.05, rtol=0.02)
 

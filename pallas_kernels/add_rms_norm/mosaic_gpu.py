@@ -85,10 +85,12 @@ def add_rms_norm(x: jax.Array, delta: jax.Array | SplitKPartials | None, w: jax.
 
   def add_rms_norm_body(*refs):  # the body's name is the kernel's name in profiles
     pdl.begin_kernel(interpret, release_first=True)  # a small kernel: its successor may start now
-    refs = list(refs)
-    x_ref, d_ref = refs.pop(0), refs.pop(0) if has_delta else None
+    refs = list(refs)  # inputs x, [delta], [prefix], w; outputs normed, [s]
+    x_ref = refs.pop(0)
+    d_ref = refs.pop(0) if has_delta else None
     pre_ref = refs.pop(0) if p else None
-    w_ref, o_ref, s_ref = refs[0], refs[1], refs[2] if has_delta else None
+    w_ref, o_ref, *s_refs = refs
+    s_ref = s_refs[0] if has_delta else None
     row = lax.axis_index("row")
     if not p:
       norm_row(x_ref, d_ref, w_ref, o_ref, s_ref, row, row)

@@ -45,7 +45,7 @@ at a DFlash-b16 drafter's 16 block rows (24 in a round with the committed rows) 
 XLA's dots (178.6 against 177.6 us for the 10 calls) and hands its K splits to the add + norm kernel unsummed, which
 spares XLA's split-K reduce kernels: the drafter pass 0.897 -> 0.881 ms of GPU time, the round 0.974 -> 0.962, in one
 machine start (docs/results/2026-12-01-drafter-norm-h200/). Qwen3-8B's other shapes at 16 rows were not timed apart;
-all five together tied XLA. ``bench_roofline.py --skinny-max-tokens KxN=ROWS`` changes entries. Read at trace time."""
+all five together tied XLA. A target verify of 9-32 tree nodes takes the kernel on these two shapes too: not timed. ``bench_roofline.py --skinny-max-tokens KxN=ROWS`` changes entries. Read at trace time."""
 
 PASS_SPLITS = True
 """``matmul(..., reduce=False)`` hands the kernel's K splits to the consumer unsummed (``SplitKPartials``). False:

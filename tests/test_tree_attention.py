@@ -218,6 +218,11 @@ def pdl_on(monkeypatch):
 
 
 @pytest.fixture
+def merge_in_kernel(monkeypatch):
+    monkeypatch.setattr(ta_mosaic_gpu, "MERGE_IN_KERNEL", True)
+
+
+@pytest.fixture
 def combine_kernel(monkeypatch):
     monkeypatch.setattr(ta_mosaic_gpu, "COMBINE_KERNEL", True)
 
@@ -321,6 +326,42 @@ def test_gpu_kernel_lowers_for_cuda(b, n, config):
     assert "mosaic_gpu" in text
 
 
+@pytest.mark.parametrize("b,n,splits", [(1, 1, 8), (1, 16, 16), (2, 16, 8)])
+def test_merge_in_kernel_lowers_for_cuda_as_one_kernel(monkeypatch, b, n, splits):
+    """With ``MERGE_IN_KERNEL`` the split kernel at Qwen3-8B shapes lowers on the CPU (GMEM semaphores, the merge's
+    row loads and stores) and returns the merged bf16 output itself: the program has no merge of its own after it
+    (no exponential outside the kernel). Interpret mode runs no GMEM semaphore: ``TestMosaicGpuMergeInKernel`` checks
+    the results on a GPU."""
+    monkeypatch.setattr(ta_mosaic_gpu, "MERGE_IN_KERNEL", True)
+    sds = jax.ShapeDtypeStruct
+    kv = sds((b, 2048, 8, 128), jnp.bfloat16)
+    shapes = (sds((b, n, 48, 128), jnp.bfloat16), kv, kv, sds((b,), jnp.int32), sds((b, n, ta.num_words(n)), jnp.uint32))
+    config = ta.TuningConfig(num_splits=splits)
+    run = jax.jit(lambda *a: ta_mosaic_gpu.tree_attention_packed(*a, config=config, interpretable=False))
+    hlo = run.trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+    (call,) = [line for line in hlo.splitlines() if "stablehlo.custom_call" in line]
+    assert f"tensor<{b}x{n}x8x4x128xbf16>" in call  # the merged output, beside the f32 partials and lse
+    assert "exponential" not in hlo
+    monkeypatch.setattr(ta_mosaic_gpu, "MERGE_IN_KERNEL", False)
+    run = jax.jit(lambda *a: ta_mosaic_gpu.tree_attention_packed(*a, config=config, interpretable=False))
+    assert "exponential" in run.trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def test_merge_in_kernel_only_where_every_cta_is_resident(monkeypatch):
+    """The in-kernel merge's CTAs wait for each other: only a split grid of one wave on a GPU, D a multiple of 128."""
+    monkeypatch.setattr(ta_mosaic_gpu, "MERGE_IN_KERNEL", True)
+    config = ta.TuningConfig()
+    merges = lambda ctas, splits, d=128, interpret=None: ta_mosaic_gpu._merges_in_kernel(ctas, splits, d, config,
+                                                                                         interpret)
+    assert merges(128, 16) and merges(132, 2)
+    assert not merges(133, 2)  # beyond one wave
+    assert not merges(8, 1)  # one split: the kernel writes its output itself
+    assert not merges(64, 8, d=64)
+    assert not merges(64, 8, interpret=plgpu.InterpretGPUParams())
+    monkeypatch.setattr(ta_mosaic_gpu, "MERGE_IN_KERNEL", False)
+    assert not merges(128, 16)
+
+
 def test_auto_split_fills_one_wave_at_decode_shapes():
     config = ta.TuningConfig()
     kv_blocks = 2048 // config.block_kv + 1
@@ -349,6 +390,21 @@ class TestMosaicGpu(TreeAttentionSuite):
 class TestPackedMosaicGpu(TestMosaicGpu):
     def run(self, args, config):
         return jax.jit(lambda *a: ta.tree_attention_packed(*a, implementation="pallas", config=config))(*pack(args))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ta_ops._on_hopper(), reason="needs an H100/H200")
+@pytest.mark.usefixtures("merge_in_kernel")
+class TestMosaicGpuMergeInKernel(TestMosaicGpu):
+    """The kernel's splits merged inside it (``MERGE_IN_KERNEL``) where D = 128 and the grid fits one wave: every case
+    of the suite (the D = 64 ones take the separate merge), Qwen3-8B shapes with an AR step's one node among them."""
+
+    @pytest.mark.parametrize("n", [1, 5])
+    def test_qwen3_8b_few_nodes_packed(self, n):
+        args, visible = make_inputs(1, n, 32, 8, 128, 2048, "random", [1000], seed=n)
+        out = jax.jit(lambda *a: ta.tree_attention_packed(*a, implementation="pallas"))(*pack(args))
+        err = np.abs(np.asarray(out, np.float64) - oracle(*args[:-1], visible))
+        assert err.max() < 2e-2 and err.mean() < 2e-3, (err.max(), err.mean())
 
 
 def test_default_falls_back_to_reference_loudly(caplog):

@@ -39,13 +39,15 @@ MAX_TOKENS = 8
 (docs/results/2026-11-30-skinny-matmul-h200/); at 256 a verify pass is compute-bound and this kernel (one
 warpgroup, 64-row wgmmas, waited each step) is built for streaming, not for peak FLOPs."""
 
-MAX_TOKENS_BY_SHAPE: dict[tuple[int, int], int] = {(4096, 4096): 32, (12288, 4096): 32}
+MAX_TOKENS_BY_SHAPE: dict[tuple[int, int], int] = {(4096, 4096): 32, (12288, 4096): 32, (4096, 6144): 32}
 """``MAX_TOKENS`` for one weight shape ``(K, N)``. Qwen3-8B's o and down projections take the kernel up to 32 rows:
 at a DFlash-b16 drafter's 16 block rows (24 in a round with the committed rows) the kernel streams them as fast as
 XLA's dots (178.6 against 177.6 us for the 10 calls) and hands its K splits to the add + norm kernel unsummed, which
 spares XLA's split-K reduce kernels: the drafter pass 0.897 -> 0.881 ms of GPU time, the round 0.974 -> 0.962, in one
-machine start (docs/results/2026-12-01-drafter-norm-h200/). Qwen3-8B's other shapes at 16 rows were not timed apart;
-all five together tied XLA. A target verify of 9-32 tree nodes takes the kernel on these two shapes too: not timed. ``bench_roofline.py --skinny-max-tokens KxN=ROWS`` changes entries. Read at trace time."""
+machine start (docs/results/2026-12-01-drafter-norm-h200/). The q|k|v projection (4096 x 6144) too: its splits go to
+the q/k norm + rope kernel unsummed, and XLA's dot streamed it at 3.3 TB/s; the round 0.953 -> 0.939 ms, the pass
+0.889 -> 0.871, in one machine start (docs/results/2026-12-02-drafter-qkv-merge-h200/). The gate|up shape (4096 x
+24576) stays on XLA's dot above 8 rows: all five shapes on the kernel at 16 rows tied XLA. A target verify of 9-32 tree nodes takes the kernel on these two shapes too: not timed. ``bench_roofline.py --skinny-max-tokens KxN=ROWS`` changes entries. Read at trace time."""
 
 PASS_SPLITS = True
 """``matmul(..., reduce=False)`` hands the kernel's K splits to the consumer unsummed (``SplitKPartials``). False:

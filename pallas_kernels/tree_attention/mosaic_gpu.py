@@ -157,6 +157,7 @@ def _kernel_call(
     interpret,
     early_cache: bool,
     lse_apart: bool,
+    merge_here: bool = False,
 ):
     """The ``(B, Hkv, row blocks, splits)`` grid over ``n_pad`` nodes (``q`` may hold fewer: TMA reads zeros past
     them and stores nothing there); returns the output ``[B, n, Hkv, G, D]``, plus lse when ``splits > 1``.
@@ -167,7 +168,9 @@ def _kernel_call(
 
     ``early_cache``: the PDL grid-dependency wait (``pdl.begin_kernel``) comes after the prefix pipeline's first loads
     and before anything else is read (q, the ancestor words, the tree's K/V), instead of first thing. ``lse_apart``
-    (split only): the lse tile goes through a buffer of its own, so its store does not wait for the output's."""
+    (split only): the lse tile goes through a buffer of its own, so its store does not wait for the output's.
+    ``merge_here`` (split only; the grid must fit in one wave, ``_merges_in_kernel``): the splits of a row block merge
+    their partials themselves after a GMEM semaphore (``_merge_in_kernel``), and a third output holds the result."""
     b, n_q, _, d = q.shape
     capacity, hkv, g = k_cache.shape[1], k_cache.shape[2], groups
     q0, k0, v0 = head0
@@ -184,8 +187,9 @@ def _kernel_call(
 
     def tree_attention_body(q_ref, k_cache_ref, v_cache_ref, lengths_ref, k_tree_ref, v_tree_ref, bits_ref,
                               *refs):  # its name in profiles (CUPTI)
-        out_ref, lse_ref = (refs[0], None) if final else refs[:2]
-        q_smem, bits_smem, out_smem, lse_smem, p_smem, load_barrier = refs[1 if final else 2 :]
+        outputs = 1 if final else 3 if merge_here else 2
+        out_ref, lse_ref, merged_ref = (*refs[:outputs], None, None)[:3]
+        q_smem, bits_smem, out_smem, lse_smem, p_smem, load_barrier = refs[outputs:]
         bi, hi = lax.axis_index("b"), lax.axis_index("h")
         row_block, split = lax.axis_index("rows"), lax.axis_index("split")
         node0 = row_block * nodes
@@ -317,6 +321,10 @@ def _kernel_call(
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             lse = jnp.where(seen, row_max + jnp.log(row_sum) * _LOG2E, _EMPTY_LSE)
             store(lax.broadcast_in_dim(lse, (block_m, d), [0]), out_smem if lse_smem is None else lse_smem, lse_ref)
+        if merge_here:
+            _merge_in_kernel(out_ref, lse_ref, merged_ref, group=(bi * hkv + hi) * row_blocks + row_block,
+                             groups=b * hkv * row_blocks, split=split, splits=splits, nodes=nodes, node0=node0,
+                             n_q=n_q, bi=bi, hi=hi, g=g, dtype=dtype)
         exit_wait()
 
     if final:
@@ -325,7 +333,7 @@ def _kernel_call(
         out_type = (
             jax.ShapeDtypeStruct((splits, b, n_q, hkv, g, d), jnp.float32),
             jax.ShapeDtypeStruct((splits, b, n_q, hkv, g, d), jnp.float32),
-        )
+        ) + ((jax.ShapeDtypeStruct((b, n_q, hkv, g, d), dtype),) if merge_here else ())
     scratch = (
         plgpu.SMEM((block_m, d), dtype, transforms=_smem_transforms(d, dtype)),
         plgpu.SMEM(row_bits.shape[2:], jnp.uint32),
@@ -344,6 +352,33 @@ def _kernel_call(
         interpret=interpret,
     )
     return call(q, k_cache, v_cache, lengths, k_tree, v_tree, row_bits)
+
+
+def _merge_in_kernel(parts_ref, lse_ref, merged_ref, *, group, groups, split, splits, nodes, node0, n_q, bi, hi, g,
+                     dtype):
+    """The row block's splits merge their own partials: each CTA, once its partial and lse are in GMEM, signals the
+    row block's GMEM semaphore and waits until all ``splits`` have, then merges nodes ``split, split + splits, ...``
+    of the block (every query head's ``D`` values of every split, loaded first so their latencies overlap; the
+    arithmetic of ``_merge_splits``, so it rounds as the separate merges do) into ``merged_ref`` in ``dtype``.
+
+    Every CTA of a row block waits for the others, so all must be resident at once: the caller only asks for this
+    when the grid fits in one wave (``_merges_in_kernel``). The semaphores are GMEM scratch that the kernel's launch
+    zeroes (Mosaic GPU's ``get_global``); the TMA writes are complete (not only read out of SMEM) before the
+    release-ordered signal, and the wait ends with an acquire fence."""
+    sems = pl.get_global(plgpu.SemaphoreType.REGULAR((groups,)))
+    plgpu.wait_smem_to_gmem(0)
+    plgpu.semaphore_signal(sems.at[group], 1, memory_scope="gpu")
+    plgpu.semaphore_wait(sems.at[group], splits, decrement=False, memory_scope="gpu")
+    for i in range(_cdiv(nodes, splits)):
+        local = split + i * splits
+        node = node0 + local
+
+        @pl.when((local < nodes) & (node < n_q))
+        def _merge_node():
+            lses = [[lse_ref[s, bi, node, hi, gi] for s in range(splits)] for gi in range(g)]
+            parts = [[parts_ref[s, bi, node, hi, gi] for s in range(splits)] for gi in range(g)]
+            for gi in range(g):
+                merged_ref[bi, node, hi, gi] = _merge_splits(lses[gi], parts[gi]).astype(dtype)
 
 
 def split_ranges(prefix_blocks, tree_blocks: int, split, splits: int):
@@ -423,6 +458,21 @@ is all the package's kernels (the o projection after the merge then starts its w
 it took 60.0 us a decode step against XLA's 56.5 (36 calls); inside XLA's command buffers PDL overlaps nothing, and
 without them XLA launches its own fusions as programmatic dependents too (docs/results/2026-12-01-pdl-early-loads-h200/).
 ``bench_roofline.py --combine-kernel`` (rows ``chain_*``). Read at trace time."""
+
+
+MERGE_IN_KERNEL = False
+"""Merge the splits inside the attention kernel (``_merge_in_kernel``: the row block's CTAs meet at a GMEM semaphore,
+then each merges some of its nodes) instead of in a kernel after it, where the grid fits in one wave. Why: the merge
+after the kernel is a launch and a serial step of its own (1.6-1.9 us on the H200, 36 a Qwen3-8B decode step, 5 a
+DFlash-b16 drafter pass). Interpret mode runs no GMEM semaphore, so the CPU tests check its lowering and the GPU tests
+its results. ``bench_roofline.py --merge-in-kernel``. Read at trace time."""
+
+
+def _merges_in_kernel(ctas: int, splits: int, d: int, config: TuningConfig, interpret) -> bool:
+    """``MERGE_IN_KERNEL`` applies: split, on a GPU, ``D`` a whole number of the warpgroup's 128 threads (the merge
+    moves rows of ``D`` values) and every CTA resident at once (one per SM at most: the CTAs of a row block wait for
+    each other, so a grid beyond one wave could wait on CTAs that never start)."""
+    return MERGE_IN_KERNEL and splits > 1 and interpret is None and d % 128 == 0 and ctas <= config.num_sms
 
 
 def _combine_kernel(out_parts, lse, dtype, interpret):
@@ -535,6 +585,7 @@ def _attend(q_src, k_src, v_src, head0, hq, k_cache, v_cache, lengths, ancestor_
         )
     row_bits = _row_bits(ancestor_bits, n, n_pad, nodes, g, row_words)
     lengths = lengths.astype(jnp.int32)  # clipped to [0, S] in the kernel
+    merge_here = _merges_in_kernel(b * hkv * (n_pad // nodes) * splits, splits, d, config, interpret)
     result = _kernel_call(
         q_src,
         k_cache,
@@ -553,9 +604,12 @@ def _attend(q_src, k_src, v_src, head0, hq, k_cache, v_cache, lengths, ancestor_
         interpret=interpret,
         early_cache=cache_settled and pdl.ENABLED,
         lse_apart=lse_apart,
+        merge_here=merge_here,
     )
     if splits == 1:
         out = result
+    elif merge_here:
+        out = result[2]
     else:
         merged = _combine_kernel(*result, q_src.dtype, interpret) if COMBINE_KERNEL else None
         out = _combine(*result) if merged is None else merged

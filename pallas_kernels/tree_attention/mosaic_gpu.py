@@ -30,7 +30,8 @@ of its own where shared memory allows, so both stores are in flight at once; els
 the output tile's once TMA has read the partial), and a jnp combine
 (``_combine``) weights them: ``o = sum_s 2**(lse_s - m) o_s / sum_s 2**(lse_s - m)``.
 Elementwise throughout, so XLA makes it one kernel (``scripts/h200/combine_probe.py``); with ``COMBINE_KERNEL``
-it is one Mosaic GPU kernel of the same operations instead (``_combine_kernel``).
+it is one Mosaic GPU kernel of the same operations instead (``_combine_kernel``); with ``MERGE_IN_KERNEL`` (opt-in,
+not timed yet) the splits merge inside this kernel (``_merge_in_kernel``).
 The auto split (``TuningConfig.splits``) keeps ``B * Hkv * row blocks * splits`` at
 about one wave of 132 SMs: B=1, Hkv=8, n=16 (one row block) gets 16 splits of a 2k
 prefix.
@@ -56,9 +57,9 @@ Not done yet (in expected order of gain): warp specialisation (a TMA warpgroup a
 two compute warpgroups ping-ponging softmax and wgmma, as in FA3 / ``attention_mgpu``);
 async wgmma so ``Q K^T`` of the next block overlaps the softmax; two compute
 warpgroups per CTA (block_m = 128) so the prefix is re-read by half as many row blocks
-(16 per KV head at n = 256, G = 4); the combine inside this kernel (one split's CTA of a row block merges
-the partials, behind a GMEM semaphore or in a cluster) to save a launch, a serial step and the f32 partials' traffic
-at small batch.
+(16 per KV head at n = 256, G = 4); the combine inside this kernel timed and on by default (built:
+``MERGE_IN_KERNEL``, where a row block's CTAs meet at a GMEM semaphore and each merges some of its nodes; it saves a
+launch and a serial step, not the f32 partials' traffic, which a cluster's distributed shared memory would).
 """
 
 from __future__ import annotations
@@ -369,12 +370,14 @@ def _merge_in_kernel(parts_ref, lse_ref, merged_ref, *, group, groups, split, sp
     plgpu.wait_smem_to_gmem(0)
     plgpu.semaphore_signal(sems.at[group], 1, memory_scope="gpu")
     plgpu.semaphore_wait(sems.at[group], splits, decrement=False, memory_scope="gpu")
-    for i in range(_cdiv(nodes, splits)):
+
+    @pl.loop(0, _cdiv(nodes, splits))
+    def _merge_node(i):  # a loop over nodes: unrolled too, the kernel's lowering took 5x longer (2.3 s a call site)
         local = split + i * splits
         node = node0 + local
 
         @pl.when((local < nodes) & (node < n_q))
-        def _merge_node():
+        def _merge():  # every head's loads first, so their latencies overlap
             lses = [[lse_ref[s, bi, node, hi, gi] for s in range(splits)] for gi in range(g)]
             parts = [[parts_ref[s, bi, node, hi, gi] for s in range(splits)] for gi in range(g)]
             for gi in range(g):
@@ -465,7 +468,14 @@ MERGE_IN_KERNEL = False
 then each merges some of its nodes) instead of in a kernel after it, where the grid fits in one wave. Why: the merge
 after the kernel is a launch and a serial step of its own (1.6-1.9 us on the H200, 36 a Qwen3-8B decode step, 5 a
 DFlash-b16 drafter pass). Interpret mode runs no GMEM semaphore, so the CPU tests check its lowering and the GPU tests
-its results. ``bench_roofline.py --merge-in-kernel``. Read at trace time."""
+its results. ``bench_roofline.py --merge-in-kernel``. Read at trace time.
+
+Off, and not timed yet: its GPU tests passed on the H200 (11 cases, D = 128, 1 to 64 nodes), but both drafter benchmarks
+with it ran past their job timeouts (125 and 175 s, where the same job without it takes 102-121 s), and the job logs
+were not kept, so a hang was not told apart from slow tracing: unrolled over nodes, the merge made the kernel's
+lowering take 2.3 s a call site instead of 0.45 (CPU), ~60 s more for the job's 30 sites; with the loop over nodes
+that it has since, 1.3 s (written after the device time ran out: its GPU run is pending). ``scripts/h200/merge_probe.py``
+times repeated and chained calls to tell the two apart (docs/results/2026-12-02-drafter-qkv-merge-h200/)."""
 
 
 def _merges_in_kernel(ctas: int, splits: int, d: int, config: TuningConfig, interpret) -> bool:

@@ -17,7 +17,8 @@ CPU smoke run (tiny shapes, float32, a few steps; what tests/test_bench_roofline
     .venv/bin/python scripts/bench_roofline.py --quick --out outputs/roofline_quick --torch-python .venv-ref/bin/python
 
 Writes into --out: `roofline.json` (everything, rewritten after every job), `roofline.md` (the table, also printed
-last), `logs/<job>.log` (each job's output) and `jobs/` (specs and raw results).
+last), `logs/<job>.log` (each job's output; the last lines of a job that timed out or failed go into both reports)
+and `jobs/` (specs and raw results).
 
 Variants (rows), each timed as the median of many device-synchronised steps; the weights (16.4 GB) are far
 beyond the 60 MB L2, so no step reads them from cache:
@@ -1290,8 +1291,22 @@ class Runner:
                 finally:
                     self.active.remove(proc)
         rec.update(status=status, wall_s=time.perf_counter() - t0)
+        if status != "ok":  # how far it got, in the report itself: the logs folder may stay on the machine
+            rec["log_tail"] = log_tail(logf)
         log(f"[{time.perf_counter() - self.t0:6.1f}s] {job.name}: {status} in {rec['wall_s']:.1f}s")
         return rec
+
+
+LOG_TAIL_LINES = 8
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES, width: int = 240) -> list[str]:
+    """The last ``lines`` non-empty lines of a job's log, each cut to ``width`` characters ([] if there is none)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    return [line[:width] for line in text.splitlines() if line.strip()][-lines:]
 
 
 def kill(proc: subprocess.Popen) -> None:
@@ -1343,6 +1358,8 @@ class W12Background:
             self.r.active.remove(self.proc)
         self.rec.update(status=status, wall_s=time.perf_counter() - self.t_start)
         self.logf.close()
+        if status != "ok":
+            self.rec["log_tail"] = log_tail(self.r.out / self.rec["log"])
         log(f"[{time.perf_counter() - self.r.t0:6.1f}s] w12: {status}")
 
     def maybe_run(self, wait: bool = False) -> None:
@@ -1602,6 +1619,9 @@ def markdown(rep: dict) -> str:
     lines += ["", "| job | status | wall s | timeout s |", "|---|---|---|---|"]
     lines += [f"| {j['job']} | {j['status']} | {fmt(j.get('wall_s'), 1)} | {fmt(j.get('timeout_s'), 0)} |"
               for j in rep["jobs"]]
+    for j in rep["jobs"]:
+        if j.get("log_tail"):
+            lines += ["", f"Last lines of `{j['log']}` ({j['status']}):", "", "```", *j["log_tail"], "```"]
     return "\n".join(lines) + "\n"
 
 

@@ -364,6 +364,25 @@ def test_merge_in_kernel_reaches_the_jobs_and_the_report(tmp_path, monkeypatch):
     assert "Attention merge: `in_kernel`" in br.markdown(rep)
 
 
+def test_a_job_that_does_not_end_well_leaves_its_last_log_lines_in_the_report(tmp_path, monkeypatch):
+    """A job cut by its timeout (or failing) keeps the last lines of its log in its record and in the markdown, so a
+    run whose logs folder stays on the GPU machine still says how far the job got; a job that ends well keeps none."""
+    br = _load_script()
+    args = br.parse_args(["--quick"])
+    runner = br.Runner(args, tmp_path, budget_s=60)
+    script = "import time; [print(f'step {i}') for i in range(20)]; print('traced 6 programs', flush=True); "
+    monkeypatch.setattr(runner, "command", lambda job: [sys.executable, "-c", script + job.spec["then"]])
+    slow = runner.run(br.Job("slow", "jax", ["xla_forward"], 3.0, {"then": "time.sleep(30)"}), None)
+    fine = runner.run(br.Job("fine", "jax", ["xla_forward"], 30.0, {"then": "pass"}), None)
+    assert slow["status"] == "timeout after 3s" and fine["status"] == "ok"
+    assert slow["log_tail"] == [f"step {i}" for i in range(13, 20)] + ["traced 6 programs"]
+    assert "log_tail" not in fine
+    rep = br.build_report(br.settings(args), {}, runner.records, ["xla_forward"], None, 1.0)
+    text = br.markdown(rep)
+    assert "Last lines of `logs/slow.log` (timeout after 3s):" in text and "traced 6 programs" in text
+    assert "logs/fine.log" not in text
+
+
 def test_report_names_the_xla_flags_its_jobs_inherited(monkeypatch):
     """XLA_FLAGS in the harness's environment reach every job (they inherit it): the report records and names them."""
     br = _load_script()

@@ -335,7 +335,8 @@ def test_merge_in_kernel_lowers_for_cuda_as_one_kernel(monkeypatch, b, n, splits
     monkeypatch.setattr(ta_mosaic_gpu, "MERGE_IN_KERNEL", True)
     sds = jax.ShapeDtypeStruct
     kv = sds((b, 2048, 8, 128), jnp.bfloat16)
-    shapes = (sds((b, n, 48, 128), jnp.bfloat16), kv, kv, sds((b,), jnp.int32), sds((b, n, ta.num_words(n)), jnp.uint32))
+    bits = sds((b, n, ta.num_words(n)), jnp.uint32)
+    shapes = (sds((b, n, 48, 128), jnp.bfloat16), kv, kv, sds((b,), jnp.int32), bits)
     config = ta.TuningConfig(num_splits=splits)
     run = jax.jit(lambda *a: ta_mosaic_gpu.tree_attention_packed(*a, config=config, interpretable=False))
     hlo = run.trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()

@@ -44,11 +44,13 @@ MAX_TOKENS_BY_SHAPE: dict[tuple[int, int], int] = {(4096, 4096): 32, (12288, 409
 at a DFlash-b16 drafter's 16 block rows (24 in a round with the committed rows) the kernel streams them as fast as
 XLA's dots (178.6 against 177.6 us for the 10 calls) and hands its K splits to the add + norm kernel unsummed, which
 spares XLA's split-K reduce kernels: the drafter pass 0.897 -> 0.881 ms of GPU time, the round 0.974 -> 0.962, in one
-machine start (docs/results/2026-12-01-drafter-norm-h200/). The q|k|v projection (4096 x 6144) too: the kernel streams it
-no faster than XLA's dot (76.1 against 73.7 us for the 5 calls of a round) but hands its splits to the q/k norm + rope
-kernel unsummed, and XLA's split-K sum kernel (8.2 us) goes: -6 us a round attributable, 0.953 -> 0.939 ms with the LM
-head's run-to-run movement, in one machine start (docs/results/2026-12-02-drafter-qkv-merge-h200/). The gate|up shape (4096 x
-24576) stays on XLA's dot above 8 rows: all five shapes on the kernel at 16 rows tied XLA. A target verify of 9-32 tree nodes takes the kernel on these two shapes too: not timed. ``bench_roofline.py --skinny-max-tokens KxN=ROWS`` changes entries. Read at trace time."""
+machine start (docs/results/2026-12-01-drafter-norm-h200/). The q|k|v projection (4096 x 6144) too: the kernel
+streams it no faster than XLA's dot (76.1 against 73.7 us for the 5 calls of a round) but hands its splits to the q/k
+norm + rope kernel unsummed, and XLA's split-K sum kernel (8.2 us) goes: -6 us a round attributable, 0.953 -> 0.939 ms
+with the LM head's run-to-run movement, in one machine start (docs/results/2026-12-02-drafter-qkv-merge-h200/). The
+gate|up shape (4096 x 24576) stays on XLA's dot above 8 rows: all five shapes on the kernel at 16 rows tied XLA. A
+target verify of 9-32 tree nodes takes the kernel on these three shapes too: not timed. ``bench_roofline.py
+--skinny-max-tokens KxN=ROWS`` changes entries. Read at trace time."""
 
 PASS_SPLITS = True
 """``matmul(..., reduce=False)`` hands the kernel's K splits to the consumer unsummed (``SplitKPartials``). False:

@@ -57,9 +57,9 @@ Not done yet (in expected order of gain): warp specialisation (a TMA warpgroup a
 two compute warpgroups ping-ponging softmax and wgmma, as in FA3 / ``attention_mgpu``);
 async wgmma so ``Q K^T`` of the next block overlaps the softmax; two compute
 warpgroups per CTA (block_m = 128) so the prefix is re-read by half as many row blocks
-(16 per KV head at n = 256, G = 4); the combine inside this kernel timed and on by default (built:
-``MERGE_IN_KERNEL``, where a row block's CTAs meet at a GMEM semaphore and each merges some of its nodes; it saves a
-launch and a serial step, not the f32 partials' traffic, which a cluster's distributed shared memory would).
+(16 per KV head at n = 256, G = 4); the combine inside this kernel timed (built, off: ``MERGE_IN_KERNEL``, where
+a row block's CTAs meet at a GMEM semaphore and each merges some of its nodes; it saves a launch and a serial step,
+not the f32 partials' traffic, which a cluster's distributed shared memory would).
 """
 
 from __future__ import annotations
@@ -362,10 +362,11 @@ def _merge_in_kernel(parts_ref, lse_ref, merged_ref, *, group, groups, split, sp
     of the block (every query head's ``D`` values of every split, loaded first so their latencies overlap; the
     arithmetic of ``_merge_splits``, so it rounds as the separate merges do) into ``merged_ref`` in ``dtype``.
 
-    Every CTA of a row block waits for the others, so all must be resident at once: the caller only asks for this
-    when the grid fits in one wave (``_merges_in_kernel``). The semaphores are GMEM scratch that the kernel's launch
-    zeroes (Mosaic GPU's ``get_global``); the TMA writes are complete (not only read out of SMEM) before the
-    release-ordered signal, and the wait ends with an acquire fence."""
+    Every CTA of a row block waits for the others, so all must be resident at once: the caller only asks for this when
+    the grid fits in one wave (``_merges_in_kernel``). The semaphores are GMEM scratch (Mosaic GPU's ``get_global``)
+    that XLA zeroes before each launch, an op of its own (a memset or a fill kernel: what it costs is for the kernel
+    split to say, against the merge kernel's 1.6-1.9 us); the TMA writes are complete (not only read out of SMEM) before
+    the release-ordered signal, and the wait ends with an acquire fence."""
     sems = pl.get_global(plgpu.SemaphoreType.REGULAR((groups,)))
     plgpu.wait_smem_to_gmem(0)
     plgpu.semaphore_signal(sems.at[group], 1, memory_scope="gpu")
@@ -470,12 +471,13 @@ after the kernel is a launch and a serial step of its own (1.6-1.9 us on the H20
 DFlash-b16 drafter pass). Interpret mode runs no GMEM semaphore, so the CPU tests check its lowering and the GPU tests
 its results. ``bench_roofline.py --merge-in-kernel``. Read at trace time.
 
-Off, and not timed yet: its GPU tests passed on the H200 (11 cases, D = 128, 1 to 64 nodes), but both drafter benchmarks
-with it ran past their job timeouts (125 and 175 s, where the same job without it takes 102-121 s), and the job logs
-were not kept, so a hang was not told apart from slow tracing: unrolled over nodes, the merge made the kernel's
-lowering take 2.3 s a call site instead of 0.45 (CPU), ~60 s more for the job's 30 sites; with the loop over nodes
-that it has since, 1.3 s (written after the device time ran out: its GPU run is pending). ``scripts/h200/merge_probe.py``
-times repeated and chained calls to tell the two apart (docs/results/2026-12-02-drafter-qkv-merge-h200/)."""
+Off, and not timed yet: its GPU tests passed on the H200 (11 cases, 5 of them merging in the kernel: 1 to 64 nodes,
+D = 128), but both drafter benchmarks with it ran past their job timeouts (125 and 175 s, where the same job without it
+takes 102-121 s), and the job logs were not kept, so a hang was not told apart from slow tracing: unrolled over nodes,
+the merge made the kernel's lowering take 2.3 s a call site instead of 0.45 (CPU), ~60 s more for the job's 30 sites;
+with the loop over nodes that it has since, 1.3 s (written after the device time ran out: its GPU run is pending).
+``scripts/h200/merge_probe.py`` times repeated and chained calls to tell the two apart
+(docs/results/2026-12-02-drafter-qkv-merge-h200/)."""
 
 
 def _merges_in_kernel(ctas: int, splits: int, d: int, config: TuningConfig, interpret) -> bool:

@@ -1,5 +1,7 @@
-"""Where does the tree-attention kernel with its in-kernel merge (``MERGE_IN_KERNEL``) hang? Its GPU tests pass (one
-call each), the drafter benchmark (many calls, five a program) timed out (docs/results/2026-12-02-drafter-qkv-merge-h200/).
+"""Does the tree-attention kernel with its in-kernel merge (``MERGE_IN_KERNEL``) hang, and where?
+
+Its GPU tests pass (one call each); the drafter benchmark (many calls, five a program) ran past its job timeouts
+(docs/results/2026-12-02-drafter-qkv-merge-h200/).
 
 Runs the packed kernel at the DFlash-b16 drafter's shape (B = 1, 16 nodes, Hq 32 + 2 x 8 KV heads, D 128, cache 1024,
 8 splits) with the merge in the kernel: one call checked against the reference, then ``--calls`` calls of one jitted

@@ -348,6 +348,36 @@ def test_merge_in_kernel_lowers_for_cuda_as_one_kernel(monkeypatch, b, n, splits
     assert "exponential" in run.trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
 
 
+@pytest.mark.parametrize("n_q,nodes,splits", [(1, 16, 8), (16, 16, 8), (20, 16, 3), (5, 8, 8)])
+def test_in_kernel_merge_rows_equal_the_xla_combine(n_q, nodes, splits):
+    """The in-kernel merge's arithmetic and its share of nodes per split (``_merge_rows``), run in interpret mode on a
+    ``(B, Hkv, row blocks, splits)`` grid like the kernel's (the semaphore wait before it is GPU-only): every live node
+    merged once, as ``_combine`` merges it (an AR step's one node; a block's nodes two a split; 3 splits over 16
+    nodes, the second row block holding 4; more splits than nodes)."""
+    rng = np.random.default_rng(n_q + splits)
+    b, hkv, g, d = 2, 2, 4, 128
+    row_blocks = -(-n_q // nodes)
+    lse = rng.normal(scale=4.0, size=(splits, b, n_q, hkv, g)).astype(np.float32)
+    empty = rng.random(lse.shape) < 0.2
+    parts = np.where(empty[..., None], 0.0, rng.normal(size=(*lse.shape, d))).astype(np.float32)
+    tiles = np.ascontiguousarray(np.broadcast_to(np.where(empty, ta_mosaic_gpu._EMPTY_LSE, lse)[..., None],
+                                                 parts.shape))
+    args = (jnp.asarray(parts), jnp.asarray(tiles))
+
+    def body(parts_ref, lse_ref, merged_ref):
+        bi, hi = jax.lax.axis_index("b"), jax.lax.axis_index("h")
+        ta_mosaic_gpu._merge_rows(parts_ref, lse_ref, merged_ref, split=jax.lax.axis_index("split"), splits=splits,
+                                  nodes=nodes, node0=jax.lax.axis_index("rows") * nodes, n_q=n_q, bi=bi, hi=hi,
+                                  dtype=jnp.float32)
+
+    merge = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((b, n_q, hkv, g, d), jnp.float32),
+                         grid=(b, hkv, row_blocks, splits), grid_names=("b", "h", "rows", "split"),
+                         interpret=plgpu.InterpretGPUParams(),
+                         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
+    np.testing.assert_allclose(np.asarray(merge(*args)), np.asarray(ta_mosaic_gpu._combine(*args)), rtol=1e-5,
+                               atol=1e-6)
+
+
 def test_merge_in_kernel_only_where_every_cta_is_resident(monkeypatch):
     """The in-kernel merge's CTAs wait for each other: only a split grid of one wave on a GPU, D a multiple of 128."""
     monkeypatch.setattr(ta_mosaic_gpu, "MERGE_IN_KERNEL", True)

@@ -325,7 +325,7 @@ def _kernel_call(
         if merge_here:
             _merge_in_kernel(out_ref, lse_ref, merged_ref, group=(bi * hkv + hi) * row_blocks + row_block,
                              groups=b * hkv * row_blocks, split=split, splits=splits, nodes=nodes, node0=node0,
-                             n_q=n_q, bi=bi, hi=hi, g=g, dtype=dtype)
+                             n_q=n_q, bi=bi, hi=hi, dtype=dtype)
         exit_wait()
 
     if final:
@@ -355,12 +355,11 @@ def _kernel_call(
     return call(q, k_cache, v_cache, lengths, k_tree, v_tree, row_bits)
 
 
-def _merge_in_kernel(parts_ref, lse_ref, merged_ref, *, group, groups, split, splits, nodes, node0, n_q, bi, hi, g,
+def _merge_in_kernel(parts_ref, lse_ref, merged_ref, *, group, groups, split, splits, nodes, node0, n_q, bi, hi,
                      dtype):
     """The row block's splits merge their own partials: each CTA, once its partial and lse are in GMEM, signals the
-    row block's GMEM semaphore and waits until all ``splits`` have, then merges nodes ``split, split + splits, ...``
-    of the block (every query head's ``D`` values of every split, loaded first so their latencies overlap; the
-    arithmetic of ``_merge_splits``, so it rounds as the separate merges do) into ``merged_ref`` in ``dtype``.
+    row block's GMEM semaphore, waits until all ``splits`` have, then merges its share of the block's nodes
+    (``_merge_rows``).
 
     Every CTA of a row block waits for the others, so all must be resident at once: the caller only asks for this when
     the grid fits in one wave (``_merges_in_kernel``). The semaphores are GMEM scratch (Mosaic GPU's ``get_global``)
@@ -371,18 +370,27 @@ def _merge_in_kernel(parts_ref, lse_ref, merged_ref, *, group, groups, split, sp
     plgpu.wait_smem_to_gmem(0)
     plgpu.semaphore_signal(sems.at[group], 1, memory_scope="gpu")
     plgpu.semaphore_wait(sems.at[group], splits, decrement=False, memory_scope="gpu")
+    _merge_rows(parts_ref, lse_ref, merged_ref, split=split, splits=splits, nodes=nodes, node0=node0, n_q=n_q, bi=bi,
+                hi=hi, dtype=dtype)
+
+
+def _merge_rows(parts_ref, lse_ref, merged_ref, *, split, splits, nodes, node0, n_q, bi, hi, dtype):
+    """Split ``split``'s share of a row block's merge: nodes ``node0 + split, node0 + split + splits, ...`` below
+    ``node0 + nodes`` and ``n_q``, each node's ``[G, D]`` values of every split (loaded first, so their latencies
+    overlap) merged by ``_merge_splits``, so it rounds as the separate merges do, into ``merged_ref`` in ``dtype``.
+    A loop over the nodes and whole ``[G, D]`` rows: unrolled over nodes and heads, the merge made the kernel's
+    lowering 2.3 s a call site (0.45 s without it), ~60 s more for a drafter benchmark's 30 sites; now 0.65 s."""
 
     @pl.loop(0, _cdiv(nodes, splits))
-    def _merge_node(i):  # a loop over nodes: unrolled too, the kernel's lowering took 5x longer (2.3 s a call site)
+    def _merge_node(i):
         local = split + i * splits
         node = node0 + local
 
         @pl.when((local < nodes) & (node < n_q))
-        def _merge():  # every head's loads first, so their latencies overlap
-            lses = [[lse_ref[s, bi, node, hi, gi] for s in range(splits)] for gi in range(g)]
-            parts = [[parts_ref[s, bi, node, hi, gi] for s in range(splits)] for gi in range(g)]
-            for gi in range(g):
-                merged_ref[bi, node, hi, gi] = _merge_splits(lses[gi], parts[gi]).astype(dtype)
+        def _merge():
+            lses = [lse_ref[s, bi, node, hi] for s in range(splits)]
+            parts = [parts_ref[s, bi, node, hi] for s in range(splits)]
+            merged_ref[bi, node, hi] = _merge_splits(lses, parts).astype(dtype)
 
 
 def split_ranges(prefix_blocks, tree_blocks: int, split, splits: int):
@@ -475,7 +483,8 @@ Off, and not timed yet: its GPU tests passed on the H200 (11 cases, 5 of them me
 D = 128), but both drafter benchmarks with it ran past their job timeouts (125 and 175 s, where the same job without it
 takes 102-121 s), and the job logs were not kept, so a hang was not told apart from slow tracing: unrolled over nodes,
 the merge made the kernel's lowering take 2.3 s a call site instead of 0.45 (CPU), ~60 s more for the job's 30 sites;
-with the loop over nodes that it has since, 1.3 s (written after the device time ran out: its GPU run is pending).
+as the loop over nodes and whole [G, D] rows it has since, 0.65 s (written after the device time ran out: its merge
+arithmetic runs on the CPU in ``tests/test_tree_attention.py``, the kernel with it awaits its GPU run).
 ``scripts/h200/merge_probe.py`` times repeated and chained calls to tell the two apart
 (docs/results/2026-12-02-drafter-qkv-merge-h200/)."""
 

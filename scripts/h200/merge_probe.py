@@ -4,9 +4,10 @@ Its GPU tests pass (one call each); the drafter benchmark (many calls, five a pr
 (docs/results/2026-12-02-drafter-qkv-merge-h200/).
 
 Runs the packed kernel at the DFlash-b16 drafter's shape (B = 1, 16 nodes, Hq 32 + 2 x 8 KV heads, D 128, cache 1024,
-8 splits) with the merge in the kernel: one call checked against the reference, then ``--calls`` calls of one jitted
-call, then of a program of five chained calls (like the drafter's layers), each step printed as it ends, so a hang
-shows where it begins (run it under ``timeout``).
+8 splits) with the merge in the kernel: one call checked against the reference, then, for one jitted call and for a
+program of five chained calls (like the drafter's layers), its trace + lowering and compile times and ``--calls``
+calls, each step printed as it ends, so a hang shows where it begins and slow tracing shows as such (run it under
+``timeout``).
 
     timeout 60 python3 scripts/h200/merge_probe.py
 """
@@ -18,7 +19,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from pallas_kernels import tree_attention as ta
 from pallas_kernels.tree_attention import mosaic_gpu as ta_mosaic_gpu
@@ -50,6 +50,11 @@ def main() -> None:
         return qkv
 
     for name, fn in (("one call", one), ("five chained calls", jax.jit(chain))):
+        t0 = time.perf_counter()
+        lowered = fn.trace(qkv).lower()
+        t1 = time.perf_counter()
+        fn = lowered.compile()
+        print(f"{name}: traced and lowered in {t1 - t0:.1f}s, compiled in {time.perf_counter() - t1:.1f}s", flush=True)
         fn(qkv).block_until_ready()
         t0 = time.perf_counter()
         for i in range(args.calls):

@@ -379,8 +379,10 @@ def test_in_kernel_merge_rows_equal_the_xla_combine(n_q, nodes, splits):
 
 
 def test_merge_in_kernel_only_where_every_cta_is_resident(monkeypatch):
-    """The in-kernel merge's CTAs wait for each other: only a split grid of one wave on a GPU, D a multiple of 128."""
+    """The in-kernel merge's CTAs wait for each other: only a split grid of one wave on a GPU (the device's SMs or the
+    config's, the fewer), D a multiple of 128."""
     monkeypatch.setattr(ta_mosaic_gpu, "MERGE_IN_KERNEL", True)
+    monkeypatch.setattr(ta_mosaic_gpu, "num_sms", lambda: 132)  # an H100 / H200 SXM, whatever runs the test
     config = ta.TuningConfig()
     merges = lambda ctas, splits, d=128, interpret=None: ta_mosaic_gpu._merges_in_kernel(ctas, splits, d, config,
                                                                                          interpret)
@@ -389,8 +391,10 @@ def test_merge_in_kernel_only_where_every_cta_is_resident(monkeypatch):
     assert not merges(8, 1)  # one split: the kernel writes its output itself
     assert not merges(64, 8, d=64)
     assert not merges(64, 8, interpret=plgpu.InterpretGPUParams())
+    monkeypatch.setattr(ta_mosaic_gpu, "num_sms", lambda: 114)  # an H100 PCIe: fewer SMs than the config says
+    assert merges(114, 2) and not merges(128, 16)
     monkeypatch.setattr(ta_mosaic_gpu, "MERGE_IN_KERNEL", False)
-    assert not merges(128, 16)
+    assert not merges(100, 16)
 
 
 def test_auto_split_fills_one_wave_at_decode_shapes():

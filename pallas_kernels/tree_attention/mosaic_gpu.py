@@ -74,7 +74,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import pdl
-from pallas_kernels.split_k import exit_wait
+from pallas_kernels.split_k import exit_wait, num_sms
 from pallas_kernels.tma import pad_for_tma
 from pallas_kernels.tree_attention.ancestors import WORD_BITS, num_words
 from pallas_kernels.tree_attention.config import TuningConfig
@@ -491,9 +491,11 @@ arithmetic runs on the CPU in ``tests/test_tree_attention.py``, the kernel with 
 
 def _merges_in_kernel(ctas: int, splits: int, d: int, config: TuningConfig, interpret) -> bool:
     """``MERGE_IN_KERNEL`` applies: split, on a GPU, ``D`` a whole number of the warpgroup's 128 threads (the merge
-    moves rows of ``D`` values) and every CTA resident at once (one per SM at most: the CTAs of a row block wait for
-    each other, so a grid beyond one wave could wait on CTAs that never start)."""
-    return MERGE_IN_KERNEL and splits > 1 and interpret is None and d % 128 == 0 and ctas <= config.num_sms
+    moves rows of ``D`` values) and every CTA resident at once: at most one a streaming multiprocessor, counting the
+    device's (an H100 PCIe has 114) as well as ``config.num_sms``, since the CTAs of a row block wait for each other
+    and a grid beyond one wave could wait on CTAs that never start."""
+    resident = min(config.num_sms, num_sms())
+    return MERGE_IN_KERNEL and splits > 1 and interpret is None and d % 128 == 0 and ctas <= resident
 
 
 def _combine_kernel(out_parts, lse, dtype, interpret):

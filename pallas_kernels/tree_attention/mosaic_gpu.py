@@ -362,7 +362,8 @@ def _merge_in_kernel(parts_ref, lse_ref, merged_ref, *, group, groups, split, sp
     (``_merge_rows``).
 
     Every CTA of a row block waits for the others, so all must be resident at once: the caller only asks for this when
-    the grid fits in one wave (``_merges_in_kernel``). The semaphores are GMEM scratch (Mosaic GPU's ``get_global``)
+    the grid fits in one wave (``_merges_in_kernel``). Under PDL the kernel's dependents launch only once every CTA of
+    it has started (each triggers them in ``pdl.begin_kernel``), so no waiting dependent holds an SM a peer needs. The semaphores are GMEM scratch (Mosaic GPU's ``get_global``)
     that XLA zeroes before each launch, an op of its own (a memset or a fill kernel: what it costs is for the kernel
     split to say, against the merge kernel's 1.6-1.9 us); the TMA writes are complete (not only read out of SMEM) before
     the release-ordered signal, and the wait ends with an acquire fence."""

@@ -372,14 +372,14 @@ def test_a_job_that_does_not_end_well_leaves_its_last_log_lines_in_the_report(tm
     runner = br.Runner(args, tmp_path, budget_s=60)
     script = "import time; [print(f'step {i}') for i in range(20)]; print('traced 6 programs', flush=True); "
     monkeypatch.setattr(runner, "command", lambda job: [sys.executable, "-c", script + job.spec["then"]])
-    slow = runner.run(br.Job("slow", "jax", ["xla_forward"], 3.0, {"then": "time.sleep(30)"}), None)
+    slow = runner.run(br.Job("slow", "jax", ["xla_forward"], 5.0, {"then": "time.sleep(60)"}), None)
     fine = runner.run(br.Job("fine", "jax", ["xla_forward"], 30.0, {"then": "pass"}), None)
-    assert slow["status"] == "timeout after 3s" and fine["status"] == "ok"
+    assert slow["status"] == "timeout after 5s" and fine["status"] == "ok"
     assert slow["log_tail"] == [f"step {i}" for i in range(13, 20)] + ["traced 6 programs"]
     assert "log_tail" not in fine
     rep = br.build_report(br.settings(args), {}, runner.records, ["xla_forward"], None, 1.0)
     text = br.markdown(rep)
-    assert "Last lines of `logs/slow.log` (timeout after 3s):" in text and "traced 6 programs" in text
+    assert "Last lines of `logs/slow.log` (timeout after 5s):" in text and "traced 6 programs" in text
     assert "logs/fine.log" not in text
 
 

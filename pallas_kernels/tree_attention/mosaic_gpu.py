@@ -158,7 +158,7 @@ def _kernel_call(
     interpret,
     early_cache: bool,
     lse_apart: bool,
-    merge_here: bool = False,
+    merge_here: bool,
 ):
     """The ``(B, Hkv, row blocks, splits)`` grid over ``n_pad`` nodes (``q`` may hold fewer: TMA reads zeros past
     them and stores nothing there); returns the output ``[B, n, Hkv, G, D]``, plus lse when ``splits > 1``.
@@ -363,10 +363,11 @@ def _merge_in_kernel(parts_ref, lse_ref, merged_ref, *, group, groups, split, sp
 
     Every CTA of a row block waits for the others, so all must be resident at once: the caller only asks for this when
     the grid fits in one wave (``_merges_in_kernel``). Under PDL the kernel's dependents launch only once every CTA of
-    it has started (each triggers them in ``pdl.begin_kernel``), so no waiting dependent holds an SM a peer needs. The semaphores are GMEM scratch (Mosaic GPU's ``get_global``)
-    that XLA zeroes before each launch, an op of its own (a memset or a fill kernel: what it costs is for the kernel
-    split to say, against the merge kernel's 1.6-1.9 us); the TMA writes are complete (not only read out of SMEM) before
-    the release-ordered signal, and the wait ends with an acquire fence."""
+    it has started (each triggers them in ``pdl.begin_kernel``), so no waiting dependent holds an SM a peer needs. The
+    semaphores are GMEM scratch (Mosaic GPU's ``get_global``) that XLA zeroes before each launch, an op of its own (a
+    memset or a fill kernel: what it costs is for the kernel split to say, against the merge kernel's 1.6-1.9 us); the
+    TMA writes are complete (not only read out of SMEM) before the release-ordered signal, and the wait ends with an
+    acquire fence."""
     sems = pl.get_global(plgpu.SemaphoreType.REGULAR((groups,)))
     plgpu.wait_smem_to_gmem(0)
     plgpu.semaphore_signal(sems.at[group], 1, memory_scope="gpu")
@@ -474,20 +475,18 @@ without them XLA launches its own fusions as programmatic dependents too (docs/r
 
 
 MERGE_IN_KERNEL = False
-"""Merge the splits inside the attention kernel (``_merge_in_kernel``: the row block's CTAs meet at a GMEM semaphore,
-then each merges some of its nodes) instead of in a kernel after it, where the grid fits in one wave. Why: the merge
-after the kernel is a launch and a serial step of its own (1.6-1.9 us on the H200, 36 a Qwen3-8B decode step, 5 a
-DFlash-b16 drafter pass). Interpret mode runs no GMEM semaphore, so the CPU tests check its lowering and the GPU tests
-its results. ``bench_roofline.py --merge-in-kernel``. Read at trace time.
+"""Merge the splits inside the attention kernel (``_merge_in_kernel``: the row block's CTAs meet at a GMEM semaphore, then
+each merges some of its nodes) instead of in a kernel after it, where the grid fits in one wave. Why: the merge after
+the kernel is a launch and a serial step of its own (1.6-1.9 us on the H200, 36 a Qwen3-8B decode step, 5 a DFlash-b16
+drafter pass). Interpret mode runs no GMEM semaphore, so the CPU tests check its lowering and its merge
+(``_merge_rows``, in a kernel of its own), the GPU tests the whole. ``bench_roofline.py --merge-in-kernel``. Read at
+trace time.
 
 Off, and not timed yet: its GPU tests passed on the H200 (11 cases, 5 of them merging in the kernel: 1 to 64 nodes,
 D = 128), but both drafter benchmarks with it ran past their job timeouts (125 and 175 s, where the same job without it
-takes 102-121 s), and the job logs were not kept, so a hang was not told apart from slow tracing: unrolled over nodes,
-the merge made the kernel's lowering take 2.3 s a call site instead of 0.45 (CPU), ~60 s more for the job's 30 sites;
-as the loop over nodes and whole [G, D] rows it has since, 0.65 s (written after the device time ran out: its merge
-arithmetic runs on the CPU in ``tests/test_tree_attention.py``, the kernel with it awaits its GPU run).
-``scripts/h200/merge_probe.py`` times repeated and chained calls to tell the two apart
-(docs/results/2026-12-02-drafter-qkv-merge-h200/)."""
+takes 102-121 s) and their logs were not kept, so a hang was not told apart from slow tracing (``_merge_rows`` says what
+the first form's lowering cost; the loop that replaced it awaits its GPU run). ``scripts/h200/merge_probe.py`` tells the
+two apart (docs/results/2026-12-02-drafter-qkv-merge-h200/)."""
 
 
 def _merges_in_kernel(ctas: int, splits: int, d: int, config: TuningConfig, interpret) -> bool:

@@ -475,10 +475,10 @@ without them XLA launches its own fusions as programmatic dependents too (docs/r
 
 
 MERGE_IN_KERNEL = False
-"""Merge the splits inside the attention kernel (``_merge_in_kernel``: the row block's CTAs meet at a GMEM semaphore, then
-each merges some of its nodes) instead of in a kernel after it, where the grid fits in one wave. Why: the merge after
-the kernel is a launch and a serial step of its own (1.6-1.9 us on the H200, 36 a Qwen3-8B decode step, 5 a DFlash-b16
-drafter pass). Interpret mode runs no GMEM semaphore, so the CPU tests check its lowering and its merge
+"""Merge the splits inside the attention kernel (``_merge_in_kernel``: the row block's CTAs meet at a GMEM semaphore,
+then each merges some of its nodes) instead of in a kernel after it, where the grid fits in one wave. Why: the merge
+after the kernel is a launch and a serial step of its own (1.6-1.9 us on the H200, 36 a Qwen3-8B decode step, 5 a
+DFlash-b16 drafter pass). Interpret mode runs no GMEM semaphore, so the CPU tests check its lowering and its merge
 (``_merge_rows``, in a kernel of its own), the GPU tests the whole. ``bench_roofline.py --merge-in-kernel``. Read at
 trace time.
 

@@ -884,14 +884,14 @@ def apply_kernel_settings(spec: dict) -> dict:
         from pallas_kernels.swiglu import ops as swiglu_ops
 
         swiglu_ops.DEFAULT = spec["swiglu"]
+    if spec.get("swiglu_matmul"):
+        from pallas_kernels.swiglu_matmul import ops as swiglu_matmul_ops
+
+        swiglu_matmul_ops.DEFAULT = spec["swiglu_matmul"]
     if spec.get("combine_kernel"):
         from pallas_kernels.tree_attention import mosaic_gpu as ta_mosaic_gpu
 
         ta_mosaic_gpu.COMBINE_KERNEL = True
-    if spec.get("merge_in_kernel"):
-        from pallas_kernels.tree_attention import mosaic_gpu as ta_mosaic_gpu
-
-        ta_mosaic_gpu.MERGE_IN_KERNEL = True
     if spec.get("skinny_splits"):
         from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
 
@@ -919,8 +919,8 @@ def apply_kernel_settings(spec: dict) -> dict:
     res["norm"] = spec.get("norm") or "default"
     res["rope"] = spec.get("rope") or "default"
     res["swiglu"] = spec.get("swiglu") or "default"
+    res["swiglu_matmul"] = spec.get("swiglu_matmul") or "default"
     res["combine_kernel"] = bool(spec.get("combine_kernel"))
-    res["merge_in_kernel"] = bool(spec.get("merge_in_kernel"))
     res["pdl"] = bool(spec.get("pdl"))
     return res
 
@@ -1004,12 +1004,12 @@ def parse_args(argv=None):
     ap.add_argument("--swiglu", choices=("xla", "mosaic_gpu"), default=None,
                     help="the MLP's SwiGLU in every JAX job: XLA's fusion or the swiglu kernel (sets "
                          "swiglu.ops.DEFAULT; default: leave it as it is)")
+    ap.add_argument("--swiglu-matmul", choices=("xla", "mosaic_gpu"), default=None,
+                    help="the gate|up projection with SwiGLU in its epilogue in every JAX job (mosaic_gpu: one kernel "
+                         "for few rows; sets swiglu_matmul.ops.DEFAULT; default: leave it as it is)")
     ap.add_argument("--combine-kernel", action="store_true",
                     help="the tree-attention kernel's split merge on its Mosaic GPU kernel in every JAX job (sets "
                          "tree_attention.mosaic_gpu.COMBINE_KERNEL)")
-    ap.add_argument("--merge-in-kernel", action="store_true",
-                    help="the tree-attention kernel's splits merged inside it where its grid fits one wave, in every "
-                         "JAX job (sets tree_attention.mosaic_gpu.MERGE_IN_KERNEL; overrides --combine-kernel there)")
     ap.add_argument("--skinny-splits", nargs="+", default=[], metavar="KxN=S|FILE",
                     help="the split_decode_loop row's K split per weight shape: KxN=S items or a JSON file of "
                          "{\"KxN\": S} (scripts/h200/split_probe.py --json)")
@@ -1072,8 +1072,8 @@ def settings(args) -> dict:
         "norm": args.norm,
         "rope": args.rope,
         "swiglu": args.swiglu,
+        "swiglu_matmul": args.swiglu_matmul,
         "combine_kernel": args.combine_kernel,
-        "merge_in_kernel": args.merge_in_kernel,
         "pdl": args.pdl,
         "drafter_layers": 1 if q else 5,
         "block_size": 4 if q else 16,
@@ -1559,8 +1559,9 @@ def markdown(rep: dict) -> str:
         f"Matmuls: `{s.get('matmul') or 'default'}`"
         + (f" (at most rows: {' '.join(s['skinny_max_tokens'])})" if s.get("skinny_max_tokens") else "") + ". "
         f"Residual add + RMSNorm: `{s.get('norm') or 'default'}`. q/k norm + rope: `{s.get('rope') or 'default'}`. "
-        f"SwiGLU: `{s.get('swiglu') or 'default'}`. Attention merge: "
-        f"`{'in_kernel' if s.get('merge_in_kernel') else 'kernel' if s.get('combine_kernel') else 'xla'}`. PDL: `{bool(s.get('pdl'))}` (rows may set their own).",
+        f"SwiGLU: `{s.get('swiglu') or 'default'}`, in the gate|up matmul: `{s.get('swiglu_matmul') or 'default'}`. "
+        f"Attention merge: "
+        f"`{'kernel' if s.get('combine_kernel') else 'xla'}`. PDL: `{bool(s.get('pdl'))}` (rows may set their own).",
         (f"- Roofline = bytes of weights + KV read ÷ measured read bandwidth ({bw}) and ÷ 4.3 TB/s (nominal copy "
          f"rate). ms = median of synchronised steps (decode loop: loop time ÷ steps)."),
         "",

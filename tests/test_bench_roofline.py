@@ -348,22 +348,6 @@ def test_chain_rows_carry_their_kernels_to_their_jobs(tmp_path):
             m.DEFAULT = default
 
 
-def test_merge_in_kernel_reaches_the_jobs_and_the_report(tmp_path, monkeypatch):
-    """``--merge-in-kernel`` is in every job's spec, a job given it sets the attention module's flag, and the report's
-    header names the merge."""
-    from pallas_kernels.tree_attention import mosaic_gpu as ta_mosaic_gpu
-
-    br = _load_script()
-    args = br.parse_args(["--quick", "--variants", "rope_decode_loop", "drafter", "--merge-in-kernel"])
-    jobs, _ = br.plan_jobs(args, br.settings(args), tmp_path, br.selected_variants(args))
-    assert jobs and all(j.spec["merge_in_kernel"] is True for j in jobs)
-    monkeypatch.setattr(ta_mosaic_gpu, "MERGE_IN_KERNEL", False)
-    assert br.apply_kernel_settings(jobs[0].spec)["merge_in_kernel"] is True
-    assert ta_mosaic_gpu.MERGE_IN_KERNEL is True
-    rep = br.build_report(br.settings(args), {"rope_decode_loop": {"ms": 4.4}}, [], ["rope_decode_loop"], None, 1.0)
-    assert "Attention merge: `in_kernel`" in br.markdown(rep)
-
-
 def test_a_job_that_does_not_end_well_leaves_its_last_log_lines_in_the_report(tmp_path, monkeypatch):
     """A job cut by its timeout (or failing) keeps the last lines of its log in its record and in the markdown, so a
     run whose logs folder stays on the GPU machine still says how far the job got; a job that ends well keeps none."""

@@ -218,11 +218,6 @@ def pdl_on(monkeypatch):
 
 
 @pytest.fixture
-def merge_in_kernel(monkeypatch):
-    monkeypatch.setattr(ta_mosaic_gpu, "MERGE_IN_KERNEL", True)
-
-
-@pytest.fixture
 def combine_kernel(monkeypatch):
     monkeypatch.setattr(ta_mosaic_gpu, "COMBINE_KERNEL", True)
 
@@ -326,77 +321,6 @@ def test_gpu_kernel_lowers_for_cuda(b, n, config):
     assert "mosaic_gpu" in text
 
 
-@pytest.mark.parametrize("b,n,splits", [(1, 1, 8), (1, 16, 16), (2, 16, 8)])
-def test_merge_in_kernel_lowers_for_cuda_as_one_kernel(monkeypatch, b, n, splits):
-    """With ``MERGE_IN_KERNEL`` the split kernel at Qwen3-8B shapes lowers on the CPU (GMEM semaphores, the merge's
-    row loads and stores) and returns the merged bf16 output itself: the program has no merge of its own after it
-    (no exponential outside the kernel). Interpret mode runs no GMEM semaphore: ``TestMosaicGpuMergeInKernel`` checks
-    the results on a GPU."""
-    monkeypatch.setattr(ta_mosaic_gpu, "MERGE_IN_KERNEL", True)
-    sds = jax.ShapeDtypeStruct
-    kv = sds((b, 2048, 8, 128), jnp.bfloat16)
-    bits = sds((b, n, ta.num_words(n)), jnp.uint32)
-    shapes = (sds((b, n, 48, 128), jnp.bfloat16), kv, kv, sds((b,), jnp.int32), bits)
-    config = ta.TuningConfig(num_splits=splits)
-    run = jax.jit(lambda *a: ta_mosaic_gpu.tree_attention_packed(*a, config=config, interpretable=False))
-    hlo = run.trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
-    (call,) = [line for line in hlo.splitlines() if "stablehlo.custom_call" in line]
-    assert f"tensor<{b}x{n}x8x4x128xbf16>" in call  # the merged output, beside the f32 partials and lse
-    assert "exponential" not in hlo
-    monkeypatch.setattr(ta_mosaic_gpu, "MERGE_IN_KERNEL", False)
-    run = jax.jit(lambda *a: ta_mosaic_gpu.tree_attention_packed(*a, config=config, interpretable=False))
-    assert "exponential" in run.trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
-
-
-@pytest.mark.parametrize("n_q,nodes,splits", [(1, 16, 8), (16, 16, 8), (20, 16, 3), (5, 8, 8)])
-def test_in_kernel_merge_rows_equal_the_xla_combine(n_q, nodes, splits):
-    """The in-kernel merge's arithmetic and its share of nodes per split (``_merge_rows``), run in interpret mode on a
-    ``(B, Hkv, row blocks, splits)`` grid like the kernel's (the semaphore wait before it is GPU-only): every live node
-    merged once, as ``_combine`` merges it (an AR step's one node; a block's nodes two a split; 3 splits over 16
-    nodes, the second row block holding 4; more splits than nodes)."""
-    rng = np.random.default_rng(n_q + splits)
-    b, hkv, g, d = 2, 2, 4, 128
-    row_blocks = -(-n_q // nodes)
-    lse = rng.normal(scale=4.0, size=(splits, b, n_q, hkv, g)).astype(np.float32)
-    empty = rng.random(lse.shape) < 0.2
-    parts = np.where(empty[..., None], 0.0, rng.normal(size=(*lse.shape, d))).astype(np.float32)
-    tiles = np.ascontiguousarray(np.broadcast_to(np.where(empty, ta_mosaic_gpu._EMPTY_LSE, lse)[..., None],
-                                                 parts.shape))
-    args = (jnp.asarray(parts), jnp.asarray(tiles))
-
-    def body(parts_ref, lse_ref, merged_ref):
-        bi, hi = jax.lax.axis_index("b"), jax.lax.axis_index("h")
-        ta_mosaic_gpu._merge_rows(parts_ref, lse_ref, merged_ref, split=jax.lax.axis_index("split"), splits=splits,
-                                  nodes=nodes, node0=jax.lax.axis_index("rows") * nodes, n_q=n_q, bi=bi, hi=hi,
-                                  dtype=jnp.float32)
-
-    merge = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((b, n_q, hkv, g, d), jnp.float32),
-                         grid=(b, hkv, row_blocks, splits), grid_names=("b", "h", "rows", "split"),
-                         interpret=plgpu.InterpretGPUParams(),
-                         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
-    np.testing.assert_allclose(np.asarray(merge(*args)), np.asarray(ta_mosaic_gpu._combine(*args)), rtol=1e-5,
-                               atol=1e-6)
-
-
-def test_merge_in_kernel_only_where_every_cta_is_resident(monkeypatch):
-    """The in-kernel merge's CTAs wait for each other: only a split grid of one wave on a GPU (the device's SMs or the
-    config's, the fewer), D a multiple of 128."""
-    monkeypatch.setattr(ta_mosaic_gpu, "MERGE_IN_KERNEL", True)
-    monkeypatch.setattr(ta_mosaic_gpu, "num_sms", lambda: 132)  # an H100 / H200 SXM, whatever runs the test
-    config = ta.TuningConfig()
-    merges = lambda ctas, splits, d=128, interpret=None: ta_mosaic_gpu._merges_in_kernel(ctas, splits, d, config,
-                                                                                         interpret)
-    assert merges(128, 16) and merges(132, 2)
-    assert not merges(133, 2)  # beyond one wave
-    assert not merges(8, 1)  # one split: the kernel writes its output itself
-    assert not merges(64, 8, d=64)
-    assert not merges(64, 8, interpret=plgpu.InterpretGPUParams())
-    monkeypatch.setattr(ta_mosaic_gpu, "num_sms", lambda: 114)  # an H100 PCIe: fewer SMs than the config says
-    assert merges(114, 2) and not merges(128, 16)
-    monkeypatch.setattr(ta_mosaic_gpu, "MERGE_IN_KERNEL", False)
-    assert not merges(100, 16)
-
-
 def test_auto_split_fills_one_wave_at_decode_shapes():
     config = ta.TuningConfig()
     kv_blocks = 2048 // config.block_kv + 1
@@ -426,16 +350,9 @@ class TestPackedMosaicGpu(TestMosaicGpu):
     def run(self, args, config):
         return jax.jit(lambda *a: ta.tree_attention_packed(*a, implementation="pallas", config=config))(*pack(args))
 
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not ta_ops._on_hopper(), reason="needs an H100/H200")
-@pytest.mark.usefixtures("merge_in_kernel")
-class TestMosaicGpuMergeInKernel(TestMosaicGpu):
-    """The kernel's splits merged inside it (``MERGE_IN_KERNEL``) where D = 128 and the grid fits one wave: every case
-    of the suite (the D = 64 ones take the separate merge), Qwen3-8B shapes with an AR step's one node among them."""
-
     @pytest.mark.parametrize("n", [1, 5])
-    def test_qwen3_8b_few_nodes_packed(self, n):
+    def test_qwen3_8b_few_nodes(self, n):
+        """An AR step's one node and a small tree over a 1k prefix at Qwen3-8B's heads."""
         args, visible = make_inputs(1, n, 32, 8, 128, 2048, "random", [1000], seed=n)
         out = jax.jit(lambda *a: ta.tree_attention_packed(*a, implementation="pallas"))(*pack(args))
         err = np.abs(np.asarray(out, np.float64) - oracle(*args[:-1], visible))

@@ -30,8 +30,10 @@ of its own where shared memory allows, so both stores are in flight at once; els
 the output tile's once TMA has read the partial), and a jnp combine
 (``_combine``) weights them: ``o = sum_s 2**(lse_s - m) o_s / sum_s 2**(lse_s - m)``.
 Elementwise throughout, so XLA makes it one kernel (``scripts/h200/combine_probe.py``); with ``COMBINE_KERNEL``
-it is one Mosaic GPU kernel of the same operations instead (``_combine_kernel``); with ``MERGE_IN_KERNEL`` (opt-in,
-not timed yet) the splits merge inside this kernel (``_merge_in_kernel``).
+it is one Mosaic GPU kernel of the same operations instead (``_combine_kernel``). The merge inside this kernel
+(the row block's CTAs meeting at a GMEM semaphore) was built and timed on the H200: its merge lengthened the kernel by
+what the merge kernel took, and XLA added a memset of the semaphores a call, so the AR step went 4.405 -> 4.457 ms
+(docs/results/2026-12-02-merge-in-kernel-h200/; the code is at commit ``f565ca6``).
 The auto split (``TuningConfig.splits``) keeps ``B * Hkv * row blocks * splits`` at
 about one wave of 132 SMs: B=1, Hkv=8, n=16 (one row block) gets 16 splits of a 2k
 prefix.
@@ -57,9 +59,7 @@ Not done yet (in expected order of gain): warp specialisation (a TMA warpgroup a
 two compute warpgroups ping-ponging softmax and wgmma, as in FA3 / ``attention_mgpu``);
 async wgmma so ``Q K^T`` of the next block overlaps the softmax; two compute
 warpgroups per CTA (block_m = 128) so the prefix is re-read by half as many row blocks
-(16 per KV head at n = 256, G = 4); the combine inside this kernel timed (built, off: ``MERGE_IN_KERNEL``, where
-a row block's CTAs meet at a GMEM semaphore and each merges some of its nodes; it saves a launch and a serial step,
-not the f32 partials' traffic, which a cluster's distributed shared memory would).
+(16 per KV head at n = 256, G = 4).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import pdl
-from pallas_kernels.split_k import exit_wait, num_sms
+from pallas_kernels.split_k import exit_wait
 from pallas_kernels.tma import pad_for_tma
 from pallas_kernels.tree_attention.ancestors import WORD_BITS, num_words
 from pallas_kernels.tree_attention.config import TuningConfig
@@ -158,7 +158,6 @@ def _kernel_call(
     interpret,
     early_cache: bool,
     lse_apart: bool,
-    merge_here: bool,
 ):
     """The ``(B, Hkv, row blocks, splits)`` grid over ``n_pad`` nodes (``q`` may hold fewer: TMA reads zeros past
     them and stores nothing there); returns the output ``[B, n, Hkv, G, D]``, plus lse when ``splits > 1``.
@@ -169,9 +168,7 @@ def _kernel_call(
 
     ``early_cache``: the PDL grid-dependency wait (``pdl.begin_kernel``) comes after the prefix pipeline's first loads
     and before anything else is read (q, the ancestor words, the tree's K/V), instead of first thing. ``lse_apart``
-    (split only): the lse tile goes through a buffer of its own, so its store does not wait for the output's.
-    ``merge_here`` (split only; the grid must fit in one wave, ``_merges_in_kernel``): the splits of a row block merge
-    their partials themselves after a GMEM semaphore (``_merge_in_kernel``), and a third output holds the result."""
+    (split only): the lse tile goes through a buffer of its own, so its store does not wait for the output's."""
     b, n_q, _, d = q.shape
     capacity, hkv, g = k_cache.shape[1], k_cache.shape[2], groups
     q0, k0, v0 = head0
@@ -188,8 +185,8 @@ def _kernel_call(
 
     def tree_attention_body(q_ref, k_cache_ref, v_cache_ref, lengths_ref, k_tree_ref, v_tree_ref, bits_ref,
                               *refs):  # its name in profiles (CUPTI)
-        outputs = 1 if final else 3 if merge_here else 2
-        out_ref, lse_ref, merged_ref = (*refs[:outputs], None, None)[:3]
+        outputs = 1 if final else 2
+        out_ref, lse_ref = (*refs[:outputs], None)[:2]
         q_smem, bits_smem, out_smem, lse_smem, p_smem, load_barrier = refs[outputs:]
         bi, hi = lax.axis_index("b"), lax.axis_index("h")
         row_block, split = lax.axis_index("rows"), lax.axis_index("split")
@@ -322,10 +319,6 @@ def _kernel_call(
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             lse = jnp.where(seen, row_max + jnp.log(row_sum) * _LOG2E, _EMPTY_LSE)
             store(lax.broadcast_in_dim(lse, (block_m, d), [0]), out_smem if lse_smem is None else lse_smem, lse_ref)
-        if merge_here:
-            _merge_in_kernel(out_ref, lse_ref, merged_ref, group=(bi * hkv + hi) * row_blocks + row_block,
-                             groups=b * hkv * row_blocks, split=split, splits=splits, nodes=nodes, node0=node0,
-                             n_q=n_q, bi=bi, hi=hi, dtype=dtype)
         exit_wait()
 
     if final:
@@ -334,7 +327,7 @@ def _kernel_call(
         out_type = (
             jax.ShapeDtypeStruct((splits, b, n_q, hkv, g, d), jnp.float32),
             jax.ShapeDtypeStruct((splits, b, n_q, hkv, g, d), jnp.float32),
-        ) + ((jax.ShapeDtypeStruct((b, n_q, hkv, g, d), dtype),) if merge_here else ())
+        )
     scratch = (
         plgpu.SMEM((block_m, d), dtype, transforms=_smem_transforms(d, dtype)),
         plgpu.SMEM(row_bits.shape[2:], jnp.uint32),
@@ -353,46 +346,6 @@ def _kernel_call(
         interpret=interpret,
     )
     return call(q, k_cache, v_cache, lengths, k_tree, v_tree, row_bits)
-
-
-def _merge_in_kernel(parts_ref, lse_ref, merged_ref, *, group, groups, split, splits, nodes, node0, n_q, bi, hi,
-                     dtype):
-    """The row block's splits merge their own partials: each CTA, once its partial and lse are in GMEM, signals the
-    row block's GMEM semaphore, waits until all ``splits`` have, then merges its share of the block's nodes
-    (``_merge_rows``).
-
-    Every CTA of a row block waits for the others, so all must be resident at once: the caller only asks for this when
-    the grid fits in one wave (``_merges_in_kernel``). Under PDL the kernel's dependents launch only once every CTA of
-    it has started (each triggers them in ``pdl.begin_kernel``), so no waiting dependent holds an SM a peer needs. The
-    semaphores are GMEM scratch (Mosaic GPU's ``get_global``) that XLA zeroes before each launch, an op of its own (a
-    memset or a fill kernel: what it costs is for the kernel split to say, against the merge kernel's 1.6-1.9 us); the
-    TMA writes are complete (not only read out of SMEM) before the release-ordered signal, and the wait ends with an
-    acquire fence."""
-    sems = pl.get_global(plgpu.SemaphoreType.REGULAR((groups,)))
-    plgpu.wait_smem_to_gmem(0)
-    plgpu.semaphore_signal(sems.at[group], 1, memory_scope="gpu")
-    plgpu.semaphore_wait(sems.at[group], splits, decrement=False, memory_scope="gpu")
-    _merge_rows(parts_ref, lse_ref, merged_ref, split=split, splits=splits, nodes=nodes, node0=node0, n_q=n_q, bi=bi,
-                hi=hi, dtype=dtype)
-
-
-def _merge_rows(parts_ref, lse_ref, merged_ref, *, split, splits, nodes, node0, n_q, bi, hi, dtype):
-    """Split ``split``'s share of a row block's merge: nodes ``node0 + split, node0 + split + splits, ...`` below
-    ``node0 + nodes`` and ``n_q``, each node's ``[G, D]`` values of every split (loaded first, so their latencies
-    overlap) merged by ``_merge_splits``, so it rounds as the separate merges do, into ``merged_ref`` in ``dtype``.
-    A loop over the nodes and whole ``[G, D]`` rows: unrolled over nodes and heads, the merge made the kernel's
-    lowering 2.3 s a call site (0.45 s without it), ~60 s more for a drafter benchmark's 30 sites; now 0.65 s."""
-
-    @pl.loop(0, _cdiv(nodes, splits))
-    def _merge_node(i):
-        local = split + i * splits
-        node = node0 + local
-
-        @pl.when((local < nodes) & (node < n_q))
-        def _merge():
-            lses = [lse_ref[s, bi, node, hi] for s in range(splits)]
-            parts = [parts_ref[s, bi, node, hi] for s in range(splits)]
-            merged_ref[bi, node, hi] = _merge_splits(lses, parts).astype(dtype)
 
 
 def split_ranges(prefix_blocks, tree_blocks: int, split, splits: int):
@@ -472,30 +425,6 @@ is all the package's kernels (the o projection after the merge then starts its w
 it took 60.0 us a decode step against XLA's 56.5 (36 calls); inside XLA's command buffers PDL overlaps nothing, and
 without them XLA launches its own fusions as programmatic dependents too (docs/results/2026-12-01-pdl-early-loads-h200/).
 ``bench_roofline.py --combine-kernel`` (rows ``chain_*``). Read at trace time."""
-
-
-MERGE_IN_KERNEL = False
-"""Merge the splits inside the attention kernel (``_merge_in_kernel``: the row block's CTAs meet at a GMEM semaphore,
-then each merges some of its nodes) instead of in a kernel after it, where the grid fits in one wave. Why: the merge
-after the kernel is a launch and a serial step of its own (1.6-1.9 us on the H200, 36 a Qwen3-8B decode step, 5 a
-DFlash-b16 drafter pass). Interpret mode runs no GMEM semaphore, so the CPU tests check its lowering and its merge
-(``_merge_rows``, in a kernel of its own), the GPU tests the whole. ``bench_roofline.py --merge-in-kernel``. Read at
-trace time.
-
-Off, and not timed yet: its GPU tests passed on the H200 (11 cases, 5 of them merging in the kernel: 1 to 64 nodes,
-D = 128), but both drafter benchmarks with it ran past their job timeouts (125 and 175 s, where the same job without it
-takes 102-121 s) and their logs were not kept, so a hang was not told apart from slow tracing (``_merge_rows`` says what
-the first form's lowering cost; the loop that replaced it awaits its GPU run). ``scripts/h200/merge_probe.py`` tells the
-two apart (docs/results/2026-12-02-drafter-qkv-merge-h200/)."""
-
-
-def _merges_in_kernel(ctas: int, splits: int, d: int, config: TuningConfig, interpret) -> bool:
-    """``MERGE_IN_KERNEL`` applies: split, on a GPU, ``D`` a whole number of the warpgroup's 128 threads (the merge
-    moves rows of ``D`` values) and every CTA resident at once: at most one a streaming multiprocessor, counting the
-    device's (an H100 PCIe has 114) as well as ``config.num_sms``, since the CTAs of a row block wait for each other
-    and a grid beyond one wave could wait on CTAs that never start."""
-    resident = min(config.num_sms, num_sms())
-    return MERGE_IN_KERNEL and splits > 1 and interpret is None and d % 128 == 0 and ctas <= resident
 
 
 def _combine_kernel(out_parts, lse, dtype, interpret):
@@ -608,7 +537,6 @@ def _attend(q_src, k_src, v_src, head0, hq, k_cache, v_cache, lengths, ancestor_
         )
     row_bits = _row_bits(ancestor_bits, n, n_pad, nodes, g, row_words)
     lengths = lengths.astype(jnp.int32)  # clipped to [0, S] in the kernel
-    merge_here = _merges_in_kernel(b * hkv * (n_pad // nodes) * splits, splits, d, config, interpret)
     result = _kernel_call(
         q_src,
         k_cache,
@@ -627,12 +555,9 @@ def _attend(q_src, k_src, v_src, head0, hq, k_cache, v_cache, lengths, ancestor_
         interpret=interpret,
         early_cache=cache_settled and pdl.ENABLED,
         lse_apart=lse_apart,
-        merge_here=merge_here,
     )
     if splits == 1:
         out = result
-    elif merge_here:
-        out = result[2]
     else:
         merged = _combine_kernel(*result, q_src.dtype, interpret) if COMBINE_KERNEL else None
         out = _combine(*result) if merged is None else merged

@@ -33,13 +33,12 @@ import numpy as np
 from pallas_kernels.add_rms_norm import add_rms_norm
 from pallas_kernels.add_rms_norm.reference import rms_norm
 from pallas_kernels.qk_norm_rope import apply_rope, qk_norm_rope
-from pallas_kernels.swiglu import swiglu
 from pallas_kernels.tree_attention import dense_to_ancestor_bits, tree_attention_packed, unpack_heads
 from specpilot.models.config import DrafterConfig
 from specpilot.models.kv_cache import KVCache, init_cache, write_layer
 from specpilot.models.target import ATTENTION, fused_attention, rope_tables
 from specpilot.models.target import attention as dense_attention
-from specpilot.models.weights import DrafterWeights, linear
+from specpilot.models.weights import DrafterWeights, linear, linear_swiglu
 
 
 def init_context(cfg: DrafterConfig, batch: int, capacity: int, dtype) -> KVCache:
@@ -165,6 +164,6 @@ def _block_pass(weights, cfg, embed, lm_head, ctx: KVCache, block_tokens, block_
             attn = (dense_attention(q, keys, vals, mask) if attention == "xla"
                     else fused_attention(q, keys, vals, mask, attention))
         h, x = add_rms_norm(h, linear(attn, lw.w_o, reduce=False), lw.mlp_norm, lc.rms_norm_eps)
-        update = linear(swiglu(linear(x, lw.w_gate_up, reduce=False)), lw.w_down, reduce=False)
+        update = linear(linear_swiglu(x, lw.w_gate_up), lw.w_down, reduce=False)
     h = add_rms_norm(h, update, weights.final_norm, lc.rms_norm_eps)[1]
     return linear(h, lm_head).astype(jnp.float32), KVCache(k=k_all, v=v_all, lengths=lengths)

@@ -20,7 +20,8 @@ Attention implementations (`forward(..., attention=)`, the engines' `attention` 
 
 After the q|k|v projection, `pallas_kernels.qk_norm_rope` norms q's and k's heads (Qwen3) and rotates them: XLA's
 fusions, or with its `DEFAULT` set to `mosaic_gpu` one kernel that also adds the projection's K splits. The MLP's
-activation is `pallas_kernels.swiglu` (XLA's fusion, or its kernel reading the gate|up kernel's padded output).
+activation is `pallas_kernels.swiglu` (XLA's fusion, or its kernel reading the gate|up kernel's padded output), or
+with `swiglu_matmul`'s `DEFAULT` set the gate|up kernel's epilogue (`weights.linear_swiglu`).
 """
 
 from __future__ import annotations
@@ -34,11 +35,10 @@ import numpy as np
 
 from pallas_kernels.add_rms_norm import add_rms_norm
 from pallas_kernels.qk_norm_rope import qk_norm_rope
-from pallas_kernels.swiglu import swiglu  # the MLP's activation, rounded once (its reference says why)
 from pallas_kernels.tree_attention import dense_to_ancestor_bits, tree_attention, tree_attention_packed, unpack_heads
 from specpilot.models.config import ModelConfig, rope_inv_freq
 from specpilot.models.kv_cache import KVCache, write_layer
-from specpilot.models.weights import Layer, TargetWeights, linear
+from specpilot.models.weights import Layer, TargetWeights, linear, linear_swiglu
 
 NEG_INF = -1e30
 
@@ -126,7 +126,7 @@ def _layer(cfg: ModelConfig, lw: Layer, i: int, x, h, cos, sin, cache: KVCache, 
         attn = tree_attention_packed(heads, cache.k[i], cache.v[i], cache.lengths, tree_bits, cache_settled=True)
         attn = attn.reshape(b, t, -1)
     x, h = add_rms_norm(x, linear(attn, lw.w_o, reduce=False), lw.mlp_norm, cfg.rms_norm_eps)
-    return x, linear(swiglu(linear(h, lw.w_gate_up, reduce=False)), lw.w_down, reduce=False), cache, (k, v)
+    return x, linear(linear_swiglu(h, lw.w_gate_up), lw.w_down, reduce=False), cache, (k, v)
 
 
 def forward(

@@ -10,7 +10,8 @@ fused at load time (one weight read per step instead of three / two). A linear l
 - a `pallas_kernels.w12.W12Array` (lossless 12-bit bf16).
 
 `linear(x, w)` is the only place that knows about formats, so model code never changes when the
-weight format does.
+weight format does; `linear_swiglu(x, w_gate_up)` is the MLP's gate|up projection with its activation, which a
+bf16 leaf may run as one kernel (`pallas_kernels.swiglu_matmul`).
 """
 
 from __future__ import annotations
@@ -79,6 +80,19 @@ def linear(x: jax.Array, w: Any, reduce: bool = True):
     from pallas_kernels import skinny_matmul
 
     return skinny_matmul.matmul(x, w, reduce=reduce)
+
+
+def linear_swiglu(x: jax.Array, w_gate_up: Any) -> jax.Array:
+    """The MLP's activation of its fused gate|up projection, `swiglu(linear(x, w_gate_up))`: for a bf16 leaf
+    `pallas_kernels.swiglu_matmul` (the SwiGLU in the matmul's epilogue where its `DEFAULT` asks for it, else the
+    two steps as before); other formats take the two steps."""
+    from pallas_kernels.swiglu import swiglu
+
+    if isinstance(w_gate_up, QuantArray) or _is_w12(w_gate_up):
+        return swiglu(linear(x, w_gate_up, reduce=False))
+    from pallas_kernels.swiglu_matmul import swiglu_matmul
+
+    return swiglu_matmul(x, w_gate_up)
 
 
 @jax.tree_util.register_dataclass

@@ -1,0 +1,69 @@
+"""The public gate|up projection + SwiGLU: one entry point, the implementation picked per backend and size.
+
+What runs when (``implementation=None``):
+- ``DEFAULT == "mosaic_gpu"``, a Hopper GPU, at most ``MAX_TOKENS`` token rows, bf16 ``x`` and ``w_gate_up``, an
+  intermediate size a multiple of 64 and ``K`` of ``tile_k``: the fused kernel (``mosaic_gpu.py``);
+- anything else: what the models ran before it, ``swiglu(skinny_matmul.matmul(x, w_gate_up, reduce=False))`` (each
+  of the two on its own kernel or XLA's, as their own ``DEFAULT`` says); on a Hopper an unsupported shape logs a
+  warning at trace time, so a fallback is never silent.
+Naming an implementation disables the fallback, which is what tests and benchmarks want (``"xla"``: the jnp
+reference).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Literal
+
+import jax
+
+from pallas_kernels import skinny_matmul, swiglu
+from pallas_kernels.device import on_hopper as _on_hopper  # a module name tests can patch
+from pallas_kernels.swiglu_matmul.reference import swiglu_matmul_reference
+
+_log = logging.getLogger(__name__)
+
+Implementation = Literal["xla", "mosaic_gpu"]
+_IMPLEMENTATIONS = ("xla", "mosaic_gpu")
+DEFAULT: Implementation = "xla"
+"""``"xla"`` until timed on the H200 (``bench_roofline.py --swiglu-matmul mosaic_gpu``): the two kernels it replaces
+stay the default path. Read at trace time."""
+MAX_TOKENS = 32
+"""Above this many token rows, the unfused path: a decode step's one row and a DFlash-b16 drafter's 16 (24 in a
+round) take the kernel when it is on; a 64-node verify keeps XLA's dot, which is faster there
+(``skinny_matmul.ops.MAX_TOKENS`` says why)."""
+
+
+def _kernel_chosen(x: jax.Array) -> bool:
+  return DEFAULT == "mosaic_gpu" and math.prod(x.shape[:-1]) <= MAX_TOKENS and _on_hopper()
+
+
+def _mosaic_gpu(x, w_gate_up):
+  from pallas_kernels.swiglu_matmul import mosaic_gpu  # lazy: needs a Mosaic GPU capable jaxlib
+
+  return mosaic_gpu.swiglu_matmul(x, w_gate_up)
+
+
+def _unfused(x, w_gate_up):
+  return swiglu.swiglu(skinny_matmul.matmul(x, w_gate_up, reduce=False))
+
+
+def swiglu_matmul(x: jax.Array, w_gate_up: jax.Array, *, implementation: Implementation | None = None) -> jax.Array:
+  """``silu(x @ W_gate) * (x @ W_up)`` for ``w_gate_up`` ``[K, 2 I]`` (gate columns first), ``[..., I]`` in
+  ``x.dtype``, rounded as ``reference.swiglu_matmul_reference`` says. Like ``skinny_matmul.matmul``, the kernel loads
+  its first weight tiles before the PDL wait: ``w_gate_up`` must not be written by the kernel just before it."""
+  if implementation not in (None, *_IMPLEMENTATIONS):
+    raise ValueError(f"unknown swiglu_matmul implementation {implementation!r}; expected one of {_IMPLEMENTATIONS}")
+  if implementation == "mosaic_gpu":
+    return _mosaic_gpu(x, w_gate_up)
+  if implementation == "xla":
+    return swiglu_matmul_reference(x, w_gate_up)
+  if not _kernel_chosen(x):
+    return _unfused(x, w_gate_up)
+  try:
+    return _mosaic_gpu(x, w_gate_up)
+  except (NotImplementedError, ImportError) as e:
+    _log.warning("swiglu matmul falls back to two kernels for x%s %s, W%s %s: %s", x.shape, x.dtype,
+                 w_gate_up.shape, w_gate_up.dtype, e)
+    return _unfused(x, w_gate_up)

@@ -1,0 +1,163 @@
+"""The gate|up projection with SwiGLU in its epilogue against its jnp reference (``swiglu(x @ w_gate_up)``): in Pallas
+GPU-interpret mode on CPU, cross-lowered for sm_90, through the public dispatch and the weight-leaf dispatch, and on
+an H100/H200 (marked gpu)."""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels import skinny_matmul, swiglu
+from pallas_kernels.swiglu_matmul import mosaic_gpu as sm_mosaic_gpu
+from pallas_kernels.swiglu_matmul import ops as sm_ops
+from pallas_kernels.swiglu_matmul import swiglu_matmul, swiglu_matmul_reference
+from specpilot.models import weights
+
+INTERPRET = plgpu.InterpretGPUParams()
+Config = sm_mosaic_gpu.TuningConfig
+
+
+def random_pair(lead, k, inter, seed):
+  """bf16 ``x`` and ``w_gate_up`` whose gate channels span four decades of scale (silu's tails and its near-zero
+  region both show) and whose up channels differ from the gate's, so a swapped or shifted column block shows."""
+  kx, kw, ks = jax.random.split(jax.random.key(seed), 3)
+  x = jax.random.normal(kx, (*lead, k))
+  scale = jnp.exp(jax.random.uniform(ks, (2 * inter,), minval=np.log(1e-2), maxval=np.log(1e2)))
+  w = jax.random.normal(kw, (k, 2 * inter)) * scale / np.sqrt(k)
+  return x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
+
+
+def assert_close(got, x, w):
+  """Equal to the reference but where the projection's f32 sums, added in another order, round to a neighbouring
+  bf16 value: the difference then stays within what one bf16 step of gate and of up can move ``silu(gate) * up``
+  (and one step of the output's own rounding)."""
+  want = swiglu_matmul_reference(x, w)
+  assert got.shape == want.shape and got.dtype == want.dtype
+  proj = np.asarray(x, np.float64).reshape(-1, x.shape[-1]) @ np.asarray(w, np.float64)
+  gate, up = np.split(proj, 2, axis=-1)
+  sig = 1 / (1 + np.exp(-gate))
+  sensitivity = np.abs(sig * (1 + gate * (1 - sig)) * gate * up) + np.abs(gate * sig * up)
+  a = np.asarray(got, np.float64).reshape(gate.shape)
+  b = np.asarray(want, np.float64).reshape(gate.shape)
+  bad = np.abs(a - b) > 2.0**-7 * (sensitivity + np.abs(b)) + 1e-30
+  assert not bad.any(), f"{bad.sum()} of {bad.size} outputs off, first at {np.argwhere(bad)[0]}"
+  assert np.mean(a == b) > 0.95
+
+
+class SwigluMatmulSuite:
+  def run(self, x, w, config):
+    raise NotImplementedError
+
+  @pytest.mark.parametrize(
+      "lead,k,inter,config",
+      [
+          ((1,), 256, 128, Config()),  # decode: one row, 2 channel blocks x 2 K steps
+          ((5,), 384, 192, Config(max_concurrent_steps=2)),  # 3 K steps through 2 slots: slots refilled
+          ((20,), 256, 64, Config(tile_m=8, tile_k=64)),  # 3 token blocks, 4 steps
+          ((2, 3), 512, 128, Config(tile_k=256, max_concurrent_steps=1)),  # leading dims, one slot
+      ],
+  )
+  def test_matches_reference(self, lead, k, inter, config):
+    x, w = random_pair(lead, k, inter, seed=k + inter + len(lead))
+    assert_close(self.run(x, w, config), x, w)
+
+
+class TestMosaicGpuInterpret(SwigluMatmulSuite):
+  def run(self, x, w, config):
+    return sm_mosaic_gpu.swiglu_matmul(x, w, config=config, interpret=INTERPRET)
+
+  def test_unsupported_and_bad_inputs(self):
+    x, w = random_pair((2,), 256, 128, seed=0)
+    with pytest.raises(ValueError, match="x has 128 features, w_gate_up expects 256"):
+      self.run(x[:, :128], w, None)
+    with pytest.raises(ValueError, match="odd width 255"):
+      self.run(x, w[:, :255], None)
+    with pytest.raises(NotImplementedError, match="bf16"):
+      self.run(x.astype(jnp.float32), w, None)
+    with pytest.raises(NotImplementedError, match="intermediate size 96"):
+      self.run(x, w[:, :192], None)
+    with pytest.raises(NotImplementedError, match="K=192 is not a multiple of tile_k=128"):
+      self.run(x[:, :192], w[:192], None)
+
+
+def test_config_rejects_bad_tiles():
+  with pytest.raises(ValueError, match="tile_m"):
+    Config(tile_m=12)
+  with pytest.raises(ValueError, match="tile_k"):
+    Config(tile_k=96)
+  with pytest.raises(ValueError, match="max_concurrent_steps"):
+    Config(max_concurrent_steps=0)
+
+
+@pytest.mark.parametrize("m", [1, 16])
+def test_lowers_for_cuda_as_one_kernel_with_its_swiglu(m):
+  """At Qwen3-8B's gate|up shape (4096 x 2 * 12288) the program is the one Mosaic GPU call: no XLA SwiGLU (no
+  exponential) and no slice, pad or sum after it; the call writes the ``[M, I]`` activation itself."""
+  sds = jax.ShapeDtypeStruct
+  run = jax.jit(lambda x, w: sm_mosaic_gpu.swiglu_matmul(x, w))
+  hlo = run.trace(sds((m, 4096), jnp.bfloat16), sds((4096, 24576), jnp.bfloat16)).lower(
+      lowering_platforms=("cuda",)).as_text()
+  (call,) = [line for line in hlo.splitlines() if "stablehlo.custom_call" in line]
+  assert f"-> tensor<{m}x12288xbf16>" in call
+  ops = {line.split("=", 1)[1].split()[0] for line in hlo.splitlines() if " = stablehlo." in line}
+  assert ops == {"stablehlo.custom_call"}, ops
+
+
+def test_named_implementations_and_unknown_name():
+  x, w = random_pair((3,), 256, 64, seed=4)
+  np.testing.assert_array_equal(np.asarray(swiglu_matmul(x, w, implementation="xla")),
+                                np.asarray(swiglu_matmul_reference(x, w)))
+  with pytest.raises(ValueError, match="unknown swiglu_matmul implementation 'triton'"):
+    swiglu_matmul(x, w, implementation="triton")
+
+
+def test_default_is_the_two_step_path_the_models_ran_before(monkeypatch):
+  """Off (``DEFAULT = "xla"``) or above ``MAX_TOKENS`` rows, the dispatch is ``swiglu(skinny_matmul.matmul(...))``
+  with each step's own choice, bit for bit."""
+  x, w = random_pair((2,), 256, 128, seed=5)
+  before = swiglu.swiglu(skinny_matmul.matmul(x, w, reduce=False))
+  np.testing.assert_array_equal(np.asarray(swiglu_matmul(x, w)), np.asarray(before))
+  monkeypatch.setattr(sm_ops, "DEFAULT", "mosaic_gpu")
+  monkeypatch.setattr(sm_ops, "_on_hopper", lambda: True)
+  many, _ = random_pair((sm_ops.MAX_TOKENS + 1,), 256, 128, seed=6)
+  np.testing.assert_array_equal(np.asarray(swiglu_matmul(many, w)),
+                                np.asarray(swiglu.swiglu(skinny_matmul.matmul(many, w, reduce=False))))
+
+
+def test_unsupported_shape_falls_back_loudly(monkeypatch, caplog):
+  monkeypatch.setattr(sm_ops, "DEFAULT", "mosaic_gpu")
+  monkeypatch.setattr(sm_ops, "_on_hopper", lambda: True)
+  x, w = random_pair((1,), 256, 96, seed=7)  # I = 96: no whole 64-channel blocks
+  with caplog.at_level(logging.WARNING, logger=sm_ops.__name__):
+    out = swiglu_matmul(x, w)
+  assert "falls back to two kernels" in caplog.text
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(swiglu.swiglu(skinny_matmul.matmul(x, w))))
+
+
+def test_weight_leaf_dispatch():
+  """A bf16 leaf goes through ``swiglu_matmul``; an int8 leaf keeps its own matmul, then SwiGLU."""
+  x, w = random_pair((2,), 256, 128, seed=8)
+  np.testing.assert_array_equal(np.asarray(weights.linear_swiglu(x, w)), np.asarray(swiglu_matmul(x, w)))
+  q = weights.quantize(w, "int8")
+  np.testing.assert_array_equal(np.asarray(weights.linear_swiglu(x, q)),
+                                np.asarray(swiglu.swiglu(weights.linear(x, q))))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not sm_ops._on_hopper(), reason="needs an H100/H200")
+class TestMosaicGpu(SwigluMatmulSuite):
+  def run(self, x, w, config):
+    return jax.jit(lambda a, b: sm_mosaic_gpu.swiglu_matmul(a, b, config=config))(x, w)
+
+  @pytest.mark.parametrize("m", [1, 16, 24])
+  def test_qwen3_8b_shape(self, m):
+    x, w = random_pair((m,), 4096, 12288, seed=m)
+    assert_close(self.run(x, w, None), x, w)
+
+  def test_through_the_dispatch(self, monkeypatch):
+    monkeypatch.setattr(sm_ops, "DEFAULT", "mosaic_gpu")
+    x, w = random_pair((1,), 4096, 12288, seed=9)
+    assert_close(jax.jit(weights.linear_swiglu)(x, w), x, w)

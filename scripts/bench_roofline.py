@@ -888,6 +888,12 @@ def apply_kernel_settings(spec: dict) -> dict:
         from pallas_kernels.swiglu_matmul import ops as swiglu_matmul_ops
 
         swiglu_matmul_ops.DEFAULT = spec["swiglu_matmul"]
+    if spec.get("swiglu_matmul_config"):
+        from pallas_kernels.swiglu_matmul import mosaic_gpu as swiglu_matmul_mosaic_gpu
+
+        tile_k, steps = spec["swiglu_matmul_config"]
+        swiglu_matmul_mosaic_gpu.DEFAULT_CONFIG = swiglu_matmul_mosaic_gpu.TuningConfig(
+            tile_k=tile_k, max_concurrent_steps=steps)
     if spec.get("combine_kernel"):
         from pallas_kernels.tree_attention import mosaic_gpu as ta_mosaic_gpu
 
@@ -920,6 +926,7 @@ def apply_kernel_settings(spec: dict) -> dict:
     res["rope"] = spec.get("rope") or "default"
     res["swiglu"] = spec.get("swiglu") or "default"
     res["swiglu_matmul"] = spec.get("swiglu_matmul") or "default"
+    res["swiglu_matmul_config"] = spec.get("swiglu_matmul_config")
     res["combine_kernel"] = bool(spec.get("combine_kernel"))
     res["pdl"] = bool(spec.get("pdl"))
     return res
@@ -1007,6 +1014,8 @@ def parse_args(argv=None):
     ap.add_argument("--swiglu-matmul", choices=("xla", "mosaic_gpu"), default=None,
                     help="the gate|up projection with SwiGLU in its epilogue in every JAX job (mosaic_gpu: one kernel "
                          "for few rows; sets swiglu_matmul.ops.DEFAULT; default: leave it as it is)")
+    ap.add_argument("--swiglu-matmul-config", type=int, nargs=2, default=None, metavar=("TILE_K", "STEPS"),
+                    help="that kernel's tile_k and max_concurrent_steps (swiglu_matmul.mosaic_gpu.DEFAULT_CONFIG)")
     ap.add_argument("--combine-kernel", action="store_true",
                     help="the tree-attention kernel's split merge on its Mosaic GPU kernel in every JAX job (sets "
                          "tree_attention.mosaic_gpu.COMBINE_KERNEL)")
@@ -1073,6 +1082,7 @@ def settings(args) -> dict:
         "rope": args.rope,
         "swiglu": args.swiglu,
         "swiglu_matmul": args.swiglu_matmul,
+        "swiglu_matmul_config": args.swiglu_matmul_config,
         "combine_kernel": args.combine_kernel,
         "pdl": args.pdl,
         "drafter_layers": 1 if q else 5,
@@ -1559,7 +1569,8 @@ def markdown(rep: dict) -> str:
         f"Matmuls: `{s.get('matmul') or 'default'}`"
         + (f" (at most rows: {' '.join(s['skinny_max_tokens'])})" if s.get("skinny_max_tokens") else "") + ". "
         f"Residual add + RMSNorm: `{s.get('norm') or 'default'}`. q/k norm + rope: `{s.get('rope') or 'default'}`. "
-        f"SwiGLU: `{s.get('swiglu') or 'default'}`, in the gate|up matmul: `{s.get('swiglu_matmul') or 'default'}`. "
+        f"SwiGLU: `{s.get('swiglu') or 'default'}`, in the gate|up matmul: `{s.get('swiglu_matmul') or 'default'}`"
+        + (f" (tile_k, steps {tuple(s['swiglu_matmul_config'])})" if s.get("swiglu_matmul_config") else "") + ". "
         f"Attention merge: "
         f"`{'kernel' if s.get('combine_kernel') else 'xla'}`. PDL: `{bool(s.get('pdl'))}` (rows may set their own).",
         (f"- Roofline = bytes of weights + KV read ÷ measured read bandwidth ({bw}) and ÷ 4.3 TB/s (nominal copy "

@@ -348,6 +348,26 @@ def test_chain_rows_carry_their_kernels_to_their_jobs(tmp_path):
             m.DEFAULT = default
 
 
+def test_swiglu_matmul_reaches_the_jobs_and_the_report(tmp_path, monkeypatch):
+    """``--swiglu-matmul`` and its ``--swiglu-matmul-config`` are in every job's spec, a job given them sets the
+    kernel's dispatch and tiles, and the report's header names them."""
+    from pallas_kernels.swiglu_matmul import mosaic_gpu as sm_mosaic_gpu
+    from pallas_kernels.swiglu_matmul import ops as sm_ops
+
+    br = _load_script()
+    args = br.parse_args(["--quick", "--variants", "rope_decode_loop", "drafter", "--swiglu-matmul", "mosaic_gpu",
+                          "--swiglu-matmul-config", "64", "6"])
+    jobs, _ = br.plan_jobs(args, br.settings(args), tmp_path, br.selected_variants(args))
+    assert jobs and all(j.spec["swiglu_matmul"] == "mosaic_gpu" for j in jobs)
+    monkeypatch.setattr(sm_ops, "DEFAULT", "xla")
+    monkeypatch.setattr(sm_mosaic_gpu, "DEFAULT_CONFIG", sm_mosaic_gpu.TuningConfig())
+    res = br.apply_kernel_settings(jobs[0].spec)
+    assert (res["swiglu_matmul"], sm_ops.DEFAULT) == ("mosaic_gpu", "mosaic_gpu")
+    assert sm_mosaic_gpu.DEFAULT_CONFIG == sm_mosaic_gpu.TuningConfig(tile_k=64, max_concurrent_steps=6)
+    rep = br.build_report(br.settings(args), {"rope_decode_loop": {"ms": 4.4}}, [], ["rope_decode_loop"], None, 1.0)
+    assert "in the gate|up matmul: `mosaic_gpu` (tile_k, steps (64, 6))" in br.markdown(rep)
+
+
 def test_a_job_that_does_not_end_well_leaves_its_last_log_lines_in_the_report(tmp_path, monkeypatch):
     """A job cut by its timeout (or failing) keeps the last lines of its log in its record and in the markdown, so a
     run whose logs folder stays on the GPU machine still says how far the job got; a job that ends well keeps none."""

@@ -1,5 +1,5 @@
-"""The H200 probes of the eleventh session run here, so a broken script fails on the CPU, not in device minutes:
-``fusion_flag_probe.py`` end to end on the tiny model, ``prefetch_probe.py``'s chain lowered for Hopper."""
+"""The H200 probes run here, so a broken script fails on the CPU, not in device minutes: ``fusion_flag_probe.py`` end
+to end on the tiny model, ``prefetch_probe.py``'s chain lowered for Hopper, ``swiglu_matmul_probe.py``'s configs."""
 
 import importlib.util
 import re
@@ -61,3 +61,17 @@ def test_prefetch_probe_chain_lowers_for_hopper(monkeypatch, mbytes):
   text = probe.chain(1, mbytes).trace(x, ws).lower(lowering_platforms=("cuda",)).as_text()
   kernels = len(re.findall(r"custom_call @mosaic_gpu", text))
   assert kernels == len(probe.SHAPES) * (2 if mbytes else 1), kernels
+
+
+def test_swiglu_matmul_probe_configs_are_valid_and_it_refuses_a_cpu(monkeypatch):
+  """Every pipeline config the probe times is a valid tuning config, and off a GPU it stops with a line naming the
+  backend (here, before any device minute is spent on a broken script)."""
+  probe = load_probe("swiglu_matmul_probe", monkeypatch)
+  from pallas_kernels.swiglu_matmul import mosaic_gpu
+
+  for tile_k, steps in probe.CONFIGS:
+    mosaic_gpu.TuningConfig(tile_k=tile_k, max_concurrent_steps=steps)
+    assert 4096 % tile_k == 0
+  monkeypatch.setattr("sys.argv", ["swiglu_matmul_probe.py", "--m", "1"])
+  with pytest.raises(SystemExit, match="needs a Hopper GPU; this backend is 'cpu'"):
+    probe.main()

@@ -1056,6 +1056,11 @@ def parse_args(argv=None):
     for item in args.skinny_max_tokens:
         if not re.fullmatch(r"(\d+x\d+=)?\d+", item):
             ap.error(f"--skinny-max-tokens: {item!r} is neither ROWS nor KxN=ROWS (e.g. 32 or 4096x4096=32)")
+    if args.swiglu_matmul_config:
+        tile_k, steps = args.swiglu_matmul_config
+        if tile_k <= 0 or tile_k % 64 or steps < 1:
+            ap.error(f"--swiglu-matmul-config: TILE_K must be a positive multiple of 64 and STEPS >= 1, got "
+                     f"{tile_k} {steps}")
     return args
 
 

@@ -348,7 +348,7 @@ def test_chain_rows_carry_their_kernels_to_their_jobs(tmp_path):
             m.DEFAULT = default
 
 
-def test_swiglu_matmul_reaches_the_jobs_and_the_report(tmp_path, monkeypatch):
+def test_swiglu_matmul_reaches_the_jobs_and_the_report(tmp_path, monkeypatch, capsys):
     """``--swiglu-matmul`` and its ``--swiglu-matmul-config`` are in every job's spec, a job given them sets the
     kernel's dispatch and tiles, and the report's header names them."""
     from pallas_kernels.swiglu_matmul import mosaic_gpu as sm_mosaic_gpu
@@ -366,6 +366,10 @@ def test_swiglu_matmul_reaches_the_jobs_and_the_report(tmp_path, monkeypatch):
     assert sm_mosaic_gpu.DEFAULT_CONFIG == sm_mosaic_gpu.TuningConfig(tile_k=64, max_concurrent_steps=6)
     rep = br.build_report(br.settings(args), {"rope_decode_loop": {"ms": 4.4}}, [], ["rope_decode_loop"], None, 1.0)
     assert "in the gate|up matmul: `mosaic_gpu` (tile_k, steps (64, 6))" in br.markdown(rep)
+    with pytest.raises(SystemExit):
+        br.parse_args(["--swiglu-matmul-config", "96", "3"])
+    assert "--swiglu-matmul-config: TILE_K must be a positive multiple of 64 and STEPS >= 1, got 96 3" in (
+        capsys.readouterr().err)
 
 
 def test_a_job_that_does_not_end_well_leaves_its_last_log_lines_in_the_report(tmp_path, monkeypatch):

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pallas_kernels.swiglu import swiglu  # the models' activation (`weights.linear_swiglu`'s default path)
 from specpilot.models import target
 from specpilot.models.hf import load_target
 from specpilot.models.kv_cache import advance, init_cache
@@ -176,6 +177,6 @@ def test_swiglu_rounds_once_from_the_bf16_projections():
     gate_up = jnp.asarray(rng.normal(0, 3, size=(4, 512)), jnp.bfloat16)
     g, u = np.split(np.asarray(gate_up, np.float64), 2, axis=-1)
     want = np.asarray(jnp.asarray(g / (1 + np.exp(-g)) * u, jnp.float32).astype(jnp.bfloat16), np.float32)
-    got = np.asarray(target.swiglu(gate_up), np.float32)
-    assert got.shape == (4, 256) and target.swiglu(gate_up).dtype == jnp.bfloat16
+    got = np.asarray(swiglu(gate_up), np.float32)
+    assert got.shape == (4, 256) and swiglu(gate_up).dtype == jnp.bfloat16
     assert np.mean(got == want) > 0.99 and np.all(np.abs(got - want) <= 2.0 ** -8 * np.abs(want))

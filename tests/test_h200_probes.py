@@ -1,5 +1,6 @@
 """The H200 probes run here, so a broken script fails on the CPU, not in device minutes: ``fusion_flag_probe.py`` end
-to end on the tiny model, ``prefetch_probe.py``'s chain lowered for Hopper, ``swiglu_matmul_probe.py``'s configs."""
+to end on the tiny model, ``prefetch_probe.py``'s chain lowered for Hopper, ``swiglu_matmul_probe.py``'s configs,
+``attention_ablation_probe.py``'s ablations lowered for Hopper."""
 
 import importlib.util
 import re
@@ -75,3 +76,26 @@ def test_swiglu_matmul_probe_configs_are_valid_and_it_refuses_a_cpu(monkeypatch)
   monkeypatch.setattr("sys.argv", ["swiglu_matmul_probe.py", "--m", "1"])
   with pytest.raises(SystemExit, match="needs a Hopper GPU; this backend is 'cpu'"):
     probe.main()
+
+
+def test_attention_ablation_probe_variants_lower_for_hopper_and_it_refuses_a_cpu(monkeypatch):
+  """Every ablation the probe times lowers for sm_90 at its AR-step shapes (a broken ablation would cost a device call),
+  ABLATE is empty again after each, and off a GPU the probe stops with a line naming the backend."""
+  probe = load_probe("attention_ablation_probe", monkeypatch)
+  from pallas_kernels.tree_attention import mosaic_gpu
+
+  q = jax.ShapeDtypeStruct((1, 1, probe.HQ, probe.D), jnp.bfloat16)
+  cache = jax.ShapeDtypeStruct((1, 256, probe.HKV, probe.D), jnp.bfloat16)
+  tree = jax.ShapeDtypeStruct((1, 1, probe.HKV, probe.D), jnp.bfloat16)
+  lengths, bits = jax.ShapeDtypeStruct((1,), jnp.int32), jax.ShapeDtypeStruct((1, 1, 1), jnp.uint32)
+  texts = {}
+  for name, (ablate, config) in probe.VARIANTS.items():
+    monkeypatch.setattr(mosaic_gpu, "ABLATE", dict(ablate))
+    fn = lambda *a, c=config: mosaic_gpu.tree_attention(*a, config=c)
+    texts[name] = jax.jit(fn).trace(q, cache, cache, lengths, tree, tree, bits).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert texts[name].count("mosaic_gpu") >= 1, name
+  assert texts["no_store"] != texts["base"] and texts["no_q"] != texts["base"]
+  monkeypatch.setattr("sys.argv", ["attention_ablation_probe.py"])
+  with pytest.raises(SystemExit, match="needs a Hopper GPU; this backend is 'cpu'"):
+    probe.main([])

@@ -33,16 +33,21 @@ def random_pair(lead, k, inter, seed):
 def assert_close(got, x, w):
   """Equal to the reference but where the projection's f32 sums, added in another order, round to a neighbouring
   bf16 value: the difference then stays within what a bf16 step or two of gate and of up can move
-  ``silu(gate) * up``, plus the output's own rounding (2^-7 let one of 12288 outputs through on the H200)."""
+  ``silu(gate) * up``, plus the output's own rounding (2^-7 let one of 12288 outputs through on the H200), plus what
+  the sums' order moves where they cancel: an f32 sum of products is off by a few f32 steps of ``sum |x w|``, not of
+  its value (2^-6 alone failed one output on the H200: gate -7.3e-6 from terms summing to 671 in magnitude)."""
   want = swiglu_matmul_reference(x, w)
   assert got.shape == want.shape and got.dtype == want.dtype
-  proj = np.asarray(x, np.float64).reshape(-1, x.shape[-1]) @ np.asarray(w, np.float64)
-  gate, up = np.split(proj, 2, axis=-1)
+  x64, w64 = np.asarray(x, np.float64).reshape(-1, x.shape[-1]), np.asarray(w, np.float64)
+  gate, up = np.split(x64 @ w64, 2, axis=-1)
+  gate_terms, up_terms = np.split(np.abs(x64) @ np.abs(w64), 2, axis=-1)
   sig = 1 / (1 + np.exp(-gate))
-  sensitivity = np.abs(sig * (1 + gate * (1 - sig)) * gate * up) + np.abs(gate * sig * up)
+  d_gate, d_up = np.abs(sig * (1 + gate * (1 - sig)) * up), np.abs(gate * sig)  # d out / d gate, d out / d up
+  sensitivity = d_gate * np.abs(gate) + d_up * np.abs(up)
+  order = 2.0**-20 * (d_gate * gate_terms + d_up * up_terms)
   a = np.asarray(got, np.float64).reshape(gate.shape)
   b = np.asarray(want, np.float64).reshape(gate.shape)
-  bad = np.abs(a - b) > 2.0**-6 * (sensitivity + np.abs(b)) + 1e-30
+  bad = np.abs(a - b) > 2.0**-6 * (sensitivity + np.abs(b)) + order + 1e-30
   assert not bad.any(), f"{bad.sum()} of {bad.size} outputs off, first at {np.argwhere(bad)[0]}"
   assert np.mean(a == b) > 0.95
 

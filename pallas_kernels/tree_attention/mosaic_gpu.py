@@ -182,6 +182,7 @@ def _kernel_call(
     score_scale = d**-0.5 * _LOG2E  # scores in log2 units: exp2 is the native instruction
     kv_transforms = _smem_transforms(d, dtype)
     kv_spec = lambda first: plgpu.BlockSpec((block_kv, d), lambda i: (first + i, 0), transforms=kv_transforms)
+    ablate = dict(ABLATE)
 
     def tree_attention_body(q_ref, k_cache_ref, v_cache_ref, lengths_ref, k_tree_ref, v_tree_ref, bits_ref,
                               *refs):  # its name in profiles (CUPTI)
@@ -193,6 +194,8 @@ def _kernel_call(
         node0 = row_block * nodes
 
         def load_q():
+            if ablate.get("no_q"):
+                return
             for gi in range(g):
                 plgpu.copy_gmem_to_smem(
                     q_ref.at[bi, pl.ds(node0, nodes), q0 + hi * g + gi], q_smem.at[pl.ds(gi * nodes, nodes)],
@@ -204,7 +207,10 @@ def _kernel_call(
             pdl.begin_kernel(interpret)
             load_q()  # awaited in the first step that uses it (``wait_for_q``): the first K/V loads go out alongside
 
-        length = jnp.clip(lengths_ref[bi], 0, capacity)  # here, not in XLA: a launch less a step
+        if "length" in ablate:
+            length = jnp.int32(ablate["length"])
+        else:
+            length = jnp.clip(lengths_ref[bi], 0, capacity)  # here, not in XLA: a launch less a step
         prefix_blocks = (length + block_kv - 1) // block_kv
         prefix_lo, prefix_hi, tree_lo, tree_hi = split_ranges(prefix_blocks, tree_blocks, split, splits)
 
@@ -213,6 +219,8 @@ def _kernel_call(
 
         def attend(carry, k_smem, v_smem, visible):
             """One online-softmax step over a ``[block_kv, D]`` block of keys and values."""
+            if ablate.get("no_compute"):
+                return carry
             acc, row_max, row_sum = carry
 
             def scores_of(acc_ref):
@@ -255,7 +263,8 @@ def _kernel_call(
                 if early_cache:
                     pdl.begin_kernel(interpret)
                     load_q()
-                plgpu.barrier_wait(load_barrier)
+                if not ablate.get("no_q"):
+                    plgpu.barrier_wait(load_barrier)
 
             pl.when(when)(ready)
 
@@ -306,6 +315,8 @@ def _kernel_call(
         out = acc / lax.broadcast_in_dim(jnp.where(seen, row_sum, 1.0), acc.shape, [0])
 
         def store(tile, smem, dst):
+            if ablate.get("no_store"):
+                return
             smem[...] = tile
             plgpu.commit_smem()
             for gi in range(g):
@@ -314,7 +325,8 @@ def _kernel_call(
                                         dst.at[out_rows] if final else dst.at[(split, *out_rows)])
 
         store(out.astype(out_dtype), out_smem, out_ref)
-        if not final:  # the lse along D: from a tile of its own, both stores in flight at once, or after the output's
+        # the lse along D: from a tile of its own, both stores in flight at once, or after the output's
+        if not final and not ablate.get("no_lse"):
             if lse_smem is None:
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             lse = jnp.where(seen, row_max + jnp.log(row_sum) * _LOG2E, _EMPTY_LSE)
@@ -416,6 +428,13 @@ def _merge_splits(lses, parts):
         total = weight if total is None else total + weight
         acc = weight * part if acc is None else acc + weight * part
     return acc / total
+
+
+ABLATE: dict = {}
+"""Parts of the kernel to leave out, for ``scripts/h200/attention_ablation_probe.py`` only (its outputs are then
+wrong): ``length`` (an int: a constant instead of the lengths' load), ``no_q`` (no q / ancestor-word loads),
+``no_compute`` (no softmax or wgmma), ``no_store`` (no output or lse store), ``no_lse`` (no lse store). Read at trace
+time; empty everywhere else."""
 
 
 COMBINE_KERNEL = False

@@ -433,8 +433,9 @@ def _merge_splits(lses, parts):
 ABLATE: dict = {}
 """Parts of the kernel to leave out, for ``scripts/h200/attention_ablation_probe.py`` only (its outputs are then
 wrong): ``length`` (an int: a constant instead of the lengths' load), ``no_q`` (no q / ancestor-word loads),
-``no_compute`` (no softmax or wgmma), ``no_store`` (no output or lse store), ``no_lse`` (no lse store). Read at trace
-time; empty everywhere else."""
+``no_compute`` (no softmax or wgmma), ``no_store`` (no output or lse store), ``no_lse`` (no lse store), ``lse_shared``
+(the lse tile reuses the output's buffer: less shared memory, same results). Read at trace time; empty everywhere
+else."""
 
 
 COMBINE_KERNEL = False
@@ -548,8 +549,8 @@ def _attend(q_src, k_src, v_src, head0, hq, k_cache, v_cache, lengths, ancestor_
     interpretable = interpret is not None if interpretable is None else interpretable
     smem = smem_bytes(d, row_words, config, final=splits == 1, interpretable=interpretable)
     # the lse tile apart when it fits: one store round trip less at the end of every split
-    lse_apart = splits > 1 and smem_bytes(d, row_words, config, final=False, interpretable=interpretable,
-                                          lse_apart=True) + _SMEM_RESERVED <= _SMEM_LIMIT
+    lse_apart = splits > 1 and not ABLATE.get("lse_shared") and smem_bytes(
+        d, row_words, config, final=False, interpretable=interpretable, lse_apart=True) + _SMEM_RESERVED <= _SMEM_LIMIT
     if smem + _SMEM_RESERVED > _SMEM_LIMIT:
         raise NotImplementedError(
             f"{smem} bytes of shared memory per CTA exceed {_SMEM_LIMIT}: lower max_concurrent_steps or block_kv"

@@ -31,11 +31,21 @@ HQ, HKV, D = 32, 8, 128
 FLUSH_BYTES = 128 * 2**20
 ATTENTION_NAME, FLOOR_NAME = "tree_attention_body", "floor_body"
 
+ONE_BLOCK = dict(min_blocks_per_split=1)
+ONE_STAGE = dict(min_blocks_per_split=1, max_concurrent_steps=1)
+SHARED_LSE = {"lse_shared": True}
 VARIANTS = {
     "base": ({}, TuningConfig()),
-    "splits16": ({}, TuningConfig(num_splits=16, min_blocks_per_split=1)),
+    "splits16": ({}, TuningConfig(num_splits=16, **ONE_BLOCK)),
     "splits4": ({}, TuningConfig(min_blocks_per_split=4)),
     "steps2": ({}, TuningConfig(max_concurrent_steps=2)),
+    "splits17": ({}, TuningConfig(num_splits=17, **ONE_BLOCK)),
+    "splits17_steps1": (SHARED_LSE, TuningConfig(num_splits=17, **ONE_STAGE)),
+    "splits18_steps1": (SHARED_LSE, TuningConfig(num_splits=18, **ONE_STAGE)),
+    "splits24_steps1": (SHARED_LSE, TuningConfig(num_splits=24, **ONE_STAGE)),
+    "kv128_splits9": ({}, TuningConfig(block_kv=128, num_splits=9, max_concurrent_steps=2, **ONE_BLOCK)),
+    "kv128_splits9_steps1": (SHARED_LSE, TuningConfig(block_kv=128, num_splits=9, **ONE_STAGE)),
+    "kv128_splits10_steps1": (SHARED_LSE, TuningConfig(block_kv=128, num_splits=10, **ONE_STAGE)),
     "const_length": ({"length": 1024}, TuningConfig()),
     "no_q": ({"no_q": True}, TuningConfig()),
     "no_compute": ({"no_compute": True}, TuningConfig()),
@@ -44,7 +54,10 @@ VARIANTS = {
     "no_prefix": ({"length": 0}, TuningConfig()),
     "bare": ({"length": 0, "no_q": True, "no_compute": True, "no_store": True}, TuningConfig()),
 }
-"""name -> (mosaic_gpu.ABLATE, TuningConfig). ``no_prefix`` reads only the one-node tree's block."""
+"""name -> (mosaic_gpu.ABLATE, TuningConfig). ``no_prefix`` reads only the one-node tree's block. ``splitsN``: N - 1
+prefix splits and the tree's, so at a 1024 prefix (16 blocks of 64) 17 gives every CTA one block; ``steps1`` halves
+the CTA's shared memory (one K/V stage; with ``lse_shared``, the lse tile reusing the output's), so two CTAs fit an
+SM and more than 132 CTAs still make one wave."""
 
 
 def copy_rows_kernel(x):
@@ -104,7 +117,7 @@ def main(argv=None) -> None:
       mosaic_gpu.ABLATE.update(ablate)
       attend = lambda qq, c=config: ops.tree_attention(qq, k_cache, v_cache, lengths, k_tree, v_tree, bits,
                                                         implementation="pallas", config=c)
-      program, x, check = looped(attend, args.calls), q, not ablate
+      program, x, check = looped(attend, args.calls), q, not set(ablate) - {"lse_shared"}
       try:
         program = program.lower(x, flush).compile()  # ABLATE is read here, at trace time
         if check:

@@ -42,6 +42,22 @@ def auto_split_k(n_blocks: int, k_steps: int, num_sms: int, blocks_per_sm: int =
   return k_steps
 
 
+CONSUMER_SPLIT_K = 2
+"""The most K splits a matmul hands to a consumer kernel (``reduce=False``: the add + norm, q/k norm + rope and SwiGLU
+kernels) when its config names no split (the skinny and W12 kernels). Why: the add + norm kernel reads every split's
+row in its one block. With the auto split (8 for the o projection, 6 for down) its 72 calls took 105 us a step more,
+as much as the XLA sums they replaced; with two, 16 us more, and the o and down matmuls themselves got 42 us faster:
+the AR step went 4.574 -> 4.452 ms on the H200 (docs/results/2026-12-01-partials-w12v3-h200/). Two splits of a
+4096-wide output are 128 blocks of 64 channels, each with ``max_concurrent_steps`` 16 KB weight tiles in flight: ~8
+MB, above the HBM's bandwidth-delay product. The W12 decode loop handed its auto splits over until the eighteenth
+session: its 73 add + norm calls took 508 us a step (docs/results/2026-12-02-attention-ablation-h200/)."""
+
+
+def consumer_split_k(split_k: int, k_steps: int) -> int:
+  """The largest divisor of ``k_steps`` no larger than ``split_k`` or ``CONSUMER_SPLIT_K``."""
+  return max(s for s in range(1, min(split_k, CONSUMER_SPLIT_K) + 1) if k_steps % s == 0)
+
+
 def num_sms() -> int:
   return int(getattr(jax.devices()[0], "core_count", 0) or 132)  # 132: H100 / H200 SXM
 

@@ -226,12 +226,12 @@ def test_splits_for_a_consumer_are_few(monkeypatch):
   from pallas_kernels.split_k import SplitKPartials
 
   x, w = jnp.ones((1, 1024), jnp.bfloat16), jnp.ones((1024, 256), jnp.bfloat16)
-  assert _split_of(x, w) > skinny_mosaic_gpu.CONSUMER_SPLIT_K == 2
+  assert _split_of(x, w) > split_k.CONSUMER_SPLIT_K == 2
   partials = jax.eval_shape(functools.partial(skinny_mosaic_gpu.skinny_matmul, reduce=False), x, w)
   assert isinstance(partials, SplitKPartials) and partials.num_splits == 2
   named = jax.eval_shape(functools.partial(skinny_mosaic_gpu.skinny_matmul, reduce=False,
                                            config=Config(split_k=4)), x, w)
   assert named.num_splits == 4
-  monkeypatch.setattr(skinny_mosaic_gpu, "CONSUMER_SPLIT_K", 1)  # one split: the plain bf16 result
+  monkeypatch.setattr(split_k, "CONSUMER_SPLIT_K", 1)  # one split: the plain bf16 result
   assert jax.eval_shape(functools.partial(skinny_mosaic_gpu.skinny_matmul, reduce=False), x, w).shape == (1, 256)
 

@@ -2,6 +2,7 @@
 on CPU, and Mosaic GPU on a real Hopper when one is present."""
 
 import logging
+import re
 
 import jax
 import jax.numpy as jnp
@@ -223,6 +224,25 @@ def test_register_kernel_hands_its_splits_on_when_it_corrects_every_escape(overf
     assert out.halves.shape == (2, 2, 8, 128) and out.shape == (1, 128)
 
 
+def test_register_kernel_hands_a_consumer_few_splits():
+  """With no split in its config, the register decode hands a consumer at most ``CONSUMER_SPLIT_K`` splits (it reads
+  every one in its one block: in the H200's W12 decode loop the auto splits made the 73 add + norm calls 508 us a
+  step), while a reduced result keeps the auto split that fills the SMs."""
+  w = np.full((1024, 128), 0.5, np.float32)
+  w[3, 5] = 1e30  # one escape, corrected in the kernel
+  packed = w12.pack(w.astype(BF16), group_k=1024)
+  x = jnp.ones((1, 1024), jnp.bfloat16)
+  config = w12.TuningConfig(decode="registers", tile_k=128, tile_m=8, escapes_in_kernel=True)
+
+  def splits(reduce):  # the kernel's output is bf16 [split_k, halves, Mp, N]
+    jaxpr = jax.make_jaxpr(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config, reduce=reduce))(x, packed)
+    return {int(s) for s in re.findall(r"bf16\[(\d+),2,8,128\]", str(jaxpr))}
+
+  handed = jax.eval_shape(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config, reduce=False), x, packed)
+  assert isinstance(handed, split_k.SplitKPartials) and handed.num_splits == split_k.CONSUMER_SPLIT_K == 2
+  assert splits(True) == {8} and splits(False) == {2}  # 2 channel blocks: the auto split takes all 8 K steps
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not w12_ops._on_hopper(), reason="needs an H100/H200")
 @pytest.mark.parametrize("k,n", [(4096, 4096), (12288, 4096)])
@@ -238,8 +258,10 @@ def test_register_kernel_splits_sum_to_the_reduced_result_on_the_gpu(k, n):
   x = jnp.asarray(np.random.default_rng(k).normal(size=(1, k)).astype(BF16))
   run = jax.jit(lambda x, p, reduce: w12.matmul(x, p, implementation="mosaic_gpu", config=config, reduce=reduce),
                 static_argnums=2)
-  partials, summed = run(x, packed, False), run(x, packed, True)
-  assert isinstance(partials, split_k.SplitKPartials)
+  partials = run(x, packed, False)
+  assert isinstance(partials, split_k.SplitKPartials) and partials.num_splits <= split_k.CONSUMER_SPLIT_K
+  config = dataclasses.replace(config, split_k=partials.num_splits)  # the reduced result of the same splits
+  summed = run(x, packed, True)
   np.testing.assert_array_equal(np.asarray(jax.jit(lambda p: p.sum())(partials), np.float32),
                                 np.asarray(summed, np.float32))
   want = np.asarray(w12.matmul(x, packed, implementation="reference"), np.float32)

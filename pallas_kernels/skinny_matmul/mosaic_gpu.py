@@ -45,6 +45,7 @@ from pallas_kernels.skinny_matmul.config import TuningConfig
 from pallas_kernels.split_k import (
     SplitKPartials,
     auto_split_k,
+    consumer_split_k,
     halves_scratch,
     num_sms,
     round_up,
@@ -71,15 +72,6 @@ H200, no split (64 blocks) took 20.5 us a link against 22.8 with the auto split 
 shape in such chains and writes this table (``bench_roofline.py --skinny-splits`` loads it). Empty: the auto split,
 which the decode loop measured best (the probe's picks were 0.05 ms a step slower,
 docs/results/2026-12-01-drafter-tree-h200/)."""
-
-
-CONSUMER_SPLIT_K = 2
-"""The most K splits handed to a consumer (``reduce=False``) when neither the config nor ``SPLIT_K_BY_SHAPE`` names
-a split. Why: the add + norm kernel reads every split's row in its one block. With the auto split (8 for the o
-projection, 6 for down) its 72 calls took 105 us a step more, as much as the XLA sums they replaced; with two, 16 us
-more, and the o and down matmuls themselves got 42 us faster: the AR step went 4.574 -> 4.452 ms on the H200
-(docs/results/2026-12-01-partials-w12v3-h200/). Two splits of a 4096-wide output are 128 blocks of 64 channels, each
-with ``max_concurrent_steps`` 16 KB weight tiles in flight: ~8 MB, above the HBM's bandwidth-delay product."""
 
 
 def check_supported(x: jax.Array, w: jax.Array, config: TuningConfig) -> None:
@@ -188,7 +180,7 @@ def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = N
   split_k = config.split_k or SPLIT_K_BY_SHAPE.get((k, n)) or auto_split_k(
       (n // TILE_N) * (mp // tile_m), k_steps, num_sms(), config.blocks_per_sm)
   if not reduce and not config.split_k and (k, n) not in SPLIT_K_BY_SHAPE:
-    split_k = max(s for s in range(1, min(split_k, CONSUMER_SPLIT_K) + 1) if k_steps % s == 0)
+    split_k = consumer_split_k(split_k, k_steps)
   if k_steps % split_k:
     raise ValueError(f"skinny matmul: split_k={split_k} for W[{k}, {n}] does not divide its {k_steps} K steps "
                      f"(tile_k={config.tile_k}; SPLIT_K_BY_SHAPE or the config)")

@@ -64,6 +64,7 @@ from pallas_kernels import pdl
 from pallas_kernels.split_k import (
   SplitKPartials,
   auto_split_k,
+  consumer_split_k,
   f32_from_halves,
   halves_from_f32,
   halves_scratch,
@@ -422,7 +423,7 @@ def w12_matmul(
   nothing is left to patch after the kernel (no escapes, or all corrected in it: ``escapes_in_kernel`` and no
   overflow), the kernel's output as ``SplitKPartials`` (the unsummed K splits, or the padded result of an unsplit K)
   for a consumer kernel that reads it itself (``add_rms_norm``, ``qk_norm_rope``, ``swiglu``), as ``skinny_matmul``
-  returns it.
+  returns it: then at most ``split_k.CONSUMER_SPLIT_K`` splits unless the config names one.
 
   ``interpret=plgpu.InterpretGPUParams()`` runs it on CPU for tests. Unsupported
   shapes raise NotImplementedError so ``w12.matmul`` can fall back loudly.
@@ -438,12 +439,15 @@ def w12_matmul(
   x2 = x.reshape(m, k)
 
   has_escapes = packed.has_side_table
+  in_kernel = bool(config.decode == "registers" and config.escapes_in_kernel and packed.column_capacity
+                   and mp == tile_m)
+  complete = not has_escapes or (in_kernel and not packed.escape_index.shape[0])  # nothing to patch after it
   k_steps = kp // config.tile_k
   split_k = config.split_k or auto_split_k((n // config.tile_n) * (mp // tile_m), k_steps, num_sms(),
                                            config.blocks_per_sm)
+  if complete and not reduce and not config.split_k:  # a consumer kernel reads every split (as skinny_matmul's)
+    split_k = consumer_split_k(split_k, k_steps)
   halves = 2 if has_escapes or split_k > 1 else 1  # f32 partial sums, or the bf16 result
-  in_kernel = bool(config.decode == "registers" and config.escapes_in_kernel and packed.column_capacity
-                   and mp == tile_m)
   if config.decode == "registers":
     out = _register_decode_call(
         pad_for_tma(x2, (8, register_decode.CHUNK)), packed.sign_mantissa, packed.exponent_codes,
@@ -465,7 +469,7 @@ def w12_matmul(
     # decode is the interpretable one, not the fast one)
     y = jnp.swapaxes(y_t, 1, 2)
     out = halves_from_f32(y) if halves == 2 else y[:, None]
-  if not has_escapes or (in_kernel and not packed.escape_index.shape[0]):
+  if complete:
     partials = SplitKPartials(out, lead, jnp.dtype(x.dtype).name)  # halves == 1: the padded bf16 result itself
     return partials if not reduce else partials.sum()
   # out: [split_k, 2, Mp, N] f32 halves. The overflow escapes (usually none) are scattered into the first partial sum,

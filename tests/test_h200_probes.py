@@ -88,14 +88,22 @@ def test_attention_ablation_probe_variants_lower_for_hopper_and_it_refuses_a_cpu
   cache = jax.ShapeDtypeStruct((1, 256, probe.HKV, probe.D), jnp.bfloat16)
   tree = jax.ShapeDtypeStruct((1, 1, probe.HKV, probe.D), jnp.bfloat16)
   lengths, bits = jax.ShapeDtypeStruct((1,), jnp.int32), jax.ShapeDtypeStruct((1, 1, 1), jnp.uint32)
-  texts = {}
+  stores, loads = [], []  # the kernel's TMA copies, as traced
+  plgpu = mosaic_gpu.plgpu
+  to_gmem, to_smem = plgpu.copy_smem_to_gmem, plgpu.copy_gmem_to_smem
+  monkeypatch.setattr(plgpu, "copy_smem_to_gmem", lambda *a, **k: (stores.append(1), to_gmem(*a, **k))[1])
+  monkeypatch.setattr(plgpu, "copy_gmem_to_smem", lambda *a, **k: (loads.append(1), to_smem(*a, **k))[1])
+  copies = {}
   for name, (ablate, config) in probe.VARIANTS.items():
     monkeypatch.setattr(mosaic_gpu, "ABLATE", dict(ablate))
+    stores.clear(), loads.clear()
     fn = lambda *a, c=config: mosaic_gpu.tree_attention(*a, config=c)
-    texts[name] = jax.jit(fn).trace(q, cache, cache, lengths, tree, tree, bits).lower(
-        lowering_platforms=("cuda",)).as_text()
-    assert texts[name].count("mosaic_gpu") >= 1, name
-  assert texts["no_store"] != texts["base"] and texts["no_q"] != texts["base"]
+    text = jax.jit(fn).trace(q, cache, cache, lengths, tree, tree, bits).lower(lowering_platforms=("cuda",)).as_text()
+    assert "mosaic_gpu" in text, name
+    copies[name] = (len(stores), len(loads))
+  g = probe.HQ // probe.HKV
+  assert copies["base"] == (2 * g, g + 1)  # the output and lse tiles per head; q per head and the ancestor words
+  assert copies["no_store"] == (0, g + 1) and copies["no_lse"] == (g, g + 1) and copies["no_q"] == (2 * g, 0)
   monkeypatch.setattr("sys.argv", ["attention_ablation_probe.py"])
   with pytest.raises(SystemExit, match="needs a Hopper GPU; this backend is 'cpu'"):
     probe.main([])

@@ -69,6 +69,14 @@ class W12MatmulSuite:
           (1024, 128, 3, 512, w12.TuningConfig(tile_m=8, tile_k=128, split_k=2, decode="registers",
                                                escapes_in_kernel=True)),
           (1024, 64, 1, 1024, w12.TuningConfig(tile_m=8, tile_k=128, decode="registers", escapes_in_kernel=True)),
+          # the register decode overlapped with the previous step's wgmma: a split, the escapes in the kernel, and
+          # one step a split (no overlap: the pipeline is one step deep)
+          (512, 64, 3, 128, w12.TuningConfig(tile_m=8, tile_k=64, split_k=2, max_concurrent_steps=2,
+                                             decode="registers", overlap_decode=True)),
+          (1024, 128, 3, 512, w12.TuningConfig(tile_m=8, tile_k=128, split_k=2, decode="registers",
+                                               escapes_in_kernel=True, overlap_decode=True)),
+          (512, 64, 1, 128, w12.TuningConfig(tile_m=8, tile_k=128, split_k=4, decode="registers",
+                                             overlap_decode=True)),
       ],
   )
   def test_matches_f32_matmul(self, k, n, m, group_k, config):
@@ -222,6 +230,30 @@ def test_register_kernel_hands_its_splits_on_when_it_corrects_every_escape(overf
   assert isinstance(out, split_k.SplitKPartials) != overflow
   if not overflow:
     assert out.halves.shape == (2, 2, 8, 128) and out.shape == (1, 128)
+
+
+def test_register_kernel_with_overlapped_wgmma_lowers_for_hopper(monkeypatch):
+  """``overlap_decode`` on the register decode lowers for sm_90 on the CPU, each step leaving its own wgmmas in
+  flight (``wgmma_wait(chunks)``) and the last ones awaited after the pipeline; a split of one step stays synchronous
+  (``delay_release`` needs a deeper pipeline)."""
+  w = np.full((1024, 128), 0.5, np.float32)
+  w[3, 5] = 1e30
+  packed = w12.pack(w.astype(BF16), group_k=1024)
+  x = jax.ShapeDtypeStruct((1, 1024), jnp.bfloat16)
+  waits = []
+  wgmma_wait = plgpu.wgmma_wait
+  monkeypatch.setattr(plgpu, "wgmma_wait", lambda n: (waits.append(n), wgmma_wait(n))[1])
+
+  def traced_waits(**fields):
+    waits.clear()
+    config = w12.TuningConfig(decode="registers", tile_m=8, tile_k=128, escapes_in_kernel=True, **fields)
+    fn = jax.jit(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config))
+    assert "mosaic_gpu" in fn.trace(x, packed).lower(lowering_platforms=("cuda",)).as_text()
+    return list(waits)
+
+  assert traced_waits(split_k=2) == [0]  # 4 steps a split, each waiting for its own wgmmas
+  assert traced_waits(split_k=2, overlap_decode=True) == [2, 0]  # two 64-wide chunks a step left in flight
+  assert traced_waits(split_k=8, overlap_decode=True) == [0]  # one step a split
 
 
 def test_register_kernel_hands_a_consumer_few_splits():

@@ -25,8 +25,9 @@ class TuningConfig:
     as bf16 SMEM tiles that wgmma reads (runs in GPU interpret mode, so the CPU tests run it).
     ``"registers"``: ``register_decode``, 32-bit words into wgmma's register A fragment (tile_n
     64, tile_k 64, 128 or 256; needs a real Hopper: interpret mode's wgmma reads SMEM only).
-  overlap_decode: decode step i into one of two SMEM slots while step i - 1's wgmma runs
-    (async wgmma, activation tiles released a step late). Opt-in until timed on a GPU.
+  overlap_decode: decode step i while step i - 1's wgmma runs (async wgmma, activation tiles released a step
+    late): the SMEM decode into one of two SMEM slots, the register decode into fresh registers. Opt-in until timed
+    on a GPU (``scripts/h200/w12_probe.py --config decode=registers,overlap_decode=True``).
   escapes_in_kernel: the register decode's first K split adds the channel lists' escape correction to its
     accumulators (``register_decode.escape_correction``), for one token block (M <= tile_m); XLA then only adds the
     splits (and scatters an overflow, if any). Why: in the H200's decode loop the split-K sums carrying the escape

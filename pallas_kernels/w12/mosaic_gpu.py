@@ -341,7 +341,7 @@ def _escape_correction_in_registers(tile_m: int, capacity: int, m: int):
 
 
 def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, group_k, tile_m, tile_k,
-                          max_concurrent_steps, split_k, halves, escape_lists=None, m=None):
+                          max_concurrent_steps, split_k, halves, overlap_decode=False, escape_lists=None, m=None):
   """One warpgroup per (64 channels, tile_m tokens, K split); each step's W12 tiles are decoded by
   ``register_decode`` straight into wgmma's A registers, 64 K at a time, in logical K order (the planes' stored
   order is the order the threads read), against ``x2`` ``[m, K]`` as the caller has it (``pad_for_tma``: decode's
@@ -352,12 +352,18 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   tokens-major ``[split_k, halves, Mp, N]`` (``split_k.store_split``): with every escape corrected in the kernel,
   a consumer kernel can add the splits itself (``SplitKPartials``). With ``escape_lists`` (``(column_escape_rows, column_escape_bits)``, one token block: ``mp
   == tile_m``, ``m`` real rows) the first split's blocks add the lists' correction to their accumulators
-  (``_escape_correction_in_registers``)."""
+  (``_escape_correction_in_registers``).
+
+  ``overlap_decode``: async wgmma. Each step ends with ``wgmma_wait(chunks)`` (its own wgmmas may stay in flight, the
+  previous step's are done), so step i's decode runs while step i - 1's wgmmas do, and the activation tiles, which
+  wgmma reads from SMEM, are released one step late (``delay_release=1``); the planes are read into registers by the
+  decode itself, so their slots go back at once. Needs a pipeline deeper than one step."""
   tile_n = register_decode.ROWS
   n, kp = byte_plane.shape
   chunks = tile_k // register_decode.CHUNK
   steps = kp // tile_k // split_k
   depth = min(max_concurrent_steps, steps)
+  overlap = overlap_decode and depth > 1  # delay_release needs a deeper pipeline than 1
   byte_transforms = smem_transforms(tile_k, jnp.uint8)
   nibble_transforms = smem_transforms(tile_k // 2, jnp.uint8)
   x_transforms = smem_transforms(register_decode.CHUNK, jnp.bfloat16)
@@ -380,7 +386,7 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
         [plgpu.BlockSpec((tile_n, tile_k), lambda k: (0, first + k), transforms=byte_transforms),
          plgpu.BlockSpec((tile_n, tile_k // 2), lambda k: (0, first + k), transforms=nibble_transforms)]
         + [plgpu.BlockSpec((tile_m, register_decode.CHUNK), lambda k, c=c: (0, chunks * (first + k) + c),
-                           transforms=x_transforms) for c in range(chunks)]
+                           transforms=x_transforms, delay_release=1 if overlap else 0) for c in range(chunks)]
     )
 
     def accumulate(acc_ref):
@@ -390,10 +396,14 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
         for c in range(chunks):
           weights = decoders[c](byte_smem, nibble_smem, base_column)
           plgpu.wgmma(acc_ref, weights, x_smem[c].T)
-        plgpu.wgmma_wait(0)
+        # each wgmma call is one group and groups retire in order: leaving this step's `chunks` in flight means the
+        # previous step's are done, so its activation tiles (released a step late) are free
+        plgpu.wgmma_wait(chunks if overlap else 0)
 
       pipeline = plgpu.emit_pipeline(step, grid=(steps,), in_specs=in_specs, max_concurrent_steps=depth)
       pipeline(byte_gmem.at[n_slice], nibble_gmem.at[n_slice], *[x_gmem.at[m_slice]] * chunks)
+      if overlap:
+        plgpu.wgmma_wait(0)
       if correct is not None:
         @pl.when(split == 0)
         def _():
@@ -453,7 +463,7 @@ def w12_matmul(
         pad_for_tma(x2, (8, register_decode.CHUNK)), packed.sign_mantissa, packed.exponent_codes,
         packed.base_exponent, mp=mp, group_k=packed.group_k, tile_m=tile_m, tile_k=config.tile_k,
         max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, halves=halves,
-        escape_lists=(packed.column_escape_rows, packed.column_escape_bits) if in_kernel else None, m=m)
+        overlap_decode=config.overlap_decode, escape_lists=(packed.column_escape_rows, packed.column_escape_bits) if in_kernel else None, m=m)
   else:
     # one base row per K step, [Kp / tile_k, N]: one small TMA box per step
     steps_per_group = packed.group_k // config.tile_k

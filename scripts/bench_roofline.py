@@ -908,13 +908,13 @@ def apply_kernel_settings(spec: dict) -> dict:
         from pallas_kernels import pdl
 
         pdl.ENABLED = True
-    if spec.get("w12_escapes_in_kernel"):
+    if spec.get("w12_config"):
         import dataclasses as dc
 
         from pallas_kernels.w12 import mosaic_gpu as w12_mosaic_gpu
 
-        w12_mosaic_gpu.DEFAULT_CONFIG = dc.replace(w12_mosaic_gpu.DEFAULT_CONFIG, escapes_in_kernel=True)
-    res["w12_escapes_in_kernel"] = bool(spec.get("w12_escapes_in_kernel"))
+        w12_mosaic_gpu.DEFAULT_CONFIG = dc.replace(w12_mosaic_gpu.DEFAULT_CONFIG, **spec["w12_config"])
+    res["w12_config"] = dict(spec.get("w12_config") or {})
     if spec.get("pass_splits") is False:
         from pallas_kernels.skinny_matmul import ops as skinny_ops
 
@@ -1047,6 +1047,9 @@ def parse_args(argv=None):
     ap.add_argument("--w12-escapes-in-kernel", action="store_true",
                     help="the W12 job's kernels add the escape lists' correction themselves "
                          "(w12.TuningConfig.escapes_in_kernel on mosaic_gpu.DEFAULT_CONFIG)")
+    ap.add_argument("--w12-config", default="", metavar="FIELD=VALUE,...",
+                    help="more w12.TuningConfig fields set on the W12 job's mosaic_gpu.DEFAULT_CONFIG, e.g. "
+                         "warp_specialized=True,overlap_decode=True")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="no job runs past this many seconds (default 500; quick 300)")
     ap.add_argument("--timeout-scale", type=float, default=1.0, help="multiply every job's timeout")
@@ -1056,12 +1059,43 @@ def parse_args(argv=None):
     for item in args.skinny_max_tokens:
         if not re.fullmatch(r"(\d+x\d+=)?\d+", item):
             ap.error(f"--skinny-max-tokens: {item!r} is neither ROWS nor KxN=ROWS (e.g. 32 or 4096x4096=32)")
+    try:
+        args.w12_config = w12_config_fields(args.w12_config, args.w12_escapes_in_kernel)
+    except ValueError as e:
+        ap.error(f"--w12-config: {e}")
     if args.swiglu_matmul_config:
         tile_k, steps = args.swiglu_matmul_config
         if tile_k <= 0 or tile_k % 64 or steps < 1:
             ap.error(f"--swiglu-matmul-config: TILE_K must be a positive multiple of 64 and STEPS >= 1, got "
                      f"{tile_k} {steps}")
     return args
+
+
+def w12_config_fields(text: str, escapes_in_kernel: bool = False) -> dict:
+    """``FIELD=VALUE,...`` -> {field: value} of ``w12.TuningConfig`` (ints, ``True``/``False``, ``decode``'s string),
+    checked by building the config on the kernel's default; ``escapes_in_kernel`` adds that field."""
+    import dataclasses
+
+    from pallas_kernels.w12 import mosaic_gpu as w12_mosaic_gpu
+
+    types = {f.name: str(f.type) for f in dataclasses.fields(w12_mosaic_gpu.TuningConfig)}
+    fields = {"escapes_in_kernel": True} if escapes_in_kernel else {}
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or key not in types:
+            raise ValueError(f"{item!r} is not FIELD=VALUE with a TuningConfig field ({', '.join(types)})")
+        if types[key] == "bool":
+            if value not in ("True", "False"):
+                raise ValueError(f"{key} takes True or False, got {value!r}")
+            fields[key] = value == "True"
+        elif types[key] == "int":
+            if not re.fullmatch(r"\d+", value):
+                raise ValueError(f"{key} takes an integer, got {value!r}")
+            fields[key] = int(value)
+        else:
+            fields[key] = value
+    dataclasses.replace(w12_mosaic_gpu.DEFAULT_CONFIG, **fields)  # its own checks: one-line ValueErrors
+    return fields
 
 
 def settings(args) -> dict:
@@ -1240,7 +1274,7 @@ def plan_jobs(args, s: dict, run: Path, chosen: list[str]) -> tuple[list[Job], J
     w12_rows = [v for v in W12_JOB if v in chosen]
     if w12_rows:
         spec = {**base, "job": "w12", "variants": w12_rows, "status_dir": str(run),
-                "w12_escapes_in_kernel": args.w12_escapes_in_kernel,
+                "w12_config": args.w12_config,
                 "result": str(run / "jobs" / "w12.json"),
                 "pack_workers": args.pack_workers or max(1, (os.cpu_count() or 2) // 2),
                 "go_timeout_s": (args.budget_s or 600) + 60}

@@ -293,24 +293,32 @@ def test_drafter_rows_are_checked_on_gpu_time_too():
     assert checks["drafter_fused_b16_tree / roofline at 4.3 TB/s"]["value"] == pytest.approx(1.5 / roof)
 
 
-def test_w12_escapes_in_kernel_reaches_only_the_w12_job(tmp_path):
-    """``--w12-escapes-in-kernel`` is a W12-job setting: its spec carries it, and a job given it sets the kernel's
-    default config (restored here)."""
+def test_w12_config_reaches_only_the_w12_job(tmp_path):
+    """``--w12-escapes-in-kernel`` and ``--w12-config`` are W12-job settings: its spec carries them, and a job given
+    them sets the kernel's default config (restored here); a bad field or value stops the parse with its name."""
     import dataclasses
 
     from pallas_kernels.w12 import mosaic_gpu as w12_mosaic_gpu
 
     br = _load_script()
-    args = br.parse_args(["--quick", "--variants", "xla_forward", "w12_kernel_decode_loop", "--w12-escapes-in-kernel"])
+    args = br.parse_args(["--quick", "--variants", "xla_forward", "w12_kernel_decode_loop", "--w12-escapes-in-kernel",
+                          "--w12-config", "warp_specialized=True,max_concurrent_steps=3"])
     jobs, w12 = br.plan_jobs(args, br.settings(args), tmp_path, br.selected_variants(args))
-    assert w12.spec["w12_escapes_in_kernel"] is True and all("w12_escapes_in_kernel" not in j.spec for j in jobs)
+    want = {"escapes_in_kernel": True, "warp_specialized": True, "max_concurrent_steps": 3}
+    assert w12.spec["w12_config"] == want and all("w12_config" not in j.spec for j in jobs)
     default = w12_mosaic_gpu.DEFAULT_CONFIG
-    assert not default.escapes_in_kernel
+    assert not default.escapes_in_kernel and not default.warp_specialized
     try:
-        assert br.apply_kernel_settings(w12.spec)["w12_escapes_in_kernel"] is True
-        assert w12_mosaic_gpu.DEFAULT_CONFIG == dataclasses.replace(default, escapes_in_kernel=True)
+        assert br.apply_kernel_settings(w12.spec)["w12_config"] == want
+        assert w12_mosaic_gpu.DEFAULT_CONFIG == dataclasses.replace(default, **want)
     finally:
         w12_mosaic_gpu.DEFAULT_CONFIG = default
+    for bad, named in [("warp_specialised=True", "warp_specialised"), ("overlap_decode=yes", "True or False"),
+                       ("split_k=two", "integer"), ("decode=smem,warp_specialized=True", "needs decode='registers'")]:
+        with pytest.raises(SystemExit):
+            br.parse_args(["--quick", "--w12-config", bad])
+        with pytest.raises(ValueError, match=named):
+            br.w12_config_fields(bad)
 
 
 def test_chain_rows_carry_their_kernels_to_their_jobs(tmp_path):

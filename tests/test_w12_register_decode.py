@@ -60,15 +60,16 @@ def test_stored_k_order_is_a_permutation_of_each_chunk():
   assert (STORED_POSITION[LOGICAL_OFFSET] == np.arange(rd.CHUNK)).all()
 
 
-@pytest.mark.parametrize("step_k", [64, 128, 256])
-def test_every_thread_decodes_its_fragment_through_swizzled_smem(step_k):
+@pytest.mark.parametrize("step_k,n", [(64, 64), (128, 64), (256, 64), (128, 128), (256, 128)])
+def test_every_thread_decodes_its_fragment_through_swizzled_smem(step_k, n):
   """The A fragment the 128 threads assemble (loads through the swizzle, decode, placement) is the
   unpacked weight tile in its logical K order (``pack`` stores the planes in the order the threads read them),
-  escapes as +0.0 (patched after the kernel)."""
-  rng = np.random.default_rng(step_k)
-  k, n = 4 * step_k, 64
+  escapes as +0.0 (patched after the kernel). A 128-row tile is two warpgroups' fragments, each of its 64 rows
+  (the warp-specialised kernel's step)."""
+  rng = np.random.default_rng(step_k + n)
+  k = 4 * step_k
   w = (rng.normal(0, 0.02, size=(k, n)) * np.exp(rng.uniform(-4, 4, n))).astype(BF16)
-  w[5, 7], w[70, 3] = BF16(1e30), BF16(-0.0)  # an escape and a negative zero
+  w[5, 7], w[70, 3], w[9, n - 1] = BF16(1e30), BF16(-0.0), BF16(-3e33)  # escapes (one in the last row) and a -0
   packed = w12.pack(w, group_k=256)  # kernels need group_k % step_k == 0: one base per step
   planes = np.asarray(packed.sign_mantissa), np.asarray(packed.exponent_codes)
   bases = np.asarray(packed.base_exponent)
@@ -87,12 +88,15 @@ def test_every_thread_decodes_its_fragment_through_swizzled_smem(step_k):
       np.testing.assert_array_equal(rd.simulate_chunk(byte_tile, nibble_tile, step_bases, chunk), want)
 
 
-@pytest.mark.parametrize("m,k,tile_k", [(1, 512, 128), (64, 512, 64), (5, 512, 256), (20, 120, 64), (14, 512, 128)])
-def test_register_kernel_lowers_for_hopper_on_cpu(m, k, tile_k):
+@pytest.mark.parametrize("m,k,tile_k,ws", [(1, 512, 128, False), (64, 512, 64, False), (5, 512, 256, False),
+                                           (20, 120, 64, False), (14, 512, 128, False), (1, 512, 128, True),
+                                           (20, 120, 64, True), (5, 512, 256, True)])
+def test_register_kernel_lowers_for_hopper_on_cpu(m, k, tile_k, ws):
   """Mosaic GPU's Python lowering (layouts, the inline decode, wgmma from registers, TMA tiling of an unpadded
-  ``x``: 20 x 120 failed on the H200 before ``pad_for_tma``) runs without a GPU."""
+  ``x``: 20 x 120 failed on the H200 before ``pad_for_tma``; ``ws``: the warp-specialised pipeline, three
+  warpgroups) runs without a GPU."""
   packed = w12.pack((np.random.default_rng(0).normal(size=(k, 128)) * 0.02).astype(BF16))
-  config = w12.TuningConfig(decode="registers", tile_m=64, tile_k=tile_k)
+  config = w12.TuningConfig(decode="registers", tile_m=64, tile_k=tile_k, warp_specialized=ws)
   x = jnp.ones((m, k), jnp.bfloat16)
   lowered = jax.jit(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config)).trace(x, packed).lower(
       lowering_platforms=("cuda",))

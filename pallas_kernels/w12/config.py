@@ -33,6 +33,11 @@ class TuningConfig:
     splits (and scatters an overflow, if any). Why: in the H200's decode loop the split-K sums carrying the escape
     gathers took 5-18 us each, ~0.85 ms a step (docs/results/2026-12-01-partials-w12v3-h200/). Opt-in until timed
     on a GPU.
+  warp_specialized: the register decode with blocks of 128 channels: two compute warpgroups of 64 and a warpgroup
+    that only issues TMA loads (``plgpu.emit_pipeline_warp_specialized``), so one warpgroup's loads and decode run
+    beside the other's wgmma. Why: the one-warpgroup kernel streams ~3.2 TB/s of stored bytes at 27 % occupancy,
+    bound by latency, not by decode instructions (docs/results/2026-12-01-partials-w12v3-h200/). Opt-in until timed
+    on a GPU (``scripts/h200/w12_probe.py --config decode=registers,warp_specialized=True``).
   """
 
   tile_n: int = 64
@@ -44,6 +49,7 @@ class TuningConfig:
   blocks_per_sm: int = 1
   decode: str = "smem"
   escapes_in_kernel: bool = False
+  warp_specialized: bool = False
 
   def __post_init__(self):
     if self.tile_n % 64:
@@ -56,6 +62,8 @@ class TuningConfig:
       raise ValueError(f"decode must be 'smem' or 'registers', got {self.decode!r}")
     if self.escapes_in_kernel and self.decode != "registers":
       raise ValueError("escapes_in_kernel needs decode='registers'")
+    if self.warp_specialized and self.decode != "registers":
+      raise ValueError("warp_specialized needs decode='registers'")
     if self.max_concurrent_steps < 1 or self.split_k < 0 or self.blocks_per_sm < 1:
       raise ValueError(
           f"max_concurrent_steps and blocks_per_sm must be >= 1 and split_k >= 0, got "

@@ -117,6 +117,10 @@ def w12_sweep():
         dataclasses.replace(DEFAULT_CONFIG, tile_k=256),
         TuningConfig(),  # SMEM decode, split_k auto: every SM gets a block
         dataclasses.replace(DEFAULT_CONFIG, escapes_in_kernel=True),  # the escape lists' correction in the kernel
+        # step i's decode beside step i - 1's wgmma; two compute warpgroups and a TMA warpgroup a block; both
+        dataclasses.replace(DEFAULT_CONFIG, escapes_in_kernel=True, overlap_decode=True),
+        dataclasses.replace(DEFAULT_CONFIG, escapes_in_kernel=True, warp_specialized=True),
+        dataclasses.replace(DEFAULT_CONFIG, escapes_in_kernel=True, warp_specialized=True, overlap_decode=True),
     )
 
 

@@ -193,3 +193,21 @@ def test_escapes_in_kernel_leave_xla_only_the_overflow(overflow):
   assert ("stablehlo.scatter" in text) == overflow and ("stablehlo.gather" in text) == overflow
   with pytest.raises(ValueError, match="escapes_in_kernel needs decode='registers'"):
     w12.TuningConfig(escapes_in_kernel=True)
+
+
+@pytest.mark.parametrize("ws,steps,fits", [(False, 3, True), (False, 4, False), (True, 2, True), (True, 3, False)])
+def test_register_kernel_refuses_a_config_over_shared_memory(ws, steps, fits):
+  """At 64 token rows and tile_k 256, a config whose pipeline needs more shared memory than a Hopper block has raises
+  NotImplementedError naming the fix (so ``w12.matmul`` falls back loudly) instead of failing inside Mosaic GPU; one that
+  fits lowers for sm_90."""
+  packed = w12.pack((np.random.default_rng(0).normal(size=(1024, 256)) * 0.02).astype(BF16))
+  config = w12.TuningConfig(decode="registers", tile_m=64, tile_k=256, split_k=1, max_concurrent_steps=steps,
+                            warp_specialized=ws)
+  x = jnp.ones((64, 1024), jnp.bfloat16)
+  lower = lambda: jax.jit(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config)).trace(x, packed).lower(
+      lowering_platforms=("cuda",))
+  if fits:
+    assert "mosaic_gpu" in lower().as_text()
+  else:
+    with pytest.raises(NotImplementedError, match="lower max_concurrent_steps or tile_k"):
+      lower()

@@ -107,6 +107,20 @@ H200 (12288x4096, docs/results/2026-12-01-partials-w12v3-h200/) the gathers made
 the sum: 5.8 and 10.0)."""
 
 
+_SMEM_LIMIT = 226 * 1024
+"""Shared memory a block may take: the H100 / H200's 227 KB less 1 KB for Mosaic GPU's barriers (it added 64 bytes to
+``_register_smem_bytes`` in the configs checked on the CPU)."""
+
+
+def _register_smem_bytes(config: TuningConfig, tile_m: int, depth: int) -> int:
+  """The register decode's shared memory a block: ``depth`` pipeline stages of both planes (1.5 bytes a weight) and
+  the activation tiles, and the epilogue's f32 halves, per warpgroup (two when ``warp_specialized``)."""
+  warpgroups = 2 if config.warp_specialized else 1
+  channels = register_decode.ROWS * warpgroups
+  stage = channels * config.tile_k * 3 // 2 + tile_m * config.tile_k * 2
+  return depth * stage + warpgroups * 2 * tile_m * register_decode.ROWS * 2
+
+
 def _check_supported(x: jax.Array, packed: W12Array, config: TuningConfig, interpret) -> None:
   """Raises NotImplementedError (the caller falls back) for shapes not tiled yet."""
   k, n = packed.shape
@@ -128,6 +142,11 @@ def _check_supported(x: jax.Array, packed: W12Array, config: TuningConfig, inter
       raise NotImplementedError(f"decode='registers' needs tile_n=64 and tile_k 64, 128 or 256, got {config}")
     if config.warp_specialized and n % 128:
       raise NotImplementedError(f"warp_specialized: N={n} is not a multiple of 128 (two warpgroups of 64 channels)")
+    tile_m = min(config.tile_m, round_up(max(math.prod(x.shape[:-1]), 1), 8))
+    smem = _register_smem_bytes(config, tile_m, min(config.max_concurrent_steps, kp // config.tile_k))
+    if smem > _SMEM_LIMIT:
+      raise NotImplementedError(f"decode='registers' with {config} needs {smem} bytes of shared memory a block at "
+                                f"{tile_m} token rows, over {_SMEM_LIMIT}: lower max_concurrent_steps or tile_k")
   if config.split_k and (kp // config.tile_k) % config.split_k:
     raise NotImplementedError(f"split_k={config.split_k} does not divide the {kp // config.tile_k} K steps")
 

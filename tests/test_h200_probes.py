@@ -1,6 +1,6 @@
 """The H200 probes run here, so a broken script fails on the CPU, not in device minutes: ``fusion_flag_probe.py`` end
 to end on the tiny model, ``prefetch_probe.py``'s chain lowered for Hopper, ``swiglu_matmul_probe.py``'s configs,
-``attention_ablation_probe.py``'s ablations lowered for Hopper."""
+``attention_ablation_probe.py``'s ablations and ``grid_barrier_probe.py``'s kernels lowered for Hopper."""
 
 import importlib.util
 import re
@@ -105,5 +105,24 @@ def test_attention_ablation_probe_variants_lower_for_hopper_and_it_refuses_a_cpu
   assert copies["base"] == (2 * g, g + 1)  # the output and lse tiles per head; q per head and the ancestor words
   assert copies["no_store"] == (0, g + 1) and copies["no_lse"] == (g, g + 1) and copies["no_q"] == (2 * g, 0)
   monkeypatch.setattr("sys.argv", ["attention_ablation_probe.py"])
+  with pytest.raises(SystemExit, match="needs a Hopper GPU; this backend is 'cpu'"):
+    probe.main([])
+
+
+def test_grid_barrier_probe_lowers_for_hopper_and_knows_its_answer(monkeypatch):
+  """The probe's phased kernel (a GMEM-semaphore grid barrier between phases) and its one-phase launches lower for
+  sm_90; the closed form it checks the GPU against is P neighbour steps; off a GPU it stops naming the backend."""
+  probe = load_probe("grid_barrier_probe", monkeypatch)
+  import numpy as np
+
+  x = np.arange(4 * probe.WIDTH, dtype=np.float32).reshape(4, probe.WIDTH)
+  steps = x
+  for _ in range(3):
+    steps = np.roll(steps, -1, axis=0) + 1  # row i takes row i + 1, plus one
+  np.testing.assert_array_equal(probe.expected(x, 3), steps)
+  spec = jax.ShapeDtypeStruct((64, probe.WIDTH), jnp.float32)
+  for fn, kernels in ((lambda v: probe.phased(v, 3), 1), (lambda v: probe.launches(v, 3), 3)):
+    text = jax.jit(fn).trace(spec).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("custom_call @mosaic_gpu") == kernels
   with pytest.raises(SystemExit, match="needs a Hopper GPU; this backend is 'cpu'"):
     probe.main([])

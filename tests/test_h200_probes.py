@@ -1,6 +1,7 @@
 """The H200 probes run here, so a broken script fails on the CPU, not in device minutes: ``fusion_flag_probe.py`` end
 to end on the tiny model, ``prefetch_probe.py``'s chain lowered for Hopper, ``swiglu_matmul_probe.py``'s configs,
-``attention_ablation_probe.py``'s ablations and ``grid_barrier_probe.py``'s kernels lowered for Hopper."""
+``attention_ablation_probe.py``'s ablations, ``grid_barrier_probe.py``'s and ``cluster_merge_probe.py``'s kernels
+lowered for Hopper."""
 
 import importlib.util
 import re
@@ -124,5 +125,18 @@ def test_grid_barrier_probe_lowers_for_hopper_and_knows_its_answer(monkeypatch):
   for fn, kernels in ((lambda v: probe.phased(v, 3), 1), (lambda v: probe.launches(v, 3), 3)):
     text = jax.jit(fn).trace(spec).lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("custom_call @mosaic_gpu") == kernels
+  with pytest.raises(SystemExit, match="needs a Hopper GPU; this backend is 'cpu'"):
+    probe.main([])
+
+
+def test_cluster_merge_probe_lowers_for_hopper(monkeypatch):
+  """The probe's cluster kernel (partials in each block's shared memory, two cluster barriers, the first block reading
+  its peers' rows) and its GMEM baseline lower for sm_90, each one Mosaic GPU kernel; off a GPU the probe stops."""
+  probe = load_probe("cluster_merge_probe", monkeypatch)
+  for splits in (2, 8):
+    spec = jax.ShapeDtypeStruct((8, splits, probe.WIDTH), jnp.float32)
+    for fn in (probe.cluster_merge, probe.two_launches, probe.partials):
+      assert jax.jit(fn).trace(spec).lower(lowering_platforms=("cuda",)).as_text().count(
+          "custom_call @mosaic_gpu") == 1, (fn.__name__, splits)
   with pytest.raises(SystemExit, match="needs a Hopper GPU; this backend is 'cpu'"):
     probe.main([])

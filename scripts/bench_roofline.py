@@ -1072,29 +1072,16 @@ def parse_args(argv=None):
 
 
 def w12_config_fields(text: str, escapes_in_kernel: bool = False) -> dict:
-    """``FIELD=VALUE,...`` -> {field: value} of ``w12.TuningConfig`` (ints, ``True``/``False``, ``decode``'s string),
-    checked by building the config on the kernel's default; ``escapes_in_kernel`` adds that field."""
+    """``--w12-config``'s fields (``w12.config.parse_fields``), ``escapes_in_kernel`` added, checked by building the
+    config on the kernel's default (its own one-line ValueErrors)."""
     import dataclasses
 
     from pallas_kernels.w12 import mosaic_gpu as w12_mosaic_gpu
+    from pallas_kernels.w12.config import parse_fields
 
-    types = {f.name: str(f.type) for f in dataclasses.fields(w12_mosaic_gpu.TuningConfig)}
     fields = {"escapes_in_kernel": True} if escapes_in_kernel else {}
-    for item in filter(None, text.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep or key not in types:
-            raise ValueError(f"{item!r} is not FIELD=VALUE with a TuningConfig field ({', '.join(types)})")
-        if types[key] == "bool":
-            if value not in ("True", "False"):
-                raise ValueError(f"{key} takes True or False, got {value!r}")
-            fields[key] = value == "True"
-        elif types[key] == "int":
-            if not re.fullmatch(r"\d+", value):
-                raise ValueError(f"{key} takes an integer, got {value!r}")
-            fields[key] = int(value)
-        else:
-            fields[key] = value
-    dataclasses.replace(w12_mosaic_gpu.DEFAULT_CONFIG, **fields)  # its own checks: one-line ValueErrors
+    fields.update(parse_fields(text))
+    dataclasses.replace(w12_mosaic_gpu.DEFAULT_CONFIG, **fields)
     return fields
 
 

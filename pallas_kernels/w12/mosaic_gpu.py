@@ -112,6 +112,11 @@ _SMEM_LIMIT = 226 * 1024
 ``_register_smem_bytes`` in the configs checked on the CPU)."""
 
 
+def _token_tile(config: TuningConfig, m: int) -> int:
+  """Token rows a block takes (wgmma N): the config's, or fewer for fewer rows (a multiple of 8)."""
+  return min(config.tile_m, round_up(max(m, 1), 8))
+
+
 def _register_smem_bytes(config: TuningConfig, tile_m: int, depth: int) -> int:
   """The register decode's shared memory a block: ``depth`` pipeline stages of both planes (1.5 bytes a weight) and
   the activation tiles, and the epilogue's f32 halves, per warpgroup (two when ``warp_specialized``)."""
@@ -142,7 +147,7 @@ def _check_supported(x: jax.Array, packed: W12Array, config: TuningConfig, inter
       raise NotImplementedError(f"decode='registers' needs tile_n=64 and tile_k 64, 128 or 256, got {config}")
     if config.warp_specialized and n % 128:
       raise NotImplementedError(f"warp_specialized: N={n} is not a multiple of 128 (two warpgroups of 64 channels)")
-    tile_m = min(config.tile_m, round_up(max(math.prod(x.shape[:-1]), 1), 8))
+    tile_m = _token_tile(config, math.prod(x.shape[:-1]))
     smem = _register_smem_bytes(config, tile_m, min(config.max_concurrent_steps, kp // config.tile_k))
     if smem > _SMEM_LIMIT:
       raise NotImplementedError(f"decode='registers' with {config} needs {smem} bytes of shared memory a block at "
@@ -513,7 +518,7 @@ def w12_matmul(
   kp = packed.sign_mantissa.shape[1]
   lead = x.shape[:-1]
   m = math.prod(lead)
-  tile_m = min(config.tile_m, round_up(max(m, 1), 8))
+  tile_m = _token_tile(config, m)
   mp = round_up(max(m, 1), tile_m)
   x2 = x.reshape(m, k)
 

@@ -12,20 +12,17 @@ the previous output (L2-hot, as the rope kernel leaves it). Prints one line per 
 from __future__ import annotations
 
 import argparse
-import collections
-import statistics
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.tree_attention import mosaic_gpu, ops
 from pallas_kernels.tree_attention.config import TuningConfig
 from pallas_kernels.tree_attention.reference import tree_attention_reference
-from specpilot.costmodel.cupti import kernel_timings
+from specpilot.costmodel.cupti import kernel_summary, median_kernel_us
 
 HQ, HKV, D = 32, 8, 128
 FLUSH_BYTES = 128 * 2**20
@@ -128,18 +125,10 @@ def main(argv=None) -> None:
         continue
       finally:
         mosaic_gpu.ABLATE.clear()
-    per_name = collections.defaultdict(list)
-    for _ in range(args.iters):
-      totals = collections.Counter()
-      for kernel, ms in kernel_timings(lambda: program(x, flush)):
-        totals[kernel] += ms * 1e3 / args.calls
-      for kernel, us in totals.items():
-        per_name[kernel].append(us)
-    parts = {k: statistics.median(v) for k, v in per_name.items()}
+    parts = median_kernel_us(lambda: program(x, flush), args.iters, per=args.calls)
     ours = sum(us for k, us in parts.items() if FLOOR_NAME in k or ATTENTION_NAME in k)
-    detail = ", ".join(f"{k[:48]} {us:.2f}" for k, us in sorted(parts.items(), key=lambda kv: -kv[1]))
-    print(f"{name}: {ours:.2f} us a call in the kernel ({detail})" + (f"; max |err| {err:.3g}" if check else ""),
-          flush=True)
+    print(f"{name}: {ours:.2f} us a call in the kernel ({kernel_summary(parts, 48)})"
+          + (f"; max |err| {err:.3g}" if check else ""), flush=True)
 
 
 if __name__ == "__main__":

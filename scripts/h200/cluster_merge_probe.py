@@ -15,8 +15,6 @@ against numpy. Kernel time by CUPTI, each kernel name apart.
 from __future__ import annotations
 
 import argparse
-import collections
-import statistics
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +23,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from specpilot.costmodel.cupti import kernel_timings
+from specpilot.costmodel.cupti import kernel_summary, median_kernel_us
 
 WIDTH = 128
 _PARAMS = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
@@ -93,16 +91,9 @@ def main(argv=None) -> None:
         print(f"splits={splits} {name}: FAILED {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
         continue
       right = "-" if name == "one_launch" else bool(np.allclose(got, want, rtol=1e-6, atol=1e-5))
-      per_name = collections.defaultdict(list)
-      for _ in range(args.iters):
-        totals = collections.Counter()
-        for kernel, ms in kernel_timings(lambda: program(x)):
-          totals[kernel] += ms * 1e3
-        for kernel, us in totals.items():
-          per_name[kernel].append(us)
-      parts = {k: statistics.median(v) for k, v in per_name.items()}
-      detail = ", ".join(f"{k[:40]} {us:.2f}" for k, us in sorted(parts.items(), key=lambda kv: -kv[1]))
-      print(f"splits={splits} {name}: {sum(parts.values()):.2f} us a call, right={right} ({detail})", flush=True)
+      parts = median_kernel_us(lambda: program(x), args.iters)
+      print(f"splits={splits} {name}: {sum(parts.values()):.2f} us a call, right={right} ({kernel_summary(parts)})",
+            flush=True)
 
 
 if __name__ == "__main__":

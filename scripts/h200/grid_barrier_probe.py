@@ -15,8 +15,6 @@ CUPTI, per phase, each kernel name apart: XLA zeroes the semaphores once a call 
 from __future__ import annotations
 
 import argparse
-import collections
-import statistics
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +23,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from specpilot.costmodel.cupti import kernel_timings
+from specpilot.costmodel.cupti import kernel_summary, median_kernel_us
 
 WIDTH = 128  # floats a row: one per thread of the block's warpgroup
 _PARAMS = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
@@ -91,18 +89,10 @@ def main(argv=None) -> None:
                 flush=True)
           continue
         right = bool(np.array_equal(got, expected(np.asarray(x), phases)))
-        per_name = collections.defaultdict(list)
-        for _ in range(args.iters):
-          totals = collections.Counter()
-          for kernel, ms in kernel_timings(lambda: program(x)):
-            totals[kernel] += ms * 1e3
-          for kernel, us in totals.items():
-            per_name[kernel].append(us)
-        parts = {k: statistics.median(v) for k, v in per_name.items()}
+        parts = median_kernel_us(lambda: program(x), args.iters)
         total = sum(parts.values())
-        detail = ", ".join(f"{k[:40]} {us:.2f}" for k, us in sorted(parts.items(), key=lambda kv: -kv[1]))
         print(f"ctas={ctas} phases={phases} {name}: {total:.2f} us a call, {total / phases:.2f} a phase, "
-              f"right={right} ({detail})", flush=True)
+              f"right={right} ({kernel_summary(parts)})", flush=True)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ MOSAIC_GPU_DUMP_SASS=1 printed no SASS beside it).
 """
 
 import argparse
-import dataclasses
 import statistics
 
 import jax
@@ -18,17 +17,14 @@ from jax.experimental.mosaic.gpu import profiler
 
 from pallas_kernels import w12
 from pallas_kernels.w12 import mosaic_gpu
+from pallas_kernels.w12.config import parse_fields
 
 
 def parse_config(text: str) -> w12.TuningConfig:
-  fields = {f.name: f.type for f in dataclasses.fields(w12.TuningConfig)}
-  values = {}
-  for item in filter(None, text.split(",")):
-    key, value = item.split("=")
-    if key not in fields:
-      raise SystemExit(f"--config: unknown TuningConfig field {key!r}")
-    values[key] = value if key == "decode" else (value == "True" if fields[key] in ("bool", bool) else int(value))
-  return w12.TuningConfig(**values)
+  try:
+    return w12.TuningConfig(**parse_fields(text))
+  except ValueError as e:
+    raise SystemExit(f"--config: {e}") from e
 
 
 def main():

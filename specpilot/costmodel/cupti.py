@@ -37,3 +37,24 @@ def kernel_timings(call: Callable[[], Any]) -> list[tuple[str, float]]:
 def gpu_ms(call: Callable[[], Any]) -> float:
     """The summed run time of ``call()``'s kernels, in ms (``kernel_timings``)."""
     return sum(ms for _, ms in kernel_timings(call))
+
+
+def median_kernel_us(call: Callable[[], Any], iters: int, per: float = 1.0) -> dict[str, float]:
+    """Each kernel name's µs (its launches in one ``call()`` summed, divided by ``per``: calls or steps inside it),
+    the median over ``iters`` runs (``kernel_timings``)."""
+    import collections
+    import statistics
+
+    runs = collections.defaultdict(list)
+    for _ in range(iters):
+        totals = collections.Counter()
+        for name, ms in kernel_timings(call):
+            totals[name] += ms * 1e3 / per
+        for name, us in totals.items():
+            runs[name].append(us)
+    return {name: statistics.median(us) for name, us in runs.items()}
+
+
+def kernel_summary(parts: dict[str, float], width: int = 40) -> str:
+    """``median_kernel_us``'s result as one line, the largest first: ``name 12.34, name 5.67``."""
+    return ", ".join(f"{name[:width]} {us:.2f}" for name, us in sorted(parts.items(), key=lambda kv: -kv[1]))

@@ -23,6 +23,18 @@ def round_up(a: int, b: int) -> int:
   return -(-a // b) * b
 
 
+SMEM_LIMIT = 226 * 1024
+"""Shared memory a block of the split-K matmul kernels may take: the H100 / H200's 227 KB less 1 KB for Mosaic GPU's
+barriers (it added 64 bytes to the W12 register decode's own count in the configs checked on the CPU)."""
+
+
+def token_tile(tile_m: int, m: int) -> int:
+  """Token rows a block takes (wgmma N, a multiple of 8): ``tile_m``, or fewer for fewer rows; ``tile_m == 0`` takes
+  all ``m`` rows in one block (at most 256, wgmma's widest N), so every weight byte is read once per call."""
+  rows = round_up(max(m, 1), 8)
+  return min(rows, 256) if tile_m == 0 else min(tile_m, rows)
+
+
 def smem_transforms(minor_dim: int, dtype) -> tuple:
   """Tiling + swizzle that wgmma descriptors and conflict-free SMEM access need."""
   bits = jnp.dtype(dtype).itemsize * 8

@@ -116,11 +116,13 @@ def test_grid_barrier_probe_lowers_for_hopper_and_knows_its_answer(monkeypatch):
   probe = load_probe("grid_barrier_probe", monkeypatch)
   import numpy as np
 
-  x = np.arange(4 * probe.WIDTH, dtype=np.float32).reshape(4, probe.WIDTH)
+  x = np.random.default_rng(0).normal(size=(4, probe.WIDTH)).astype(np.float32)
   steps = x
   for _ in range(3):
-    steps = np.roll(steps, -1, axis=0) + 1  # row i takes row i + 1, plus one
+    steps = np.roll(steps, -1, axis=0) + np.float32(1)  # row i takes row i + 1, plus one, rounded in f32 each time
   np.testing.assert_array_equal(probe.expected(x, 3), steps)
+  assert probe.expected(x, 3).dtype == np.float32
+  assert not np.array_equal(np.roll(x, -3, axis=0) + 3, steps)  # why the closed form read right=False on the H200
   spec = jax.ShapeDtypeStruct((64, probe.WIDTH), jnp.float32)
   for fn, kernels in ((lambda v: probe.phased(v, 3), 1), (lambda v: probe.launches(v, 3), 3)):
     text = jax.jit(fn).trace(spec).lower(lowering_platforms=("cuda",)).as_text()

@@ -57,6 +57,7 @@ class SkinnyMatmulSuite:
           ((20,), 256, 192, Config(tile_m=8, tile_k=64, max_concurrent_steps=2)),  # 3 token blocks
           ((2, 7), 384, 64, Config(tile_k=128, split_k=1)),  # leading dims, 3 steps, no split: bf16 out
           ((4,), 512, 64, Config(tile_k=256, split_k=2, max_concurrent_steps=1)),
+          ((65,), 256, 128, Config()),  # a 64-node verify's rows: one token block of 72
       ],
   )
   def test_matches_f32_matmul(self, lead, k, n, config):
@@ -87,7 +88,7 @@ class TestMosaicGpuInterpret(SkinnyMatmulSuite):
       self.run(x, jnp.ones((256, 64), jnp.bfloat16), Config())
 
 
-@pytest.mark.parametrize("m", [1, 16, 64])
+@pytest.mark.parametrize("m", [1, 16, 64, 65, 256])
 def test_hopper_lowering_at_qwen3_shapes(m):
   """Mosaic GPU lowers the kernel for sm_90 on a CPU-only jaxlib: the transposed weight operand and the
   split-K grid are legal wgmma/TMA at the real tile sizes (4096 x 12288 gate|up, default config)."""
@@ -110,6 +111,28 @@ def test_hopper_lowering_of_odd_token_counts(lead, k, config):
   assert "mosaic_gpu" in jax.jit(run).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
 
 
+@pytest.mark.parametrize("m,tile_m,blocks", [(1, 8, 1), (64, 64, 1), (65, 72, 1), (200, 200, 1), (256, 256, 1),
+                                             (300, 256, 2)])
+def test_the_default_token_tile_reads_each_weight_once(m, tile_m, blocks):
+  """``tile_m=0`` puts up to 256 rows in one block (one read of each weight tile); the padded rows are what the
+  kernel wrote (``SplitKPartials``' row axis is ``blocks * tile_m``)."""
+  assert split_k.token_tile(0, m) == tile_m
+  x, w = jnp.ones((m, 512), jnp.bfloat16), jnp.ones((512, 64), jnp.bfloat16)
+  run = functools.partial(skinny_mosaic_gpu.skinny_matmul, reduce=False)
+  partials = jax.eval_shape(run, x, w)
+  assert partials.halves.shape[-2] == blocks * tile_m
+
+
+def test_wide_token_tiles_shorten_the_pipeline_to_fit_shared_memory():
+  """At 256 rows the default config's 4 stages of 64 KB activation tiles do not fit: the auto tile takes the deepest
+  pipeline that does; a config that names its tile gets a one-line error (the dispatcher falls back to XLA)."""
+  assert skinny_mosaic_gpu._pipeline_depth(Config(), 256, 32, 2) == 2
+  assert skinny_mosaic_gpu._pipeline_depth(Config(), 72, 32, 2) == 4
+  assert skinny_mosaic_gpu._smem_bytes(256, 128, 2, 2) <= split_k.SMEM_LIMIT
+  with pytest.raises(NotImplementedError, match="shared memory a block at 256 token rows"):
+    skinny_mosaic_gpu._pipeline_depth(Config(tile_m=256), 256, 32, 2)
+
+
 def test_pad_for_tma_pads_only_what_tma_cannot_tile():
   assert tma.pad_for_tma(jnp.ones((1, 4096)), (8, 64)).shape == (1, 4096)  # decode: no pad kernel
   assert tma.pad_for_tma(jnp.ones((8, 40)), (8, 64)).shape == (8, 40)  # smaller than a tile
@@ -121,6 +144,8 @@ def test_pad_for_tma_pads_only_what_tma_cannot_tile():
 def test_tuning_config_rejects_bad_tiles():
   with pytest.raises(ValueError, match="tile_m"):
     Config(tile_m=12)
+  with pytest.raises(ValueError, match="tile_m"):
+    Config(tile_m=264)
   with pytest.raises(ValueError, match="tile_k"):
     Config(tile_k=96)
   with pytest.raises(ValueError, match="blocks_per_sm"):

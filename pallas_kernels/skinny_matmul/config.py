@@ -11,23 +11,26 @@ class TuningConfig:
 
   tile_m: tokens per block (wgmma N: a multiple of 8 up to 256); the token count is padded to a
     multiple of ``min(tile_m, M rounded up to 8)``, so one token costs an 8-wide tile, not a 64-wide one.
+    0 (the default): all of M's rows in one block (``split_k.token_tile``), so each weight byte is read once per
+    call at any M up to 256 (with 64, a 65-row verify pass read every weight twice).
   tile_k: reduction depth per pipeline step (a multiple of 64). A step moves a ``[tile_k, 64]`` bf16
     weight tile (16 KB at 128) with one TMA.
-  max_concurrent_steps: TMA pipeline depth: weight bytes in flight per block.
+  max_concurrent_steps: TMA pipeline depth: weight bytes in flight per block. With ``tile_m == 0`` lowered to the
+    deepest pipeline whose tiles fit shared memory (wide token tiles at 128+ rows).
   split_k: K ranges reduced afterwards (f32 partial sums); 0 = ``split_k.auto_split_k`` aiming at
     ``blocks_per_sm`` blocks per SM. A decode step is memory-bound, so what matters is the bytes in
     flight per SM: ``blocks_per_sm * max_concurrent_steps * tile_k * 128`` bytes.
   """
 
-  tile_m: int = 64
+  tile_m: int = 0
   tile_k: int = 128
   max_concurrent_steps: int = 4
   split_k: int = 0
   blocks_per_sm: int = 2
 
   def __post_init__(self):
-    if self.tile_m % 8 or not 8 <= self.tile_m <= 256:
-      raise ValueError(f"tile_m must be a multiple of 8 in [8, 256], got {self.tile_m}")
+    if self.tile_m and (self.tile_m % 8 or not 8 <= self.tile_m <= 256):
+      raise ValueError(f"tile_m must be 0 (all rows) or a multiple of 8 in [8, 256], got {self.tile_m}")
     if self.tile_k <= 0 or self.tile_k % 64:
       raise ValueError(f"tile_k must be a positive multiple of 64, got {self.tile_k}")
     if self.max_concurrent_steps < 1 or self.split_k < 0 or self.blocks_per_sm < 1:

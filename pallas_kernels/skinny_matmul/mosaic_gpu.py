@@ -48,9 +48,11 @@ from pallas_kernels.split_k import (
     consumer_split_k,
     halves_scratch,
     num_sms,
+    SMEM_LIMIT,
     round_up,
     smem_transforms,
     store_split,
+    token_tile,
 )
 from pallas_kernels.tma import pad_for_tma
 
@@ -88,6 +90,24 @@ def check_supported(x: jax.Array, w: jax.Array, config: TuningConfig) -> None:
     raise NotImplementedError(f"K={k} is not a multiple of tile_k={config.tile_k}")
   if config.split_k and (k // config.tile_k) % config.split_k:
     raise NotImplementedError(f"split_k={config.split_k} does not divide the {k // config.tile_k} K steps")
+
+
+def _smem_bytes(tile_m: int, tile_k: int, depth: int, halves: int) -> int:
+  """A block's shared memory: ``depth`` stages of a weight and an activation tile, and the output tile's halves."""
+  return depth * (tile_k * TILE_N + tile_m * tile_k) * 2 + halves * tile_m * TILE_N * 2
+
+
+def _pipeline_depth(config: TuningConfig, tile_m: int, steps: int, halves: int) -> int:
+  """``max_concurrent_steps`` (at most ``steps``); with ``tile_m == 0`` (all rows in one block) the deepest pipeline
+  that fits shared memory. Raises NotImplementedError (the caller falls back) when the tiles do not fit."""
+  depth = min(config.max_concurrent_steps, steps)
+  while config.tile_m == 0 and depth > 1 and _smem_bytes(tile_m, config.tile_k, depth, halves) > SMEM_LIMIT:
+    depth -= 1
+  smem = _smem_bytes(tile_m, config.tile_k, depth, halves)
+  if smem > SMEM_LIMIT:
+    raise NotImplementedError(f"the skinny kernel with {config} needs {smem} bytes of shared memory a block at "
+                              f"{tile_m} token rows, over {SMEM_LIMIT}: lower max_concurrent_steps, tile_k or tile_m")
+  return depth
 
 
 def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, interpret, mp):
@@ -174,7 +194,7 @@ def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = N
   k, n = w.shape
   lead = x.shape[:-1]
   m = math.prod(lead)
-  tile_m = min(config.tile_m, round_up(max(m, 1), 8))
+  tile_m = token_tile(config.tile_m, m)
   mp = round_up(max(m, 1), tile_m)
   k_steps = k // config.tile_k
   split_k = config.split_k or SPLIT_K_BY_SHAPE.get((k, n)) or auto_split_k(
@@ -184,9 +204,10 @@ def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = N
   if k_steps % split_k:
     raise ValueError(f"skinny matmul: split_k={split_k} for W[{k}, {n}] does not divide its {k_steps} K steps "
                      f"(tile_k={config.tile_k}; SPLIT_K_BY_SHAPE or the config)")
+  halves = 2 if split_k > 1 else 1
+  depth = _pipeline_depth(config, tile_m, k_steps // split_k, halves)
   x2 = pad_for_tma(x.reshape(m, k), X_TILE)
-  partial = _call(x2, w, tile_m=tile_m, tile_k=config.tile_k,
-                  max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, halves=2 if split_k > 1 else 1,
-                  interpret=interpret, mp=mp)
+  partial = _call(x2, w, tile_m=tile_m, tile_k=config.tile_k, max_concurrent_steps=depth, split_k=split_k,
+                  halves=halves, interpret=interpret, mp=mp)
   partials = SplitKPartials(partial, lead, jnp.dtype(x.dtype).name)  # split_k == 1: the padded result itself
   return partials.sum() if reduce else partials

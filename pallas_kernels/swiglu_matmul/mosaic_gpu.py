@@ -38,7 +38,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import pdl
-from pallas_kernels.split_k import exit_wait, halves_scratch, round_up, smem_transforms
+from pallas_kernels.split_k import exit_wait, halves_scratch, round_up, smem_transforms, token_tile
 from pallas_kernels.tma import pad_for_tma
 
 TILE_N = 64  # intermediate channels per block: one wgmma M for the gate, one for the up projection
@@ -164,7 +164,7 @@ def swiglu_matmul(x: jax.Array, w_gate_up: jax.Array, *, config: TuningConfig | 
   check_supported(x, w_gate_up, config)
   lead, k = x.shape[:-1], x.shape[-1]
   m = math.prod(lead)
-  tile_m = min(config.tile_m, round_up(max(m, 1), 8))
+  tile_m = token_tile(config.tile_m, m)
   x2 = pad_for_tma(x.reshape(m, k), X_TILE)
   out = _call(x2, w_gate_up, m=x2.shape[0], tile_m=tile_m, tile_k=config.tile_k,
               max_concurrent_steps=config.max_concurrent_steps, interpret=interpret)

@@ -62,6 +62,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import pdl
 from pallas_kernels.split_k import (
+  SMEM_LIMIT,
   SplitKPartials,
   auto_split_k,
   consumer_split_k,
@@ -75,6 +76,7 @@ from pallas_kernels.split_k import (
   smem_transforms,
   store_partial_sum,
   store_split,
+  token_tile,
 )
 from pallas_kernels.tma import pad_for_tma
 from pallas_kernels.w12 import register_decode
@@ -107,16 +109,6 @@ H200 (12288x4096, docs/results/2026-12-01-partials-w12v3-h200/) the gathers made
 the sum: 5.8 and 10.0)."""
 
 
-_SMEM_LIMIT = 226 * 1024
-"""Shared memory a block may take: the H100 / H200's 227 KB less 1 KB for Mosaic GPU's barriers (it added 64 bytes to
-``_register_smem_bytes`` in the configs checked on the CPU)."""
-
-
-def _token_tile(config: TuningConfig, m: int) -> int:
-  """Token rows a block takes (wgmma N): the config's, or fewer for fewer rows (a multiple of 8)."""
-  return min(config.tile_m, round_up(max(m, 1), 8))
-
-
 def _register_smem_bytes(config: TuningConfig, tile_m: int, depth: int) -> int:
   """The register decode's shared memory a block: ``depth`` pipeline stages of both planes (1.5 bytes a weight) and
   the activation tiles, and the epilogue's f32 halves, per warpgroup (two when ``warp_specialized``)."""
@@ -147,11 +139,11 @@ def _check_supported(x: jax.Array, packed: W12Array, config: TuningConfig, inter
       raise NotImplementedError(f"decode='registers' needs tile_n=64 and tile_k 64, 128 or 256, got {config}")
     if config.warp_specialized and n % 128:
       raise NotImplementedError(f"warp_specialized: N={n} is not a multiple of 128 (two warpgroups of 64 channels)")
-    tile_m = _token_tile(config, math.prod(x.shape[:-1]))
+    tile_m = token_tile(config.tile_m, math.prod(x.shape[:-1]))
     smem = _register_smem_bytes(config, tile_m, min(config.max_concurrent_steps, kp // config.tile_k))
-    if smem > _SMEM_LIMIT:
+    if smem > SMEM_LIMIT:
       raise NotImplementedError(f"decode='registers' with {config} needs {smem} bytes of shared memory a block at "
-                                f"{tile_m} token rows, over {_SMEM_LIMIT}: lower max_concurrent_steps or tile_k")
+                                f"{tile_m} token rows, over {SMEM_LIMIT}: lower max_concurrent_steps or tile_k")
   if config.split_k and (kp // config.tile_k) % config.split_k:
     raise NotImplementedError(f"split_k={config.split_k} does not divide the {kp // config.tile_k} K steps")
 
@@ -518,7 +510,7 @@ def w12_matmul(
   kp = packed.sign_mantissa.shape[1]
   lead = x.shape[:-1]
   m = math.prod(lead)
-  tile_m = _token_tile(config, m)
+  tile_m = token_tile(config.tile_m, m)
   mp = round_up(max(m, 1), tile_m)
   x2 = x.reshape(m, k)
 

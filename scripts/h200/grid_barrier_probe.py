@@ -6,8 +6,9 @@ floor every launch pays (docs/results/2026-12-02-ablation-w12-loop-h200/).
 the row its neighbour wrote in phase p - 1, adds one and writes its own row. Then every block signals the phase's GMEM
 semaphore and waits until all have (a grid barrier: release-ordered signal, acquire-ordered wait). ``launches``: the
 same P steps as P launches of a one-phase kernel, each reading its neighbour's row from the last launch's output.
-Both are checked against the closed form: after P phases, row i holds ``x[(i + P) % ctas] + P``. Kernel time by
-CUPTI, per phase, each kernel name apart: XLA zeroes the semaphores once a call (a memset of its own).
+Both are checked against P such steps on the host (``expected``): after P phases, row i holds ``x[(i + P) % ctas]``
+plus one, P times. Kernel time by CUPTI, per phase, each kernel name apart: XLA zeroes the semaphores once a call (a
+memset of its own).
 
     PYTHONPATH=$PWD python3 scripts/h200/grid_barrier_probe.py > $OUT/grid_barrier.txt
 """
@@ -66,7 +67,11 @@ def launches(x: jax.Array, phases: int) -> jax.Array:
 
 
 def expected(x: np.ndarray, phases: int) -> np.ndarray:
-  return np.roll(x, -phases, axis=0) + phases
+  """P neighbour steps, each adding one in f32 as the kernels do: ``(x + 1) + 1`` rounds where ``x + 2`` does not (the
+  eighteenth session's closed form did, and every run of two or more phases read ``right=False``)."""
+  for _ in range(phases):
+    x = np.roll(x, -1, axis=0) + np.float32(1)
+  return x
 
 
 def main(argv=None) -> None:

@@ -36,7 +36,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.add_rms_norm.reference import rms_norm
 from pallas_kernels.skinny_matmul.mosaic_gpu import DEFAULT_CONFIG, skinny_matmul
-from pallas_kernels.split_k import auto_split_k, num_sms
+from pallas_kernels.split_k import auto_split_k, num_sms, token_tile
 
 SHAPES = ((4096, 6144), (4096, 4096), (4096, 24576), (12288, 4096))  # qkv, o, gate_up, down
 BOX = (64, 256)  # rows x columns of one prefetch instruction (TMA boxes are at most 256 a side)
@@ -44,7 +44,7 @@ BOX = (64, 256)  # rows x columns of one prefetch instruction (TMA boxes are at 
 
 def next_split(k: int, n: int, m: int = 1) -> int:
   """The K splits ``skinny_matmul`` gives W[k, n] at m tokens (its blocks' walk)."""
-  tile_m = min(DEFAULT_CONFIG.tile_m, -(-m // 8) * 8)
+  tile_m = token_tile(DEFAULT_CONFIG.tile_m, m)
   return auto_split_k((n // 64) * (-(-m // tile_m)), k // DEFAULT_CONFIG.tile_k, num_sms(),
                       DEFAULT_CONFIG.blocks_per_sm)
 

@@ -872,6 +872,13 @@ def apply_kernel_settings(spec: dict) -> dict:
             skinny_ops.MAX_TOKENS_BY_SHAPE[tuple(map(int, shape.split("x")))] = int(rows)
         else:
             skinny_ops.MAX_TOKENS = int(rows)
+    if spec.get("skinny_config"):
+        import dataclasses as dc
+
+        from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
+
+        skinny_mosaic_gpu.DEFAULT_CONFIG = dc.replace(skinny_mosaic_gpu.DEFAULT_CONFIG, **spec["skinny_config"])
+    res["skinny_config"] = dict(spec.get("skinny_config") or {})
     if spec.get("norm"):
         from pallas_kernels.add_rms_norm import ops as norm_ops
 
@@ -1002,6 +1009,9 @@ def parse_args(argv=None):
                     help="the most token rows a bf16 linear runs on the skinny kernel with --matmul mosaic_gpu: ROWS "
                          "for every weight (skinny_matmul.ops.MAX_TOKENS), KxN=ROWS for one weight shape "
                          "(ops.MAX_TOKENS_BY_SHAPE); default: leave them as they are")
+    ap.add_argument("--skinny-config", default="", metavar="FIELD=VALUE,...",
+                    help="skinny_matmul.TuningConfig fields set on its mosaic_gpu.DEFAULT_CONFIG in every JAX job, e.g. "
+                         "channels=128 or tile_k=256,max_concurrent_steps=3,blocks_per_sm=1")
     ap.add_argument("--norm", choices=("xla", "mosaic_gpu"), default=None,
                     help="every residual add + RMSNorm of the target in every JAX job: XLA's or the add_rms_norm "
                          "kernel (sets add_rms_norm.ops.DEFAULT; default: leave it as it is)")
@@ -1063,6 +1073,10 @@ def parse_args(argv=None):
         args.w12_config = w12_config_fields(args.w12_config, args.w12_escapes_in_kernel)
     except ValueError as e:
         ap.error(f"--w12-config: {e}")
+    try:
+        args.skinny_config = skinny_config_fields(args.skinny_config)
+    except ValueError as e:
+        ap.error(f"--skinny-config: {e}")
     if args.swiglu_matmul_config:
         tile_k, steps = args.swiglu_matmul_config
         if tile_k <= 0 or tile_k % 64 or steps < 1:
@@ -1072,16 +1086,28 @@ def parse_args(argv=None):
 
 
 def w12_config_fields(text: str, escapes_in_kernel: bool = False) -> dict:
-    """``--w12-config``'s fields (``w12.config.parse_fields``), ``escapes_in_kernel`` added, checked by building the
+    """``--w12-config``'s fields (``config_fields.parse_fields``), ``escapes_in_kernel`` added, checked by building the
     config on the kernel's default (its own one-line ValueErrors)."""
     import dataclasses
 
+    from pallas_kernels.config_fields import parse_fields
     from pallas_kernels.w12 import mosaic_gpu as w12_mosaic_gpu
-    from pallas_kernels.w12.config import parse_fields
 
     fields = {"escapes_in_kernel": True} if escapes_in_kernel else {}
-    fields.update(parse_fields(text))
+    fields.update(parse_fields(text, type(w12_mosaic_gpu.DEFAULT_CONFIG)))
     dataclasses.replace(w12_mosaic_gpu.DEFAULT_CONFIG, **fields)
+    return fields
+
+
+def skinny_config_fields(text: str) -> dict:
+    """``--skinny-config``'s fields, checked by building the config on the skinny kernel's default."""
+    import dataclasses
+
+    from pallas_kernels.config_fields import parse_fields
+    from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
+
+    fields = parse_fields(text, type(skinny_mosaic_gpu.DEFAULT_CONFIG))
+    dataclasses.replace(skinny_mosaic_gpu.DEFAULT_CONFIG, **fields)
     return fields
 
 
@@ -1104,6 +1130,7 @@ def settings(args) -> dict:
         "kernel_split": args.kernel_split,
         "matmul": args.matmul,
         "skinny_max_tokens": args.skinny_max_tokens,
+        "skinny_config": args.skinny_config,
         "norm": args.norm,
         "rope": args.rope,
         "swiglu": args.swiglu,
@@ -1593,7 +1620,8 @@ def markdown(rep: dict) -> str:
         + (f" XLA_FLAGS of every job: `{p['xla_flags']}`." if p.get("xla_flags") else ""),
         f"- Attention: AR rows `{s.get('ar_attention', 'xla')}`, verify rows `{s.get('verify_attention', 'xla')}`. "
         f"Matmuls: `{s.get('matmul') or 'default'}`"
-        + (f" (at most rows: {' '.join(s['skinny_max_tokens'])})" if s.get("skinny_max_tokens") else "") + ". "
+        + (f" (at most rows: {' '.join(s['skinny_max_tokens'])})" if s.get("skinny_max_tokens") else "")
+        + (f" (skinny config {s['skinny_config']})" if s.get("skinny_config") else "") + ". "
         f"Residual add + RMSNorm: `{s.get('norm') or 'default'}`. q/k norm + rope: `{s.get('rope') or 'default'}`. "
         f"SwiGLU: `{s.get('swiglu') or 'default'}`, in the gate|up matmul: `{s.get('swiglu_matmul') or 'default'}`"
         + (f" (tile_k, steps {tuple(s['swiglu_matmul_config'])})" if s.get("swiglu_matmul_config") else "") + ". "

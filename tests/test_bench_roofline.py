@@ -321,6 +321,29 @@ def test_w12_config_reaches_only_the_w12_job(tmp_path):
             br.w12_config_fields(bad)
 
 
+def test_skinny_config_reaches_every_jax_job(tmp_path):
+    """``--skinny-config`` sets the skinny kernel's default config in every JAX job (restored here); a bad field stops
+    the parse naming it."""
+    from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
+
+    br = _load_script()
+    args = br.parse_args(["--quick", "--variants", "xla_forward", "--skinny-config", "channels=128,tile_k=256"])
+    jobs, _ = br.plan_jobs(args, br.settings(args), tmp_path, br.selected_variants(args))
+    want = {"channels": 128, "tile_k": 256}
+    assert jobs and all(j.spec["skinny_config"] == want for j in jobs if j.kind == "jax")
+    default = skinny_mosaic_gpu.DEFAULT_CONFIG
+    try:
+        assert br.apply_kernel_settings(jobs[0].spec)["skinny_config"] == want
+        assert skinny_mosaic_gpu.DEFAULT_CONFIG.channels == 128 and skinny_mosaic_gpu.DEFAULT_CONFIG.tile_k == 256
+    finally:
+        skinny_mosaic_gpu.DEFAULT_CONFIG = default
+    for bad, named in [("chanels=128", "chanels"), ("channels=96", "channels must be 64 or 128")]:
+        with pytest.raises(SystemExit):
+            br.parse_args(["--quick", "--skinny-config", bad])
+        with pytest.raises(ValueError, match=named):
+            br.skinny_config_fields(bad)
+
+
 def test_chain_rows_carry_their_kernels_to_their_jobs(tmp_path):
     """The PDL / kernel-chain rows each get a job whose spec names its kernels, and a job given them sets the modules'
     flags (restored here)."""

@@ -68,25 +68,3 @@ class TuningConfig:
       raise ValueError(
           f"max_concurrent_steps and blocks_per_sm must be >= 1 and split_k >= 0, got "
           f"{self.max_concurrent_steps}, {self.blocks_per_sm}, {self.split_k}")
-
-
-def parse_fields(text: str) -> dict:
-  """``FIELD=VALUE,...`` (a command line's) -> {field: value} of ``TuningConfig``: integers, ``True`` / ``False``,
-  ``decode``'s string. ValueError naming the item and what it takes; the caller builds (and so checks) the config."""
-  types = {f.name: str(f.type) for f in dataclasses.fields(TuningConfig)}
-  fields = {}
-  for item in filter(None, text.split(",")):
-    key, sep, value = item.partition("=")
-    if not sep or key not in types:
-      raise ValueError(f"{item!r} is not FIELD=VALUE with a TuningConfig field ({', '.join(types)})")
-    if types[key] == "bool":
-      if value not in ("True", "False"):
-        raise ValueError(f"{key} takes True or False, got {value!r}")
-      fields[key] = value == "True"
-    elif types[key] == "int":
-      if not value.isdigit():
-        raise ValueError(f"{key} takes an integer, got {value!r}")
-      fields[key] = int(value)
-    else:
-      fields[key] = value
-  return fields

@@ -17,12 +17,12 @@ from jax.experimental.mosaic.gpu import profiler
 
 from pallas_kernels import w12
 from pallas_kernels.w12 import mosaic_gpu
-from pallas_kernels.w12.config import parse_fields
+from pallas_kernels.config_fields import parse_fields
 
 
 def parse_config(text: str) -> w12.TuningConfig:
   try:
-    return w12.TuningConfig(**parse_fields(text))
+    return w12.TuningConfig(**parse_fields(text, w12.TuningConfig))
   except ValueError as e:
     raise SystemExit(f"--config: {e}") from e
 

@@ -143,6 +143,9 @@ def skinny_sweep():
         replace(DEFAULT_CONFIG, channels=128),  # one activation tile for two weight tiles
         replace(DEFAULT_CONFIG, channels=128, tile_k=256, max_concurrent_steps=2),
         replace(DEFAULT_CONFIG, channels=128, blocks_per_sm=1),
+        replace(DEFAULT_CONFIG, overlap=True),  # async wgmma, slots refilled a step late
+        replace(DEFAULT_CONFIG, overlap=True, max_concurrent_steps=2),  # at 65-72 rows two blocks an SM
+        replace(DEFAULT_CONFIG, overlap=True, blocks_per_sm=1),
     )
 
 

@@ -60,6 +60,9 @@ class SkinnyMatmulSuite:
           ((65,), 256, 128, Config()),  # a 64-node verify's rows: one token block of 72
           ((65,), 512, 256, Config(channels=128, tile_k=64)),  # two weight tiles a step, 2 channel blocks, auto split
           ((3,), 256, 128, Config(channels=128, split_k=1)),  # one block of 128 channels, bf16 out
+          ((65,), 1024, 128, Config(overlap=True, tile_k=64, split_k=2, max_concurrent_steps=3)),  # async wgmma
+          ((9,), 512, 256, Config(overlap=True, channels=128, tile_k=64, max_concurrent_steps=2, split_k=1)),
+          ((1,), 256, 64, Config(overlap=True, max_concurrent_steps=1, split_k=1)),  # one slot: waited as before
       ],
   )
   def test_matches_f32_matmul(self, lead, k, n, config):
@@ -137,6 +140,7 @@ def test_wide_token_tiles_shorten_the_pipeline_to_fit_shared_memory():
 
 
 @pytest.mark.parametrize("config", [Config(channels=128), Config(channels=128, tile_k=256, max_concurrent_steps=2),
+                                    Config(overlap=True), Config(overlap=True, max_concurrent_steps=2),
                                     Config(tile_k=256, max_concurrent_steps=3, blocks_per_sm=1)])
 def test_hopper_lowering_of_a_verify_pass_rows(config):
   """A 64-node verify's 65 rows (one 72-row token block) lower for sm_90 at the o projection's shape, with 128-channel

@@ -20,6 +20,9 @@ class TuningConfig:
   channels: output channels a block (64 or 128; wgmma's M is 64). 128: two weight tiles a step against one
     activation tile, so the activation tiles take half the shared memory and L2 reads per weight byte (at 65-72
     token rows an activation tile is larger than a weight tile).
+  overlap: async wgmma, each slot refilled one step late, so a step's wgmmas run while the next step's tiles are
+    waited for. Why: at 65 token rows a step's wgmma is ~9x an 8-row one's, and waiting for it before the refill put
+    it on the stream's critical path (docs/results/2026-12-02-verify-skinny-barrier-h200/).
   split_k: K ranges reduced afterwards (f32 partial sums); 0 = ``split_k.auto_split_k`` aiming at
     ``blocks_per_sm`` blocks per SM. A decode step is memory-bound, so what matters is the bytes in
     flight per SM: ``blocks_per_sm * max_concurrent_steps * tile_k * 128`` bytes.
@@ -31,6 +34,7 @@ class TuningConfig:
   split_k: int = 0
   blocks_per_sm: int = 2
   channels: int = 64
+  overlap: bool = False
 
   def __post_init__(self):
     if self.tile_m and (self.tile_m % 8 or not 8 <= self.tile_m <= 256):

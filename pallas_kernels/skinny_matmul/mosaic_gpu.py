@@ -113,7 +113,8 @@ def _pipeline_depth(config: TuningConfig, tile_m: int, steps: int, halves: int) 
   return depth
 
 
-def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, interpret, mp, channels=TILE_N):
+def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, interpret, mp, channels=TILE_N,
+          overlap=False):
   """``[split_k, halves, Mp, N]`` bf16: each block's accumulators stored transposed (tokens-major). With
   ``halves`` = 1 the bf16 result; with 2 the f32 partial sum's high and low 16 bits (``f32_from_halves``):
   Mosaic GPU stores a transposed wgmma accumulator into swizzled SMEM for 16-bit types only.
@@ -121,12 +122,16 @@ def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, inter
   A block owns ``channels`` (64 or 128) output channels: ``channels // 64`` weight tiles a step (one TMA each, wgmma's
   M is 64) against one activation tile, each into an accumulator of its own.
 
+  ``overlap`` (with a pipeline deeper than 1): async wgmma. A step waits for the step before's wgmmas only, so its own
+  run while the next step's tiles are waited for; the slot refilled is the step before's.
+
   ``x2`` has at most ``mp`` rows (``pad_for_tma``): the activation tiles are TMA boxes of ``tile_m`` rows, and TMA
   fills the rows past ``x2``'s with zeros. The output rows past them are zeros."""
   k, n = w.shape
   steps = k // tile_k // split_k
   depth = min(max_concurrent_steps, steps)
   parts = channels // TILE_N
+  overlap = overlap and depth > 1  # one slot: the step's own tiles would be refilled under its wgmma
   w_transforms = smem_transforms(TILE_N, jnp.bfloat16)
   x_transforms = smem_transforms(tile_k, jnp.bfloat16)
 
@@ -160,16 +165,19 @@ def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, inter
         plgpu.barrier_wait(loaded.at[slot])
         for j, acc_ref in enumerate(acc_refs):
           plgpu.wgmma(acc_ref, w_smem.at[slot, j].T, x_smem.at[slot].T)
-        plgpu.wgmma_wait(0)
+        # Overlapped: this step's wgmmas stay in flight, the last step's are done, and its slot is refilled.
+        plgpu.wgmma_wait(parts if overlap else 0)
+        done = i - 1 if overlap else i
 
-        @pl.when(i + depth < steps)
+        @pl.when((done >= 0) & (done + depth < steps))
         def _refill():  # the slot's tiles were read by the wgmmas just waited for
-          load_w(i + depth, slot)
-          load_x(i + depth, slot)
+          load_w(done + depth, lax.rem(done + depth, depth))
+          load_x(done + depth, lax.rem(done + depth, depth))
 
         return carry
 
       lax.fori_loop(0, steps, step, None)
+      plgpu.wgmma_wait(0)
       return tuple(acc_ref[...] for acc_ref in acc_refs)
 
     accs = pl.run_scoped(accumulate, *[plgpu.ACC((TILE_N, tile_m), jnp.float32) for _ in range(parts)])
@@ -219,6 +227,6 @@ def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = N
   depth = _pipeline_depth(config, tile_m, k_steps // split_k, halves)
   x2 = pad_for_tma(x.reshape(m, k), X_TILE)
   partial = _call(x2, w, tile_m=tile_m, tile_k=config.tile_k, max_concurrent_steps=depth, split_k=split_k,
-                  halves=halves, interpret=interpret, mp=mp, channels=config.channels)
+                  halves=halves, interpret=interpret, mp=mp, channels=config.channels, overlap=config.overlap)
   partials = SplitKPartials(partial, lead, jnp.dtype(x.dtype).name)  # split_k == 1: the padded result itself
   return partials.sum() if reduce else partials

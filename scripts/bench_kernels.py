@@ -117,10 +117,8 @@ def w12_sweep():
         dataclasses.replace(DEFAULT_CONFIG, tile_k=256),
         TuningConfig(),  # SMEM decode, split_k auto: every SM gets a block
         dataclasses.replace(DEFAULT_CONFIG, escapes_in_kernel=True),  # the escape lists' correction in the kernel
-        # step i's decode beside step i - 1's wgmma; two compute warpgroups and a TMA warpgroup a block; both
+        # step i's decode beside step i - 1's wgmma
         dataclasses.replace(DEFAULT_CONFIG, escapes_in_kernel=True, overlap_decode=True),
-        dataclasses.replace(DEFAULT_CONFIG, escapes_in_kernel=True, warp_specialized=True),
-        dataclasses.replace(DEFAULT_CONFIG, escapes_in_kernel=True, warp_specialized=True, overlap_decode=True),
     )
 
 
@@ -140,12 +138,6 @@ def skinny_sweep():
         replace(DEFAULT_CONFIG, tile_k=64, max_concurrent_steps=8),
         replace(DEFAULT_CONFIG, max_concurrent_steps=2),  # at 65-72 rows two blocks an SM fit shared memory
         replace(DEFAULT_CONFIG, tile_m=64),  # above 64 rows two token blocks, each reading every weight
-        replace(DEFAULT_CONFIG, channels=128),  # one activation tile for two weight tiles
-        replace(DEFAULT_CONFIG, channels=128, tile_k=256, max_concurrent_steps=2),
-        replace(DEFAULT_CONFIG, channels=128, blocks_per_sm=1),
-        replace(DEFAULT_CONFIG, overlap=True),  # async wgmma, slots refilled a step late
-        replace(DEFAULT_CONFIG, overlap=True, max_concurrent_steps=2),  # at 65-72 rows two blocks an SM
-        replace(DEFAULT_CONFIG, overlap=True, blocks_per_sm=1),
     )
 
 

@@ -1011,7 +1011,7 @@ def parse_args(argv=None):
                          "(ops.MAX_TOKENS_BY_SHAPE); default: leave them as they are")
     ap.add_argument("--skinny-config", default="", metavar="FIELD=VALUE,...",
                     help="skinny_matmul.TuningConfig fields set on its mosaic_gpu.DEFAULT_CONFIG in every JAX job, e.g. "
-                         "channels=128 or tile_k=256,max_concurrent_steps=3,blocks_per_sm=1")
+                         "tile_k=256,max_concurrent_steps=3,blocks_per_sm=1")
     ap.add_argument("--norm", choices=("xla", "mosaic_gpu"), default=None,
                     help="every residual add + RMSNorm of the target in every JAX job: XLA's or the add_rms_norm "
                          "kernel (sets add_rms_norm.ops.DEFAULT; default: leave it as it is)")
@@ -1059,7 +1059,7 @@ def parse_args(argv=None):
                          "(w12.TuningConfig.escapes_in_kernel on mosaic_gpu.DEFAULT_CONFIG)")
     ap.add_argument("--w12-config", default="", metavar="FIELD=VALUE,...",
                     help="more w12.TuningConfig fields set on the W12 job's mosaic_gpu.DEFAULT_CONFIG, e.g. "
-                         "warp_specialized=True,overlap_decode=True")
+                         "overlap_decode=True,max_concurrent_steps=3")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="no job runs past this many seconds (default 500; quick 300)")
     ap.add_argument("--timeout-scale", type=float, default=1.0, help="multiply every job's timeout")

@@ -302,19 +302,19 @@ def test_w12_config_reaches_only_the_w12_job(tmp_path):
 
     br = _load_script()
     args = br.parse_args(["--quick", "--variants", "xla_forward", "w12_kernel_decode_loop", "--w12-escapes-in-kernel",
-                          "--w12-config", "warp_specialized=True,max_concurrent_steps=3"])
+                          "--w12-config", "overlap_decode=True,max_concurrent_steps=3"])
     jobs, w12 = br.plan_jobs(args, br.settings(args), tmp_path, br.selected_variants(args))
-    want = {"escapes_in_kernel": True, "warp_specialized": True, "max_concurrent_steps": 3}
+    want = {"escapes_in_kernel": True, "overlap_decode": True, "max_concurrent_steps": 3}
     assert w12.spec["w12_config"] == want and all("w12_config" not in j.spec for j in jobs)
     default = w12_mosaic_gpu.DEFAULT_CONFIG
-    assert not default.escapes_in_kernel and not default.warp_specialized
+    assert not default.escapes_in_kernel and not default.overlap_decode
     try:
         assert br.apply_kernel_settings(w12.spec)["w12_config"] == want
         assert w12_mosaic_gpu.DEFAULT_CONFIG == dataclasses.replace(default, **want)
     finally:
         w12_mosaic_gpu.DEFAULT_CONFIG = default
-    for bad, named in [("warp_specialised=True", "warp_specialised"), ("overlap_decode=yes", "True or False"),
-                       ("split_k=two", "integer"), ("decode=smem,warp_specialized=True", "needs decode='registers'")]:
+    for bad, named in [("overlap_decodes=True", "overlap_decodes"), ("overlap_decode=yes", "True or False"),
+                       ("split_k=two", "integer"), ("decode=smem,escapes_in_kernel=True", "escapes_in_kernel needs decode='registers'")]:
         with pytest.raises(SystemExit):
             br.parse_args(["--quick", "--w12-config", bad])
         with pytest.raises(ValueError, match=named):
@@ -327,17 +327,17 @@ def test_skinny_config_reaches_every_jax_job(tmp_path):
     from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
 
     br = _load_script()
-    args = br.parse_args(["--quick", "--variants", "xla_forward", "--skinny-config", "channels=128,tile_k=256"])
+    args = br.parse_args(["--quick", "--variants", "xla_forward", "--skinny-config", "tile_k=256,blocks_per_sm=1"])
     jobs, _ = br.plan_jobs(args, br.settings(args), tmp_path, br.selected_variants(args))
-    want = {"channels": 128, "tile_k": 256}
+    want = {"tile_k": 256, "blocks_per_sm": 1}
     assert jobs and all(j.spec["skinny_config"] == want for j in jobs if j.kind == "jax")
     default = skinny_mosaic_gpu.DEFAULT_CONFIG
     try:
         assert br.apply_kernel_settings(jobs[0].spec)["skinny_config"] == want
-        assert skinny_mosaic_gpu.DEFAULT_CONFIG.channels == 128 and skinny_mosaic_gpu.DEFAULT_CONFIG.tile_k == 256
+        assert skinny_mosaic_gpu.DEFAULT_CONFIG.blocks_per_sm == 1 and skinny_mosaic_gpu.DEFAULT_CONFIG.tile_k == 256
     finally:
         skinny_mosaic_gpu.DEFAULT_CONFIG = default
-    for bad, named in [("chanels=128", "chanels"), ("channels=96", "channels must be 64 or 128")]:
+    for bad, named in [("tile_km=128", "tile_km"), ("tile_m=12", "tile_m must be 0"), ("overlap=1", "overlap")]:
         with pytest.raises(SystemExit):
             br.parse_args(["--quick", "--skinny-config", bad])
         with pytest.raises(ValueError, match=named):

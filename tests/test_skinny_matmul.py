@@ -58,11 +58,6 @@ class SkinnyMatmulSuite:
           ((2, 7), 384, 64, Config(tile_k=128, split_k=1)),  # leading dims, 3 steps, no split: bf16 out
           ((4,), 512, 64, Config(tile_k=256, split_k=2, max_concurrent_steps=1)),
           ((65,), 256, 128, Config()),  # a 64-node verify's rows: one token block of 72
-          ((65,), 512, 256, Config(channels=128, tile_k=64)),  # two weight tiles a step, 2 channel blocks, auto split
-          ((3,), 256, 128, Config(channels=128, split_k=1)),  # one block of 128 channels, bf16 out
-          ((65,), 1024, 128, Config(overlap=True, tile_k=64, split_k=2, max_concurrent_steps=3)),  # async wgmma
-          ((9,), 512, 256, Config(overlap=True, channels=128, tile_k=64, max_concurrent_steps=2, split_k=1)),
-          ((1,), 256, 64, Config(overlap=True, max_concurrent_steps=1, split_k=1)),  # one slot: waited as before
       ],
   )
   def test_matches_f32_matmul(self, lead, k, n, config):
@@ -134,17 +129,14 @@ def test_wide_token_tiles_shorten_the_pipeline_to_fit_shared_memory():
   assert skinny_mosaic_gpu._pipeline_depth(Config(), 256, 32, 2) == 2
   assert skinny_mosaic_gpu._pipeline_depth(Config(), 72, 32, 2) == 4
   assert skinny_mosaic_gpu._smem_bytes(256, 128, 2, 2) <= split_k.SMEM_LIMIT
-  assert skinny_mosaic_gpu._pipeline_depth(Config(channels=128), 72, 32, 2) == 4  # 4 x 50 KB + 18 KB
   with pytest.raises(NotImplementedError, match="shared memory a block at 256 token rows"):
     skinny_mosaic_gpu._pipeline_depth(Config(tile_m=256), 256, 32, 2)
 
 
-@pytest.mark.parametrize("config", [Config(channels=128), Config(channels=128, tile_k=256, max_concurrent_steps=2),
-                                    Config(overlap=True), Config(overlap=True, max_concurrent_steps=2),
-                                    Config(tile_k=256, max_concurrent_steps=3, blocks_per_sm=1)])
+@pytest.mark.parametrize("config", [Config(), Config(tile_k=256, max_concurrent_steps=3, blocks_per_sm=1),
+                                    Config(max_concurrent_steps=2)])
 def test_hopper_lowering_of_a_verify_pass_rows(config):
-  """A 64-node verify's 65 rows (one 72-row token block) lower for sm_90 at the o projection's shape, with 128-channel
-  blocks (two weight TMAs a slot, two accumulators) too."""
+  """A 64-node verify's 65 rows (one 72-row token block) lower for sm_90 at the o projection's shape."""
   x, w = jnp.ones((65, 4096), jnp.bfloat16), jnp.ones((4096, 4096), jnp.bfloat16)
   run = functools.partial(skinny_mosaic_gpu.skinny_matmul, config=config, reduce=False)
   assert "skinny_matmul_body" in jax.jit(run).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
@@ -167,8 +159,6 @@ def test_tuning_config_rejects_bad_tiles():
     Config(tile_k=96)
   with pytest.raises(ValueError, match="blocks_per_sm"):
     Config(blocks_per_sm=0)
-  with pytest.raises(ValueError, match="channels must be 64 or 128, got 96"):
-    Config(channels=96)
 
 
 @pytest.mark.gpu

@@ -77,14 +77,6 @@ class W12MatmulSuite:
                                                escapes_in_kernel=True, overlap_decode=True)),
           (512, 64, 1, 128, w12.TuningConfig(tile_m=8, tile_k=128, split_k=4, decode="registers",
                                              overlap_decode=True)),
-          # warp-specialised: two compute warpgroups of 64 channels and a TMA warpgroup a block; padded K, split-K,
-          # three token blocks, the escapes in the kernel, the overlap
-          (256, 128, 5, 128, w12.TuningConfig(tile_m=8, tile_k=128, decode="registers", warp_specialized=True)),
-          (120, 128, 20, 128, w12.TuningConfig(tile_m=8, tile_k=64, decode="registers", warp_specialized=True)),
-          (512, 256, 3, 128, w12.TuningConfig(tile_m=8, tile_k=128, split_k=2, decode="registers",
-                                              warp_specialized=True, overlap_decode=True)),
-          (1024, 128, 3, 512, w12.TuningConfig(tile_m=8, tile_k=128, split_k=2, decode="registers",
-                                               escapes_in_kernel=True, warp_specialized=True)),
       ],
   )
   def test_matches_f32_matmul(self, k, n, m, group_k, config):

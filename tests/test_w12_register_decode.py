@@ -60,14 +60,13 @@ def test_stored_k_order_is_a_permutation_of_each_chunk():
   assert (STORED_POSITION[LOGICAL_OFFSET] == np.arange(rd.CHUNK)).all()
 
 
-@pytest.mark.parametrize("step_k,n", [(64, 64), (128, 64), (256, 64), (128, 128), (256, 128)])
-def test_every_thread_decodes_its_fragment_through_swizzled_smem(step_k, n):
+@pytest.mark.parametrize("step_k", [64, 128, 256])
+def test_every_thread_decodes_its_fragment_through_swizzled_smem(step_k):
   """The A fragment the 128 threads assemble (loads through the swizzle, decode, placement) is the
   unpacked weight tile in its logical K order (``pack`` stores the planes in the order the threads read them),
-  escapes as +0.0 (patched after the kernel). A 128-row tile is two warpgroups' fragments, each of its 64 rows
-  (the warp-specialised kernel's step)."""
-  rng = np.random.default_rng(step_k + n)
-  k = 4 * step_k
+  escapes as +0.0 (patched after the kernel)."""
+  rng = np.random.default_rng(step_k)
+  k, n = 4 * step_k, 64
   w = (rng.normal(0, 0.02, size=(k, n)) * np.exp(rng.uniform(-4, 4, n))).astype(BF16)
   w[5, 7], w[70, 3], w[9, n - 1] = BF16(1e30), BF16(-0.0), BF16(-3e33)  # escapes (one in the last row) and a -0
   packed = w12.pack(w, group_k=256)  # kernels need group_k % step_k == 0: one base per step
@@ -88,15 +87,12 @@ def test_every_thread_decodes_its_fragment_through_swizzled_smem(step_k, n):
       np.testing.assert_array_equal(rd.simulate_chunk(byte_tile, nibble_tile, step_bases, chunk), want)
 
 
-@pytest.mark.parametrize("m,k,tile_k,ws", [(1, 512, 128, False), (64, 512, 64, False), (5, 512, 256, False),
-                                           (20, 120, 64, False), (14, 512, 128, False), (1, 512, 128, True),
-                                           (20, 120, 64, True), (5, 512, 256, True)])
-def test_register_kernel_lowers_for_hopper_on_cpu(m, k, tile_k, ws):
+@pytest.mark.parametrize("m,k,tile_k", [(1, 512, 128), (64, 512, 64), (5, 512, 256), (20, 120, 64), (14, 512, 128)])
+def test_register_kernel_lowers_for_hopper_on_cpu(m, k, tile_k):
   """Mosaic GPU's Python lowering (layouts, the inline decode, wgmma from registers, TMA tiling of an unpadded
-  ``x``: 20 x 120 failed on the H200 before ``pad_for_tma``; ``ws``: the warp-specialised pipeline, three
-  warpgroups) runs without a GPU."""
+  ``x``: 20 x 120 failed on the H200 before ``pad_for_tma``) runs without a GPU."""
   packed = w12.pack((np.random.default_rng(0).normal(size=(k, 128)) * 0.02).astype(BF16))
-  config = w12.TuningConfig(decode="registers", tile_m=64, tile_k=tile_k, warp_specialized=ws)
+  config = w12.TuningConfig(decode="registers", tile_m=64, tile_k=tile_k)
   x = jnp.ones((m, k), jnp.bfloat16)
   lowered = jax.jit(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config)).trace(x, packed).lower(
       lowering_platforms=("cuda",))
@@ -195,14 +191,13 @@ def test_escapes_in_kernel_leave_xla_only_the_overflow(overflow):
     w12.TuningConfig(escapes_in_kernel=True)
 
 
-@pytest.mark.parametrize("ws,steps,fits", [(False, 3, True), (False, 4, False), (True, 2, True), (True, 3, False)])
-def test_register_kernel_refuses_a_config_over_shared_memory(ws, steps, fits):
+@pytest.mark.parametrize("steps,fits", [(3, True), (4, False)])
+def test_register_kernel_refuses_a_config_over_shared_memory(steps, fits):
   """At 64 token rows and tile_k 256, a config whose pipeline needs more shared memory than a Hopper block has raises
   NotImplementedError naming the fix (so ``w12.matmul`` falls back loudly) instead of failing inside Mosaic GPU; one that
   fits lowers for sm_90."""
   packed = w12.pack((np.random.default_rng(0).normal(size=(1024, 256)) * 0.02).astype(BF16))
-  config = w12.TuningConfig(decode="registers", tile_m=64, tile_k=256, split_k=1, max_concurrent_steps=steps,
-                            warp_specialized=ws)
+  config = w12.TuningConfig(decode="registers", tile_m=64, tile_k=256, split_k=1, max_concurrent_steps=steps)
   x = jnp.ones((64, 1024), jnp.bfloat16)
   lower = lambda: jax.jit(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config)).trace(x, packed).lower(
       lowering_platforms=("cuda",))

@@ -12,17 +12,14 @@ class TuningConfig:
   tile_m: tokens per block (wgmma N: a multiple of 8 up to 256); the token count is padded to a
     multiple of ``min(tile_m, M rounded up to 8)``, so one token costs an 8-wide tile, not a 64-wide one.
     0 (the default): all of M's rows in one block (``split_k.token_tile``), so each weight byte is read once per
-    call at any M up to 256 (with 64, a 65-row verify pass read every weight twice).
+    call at any M up to 256 (with 64, a 65-row verify pass read every weight twice: 30.2 against 23.0 us for the o
+    projection, 129.1 against 58.2 for gate|up on the H200, docs/results/2026-12-02-verify-skinny-barrier-h200/).
+    Two forms for such rows were built and measured no faster there (128 channels a block sharing each activation
+    tile, async wgmma): their code is at commit bbf4b1f.
   tile_k: reduction depth per pipeline step (a multiple of 64). A step moves a ``[tile_k, 64]`` bf16
     weight tile (16 KB at 128) with one TMA.
   max_concurrent_steps: TMA pipeline depth: weight bytes in flight per block. With ``tile_m == 0`` lowered to the
     deepest pipeline whose tiles fit shared memory (wide token tiles at 128+ rows).
-  channels: output channels a block (64 or 128; wgmma's M is 64). 128: two weight tiles a step against one
-    activation tile, so the activation tiles take half the shared memory and L2 reads per weight byte (at 65-72
-    token rows an activation tile is larger than a weight tile).
-  overlap: async wgmma, each slot refilled one step late, so a step's wgmmas run while the next step's tiles are
-    waited for. Why: at 65 token rows a step's wgmma is ~9x an 8-row one's, and waiting for it before the refill put
-    it on the stream's critical path (docs/results/2026-12-02-verify-skinny-barrier-h200/).
   split_k: K ranges reduced afterwards (f32 partial sums); 0 = ``split_k.auto_split_k`` aiming at
     ``blocks_per_sm`` blocks per SM. A decode step is memory-bound, so what matters is the bytes in
     flight per SM: ``blocks_per_sm * max_concurrent_steps * tile_k * 128`` bytes.
@@ -33,16 +30,12 @@ class TuningConfig:
   max_concurrent_steps: int = 4
   split_k: int = 0
   blocks_per_sm: int = 2
-  channels: int = 64
-  overlap: bool = False
 
   def __post_init__(self):
     if self.tile_m and (self.tile_m % 8 or not 8 <= self.tile_m <= 256):
       raise ValueError(f"tile_m must be 0 (all rows) or a multiple of 8 in [8, 256], got {self.tile_m}")
     if self.tile_k <= 0 or self.tile_k % 64:
       raise ValueError(f"tile_k must be a positive multiple of 64, got {self.tile_k}")
-    if self.channels not in (64, 128):
-      raise ValueError(f"channels must be 64 or 128, got {self.channels}")
     if self.max_concurrent_steps < 1 or self.split_k < 0 or self.blocks_per_sm < 1:
       raise ValueError(
           f"max_concurrent_steps and blocks_per_sm must be >= 1 and split_k >= 0, got "

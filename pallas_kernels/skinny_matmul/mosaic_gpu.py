@@ -56,7 +56,7 @@ from pallas_kernels.split_k import (
 )
 from pallas_kernels.tma import pad_for_tma
 
-TILE_N = 64  # channels a weight tile (one wgmma M); a block takes one or two (``TuningConfig.channels``)
+TILE_N = 64  # output channels per block: one wgmma M
 X_TILE = (8, 64)  # the SMEM tiling of the activation tiles (``smem_transforms`` of a >= 128-byte bf16 row)
 
 DEFAULT_CONFIG = TuningConfig()
@@ -84,68 +84,54 @@ def check_supported(x: jax.Array, w: jax.Array, config: TuningConfig) -> None:
     raise ValueError(f"skinny matmul: x has {x.shape[-1]} features, the weight expects {k}")
   if x.dtype != jnp.bfloat16 or w.dtype != jnp.bfloat16:
     raise NotImplementedError(f"the skinny kernel takes bf16 x and W, got {x.dtype} and {w.dtype}")
-  if n % config.channels:
-    raise NotImplementedError(f"N={n} is not a multiple of {config.channels} (channels a block)")
+  if n % TILE_N:
+    raise NotImplementedError(f"N={n} is not a multiple of {TILE_N}")
   if k % config.tile_k:
     raise NotImplementedError(f"K={k} is not a multiple of tile_k={config.tile_k}")
   if config.split_k and (k // config.tile_k) % config.split_k:
     raise NotImplementedError(f"split_k={config.split_k} does not divide the {k // config.tile_k} K steps")
 
 
-def _smem_bytes(tile_m: int, tile_k: int, depth: int, halves: int, channels: int = TILE_N) -> int:
-  """A block's shared memory: ``depth`` stages of its weight tiles and an activation tile, and the output tile's
-  halves (one 64-channel part at a time)."""
-  return depth * (tile_k * channels + tile_m * tile_k) * 2 + halves * tile_m * TILE_N * 2
+def _smem_bytes(tile_m: int, tile_k: int, depth: int, halves: int) -> int:
+  """A block's shared memory: ``depth`` stages of a weight and an activation tile, and the output tile's halves."""
+  return depth * (tile_k * TILE_N + tile_m * tile_k) * 2 + halves * tile_m * TILE_N * 2
 
 
 def _pipeline_depth(config: TuningConfig, tile_m: int, steps: int, halves: int) -> int:
   """``max_concurrent_steps`` (at most ``steps``); with ``tile_m == 0`` (all rows in one block) the deepest pipeline
   that fits shared memory. Raises NotImplementedError (the caller falls back) when the tiles do not fit."""
   depth = min(config.max_concurrent_steps, steps)
-  fits = lambda d: _smem_bytes(tile_m, config.tile_k, d, halves, config.channels) <= SMEM_LIMIT  # noqa: E731
-  while config.tile_m == 0 and depth > 1 and not fits(depth):
+  while config.tile_m == 0 and depth > 1 and _smem_bytes(tile_m, config.tile_k, depth, halves) > SMEM_LIMIT:
     depth -= 1
-  if not fits(depth):
-    raise NotImplementedError(
-        f"the skinny kernel with {config} needs {_smem_bytes(tile_m, config.tile_k, depth, halves, config.channels)} "
-        f"bytes of shared memory a block at {tile_m} token rows, over {SMEM_LIMIT}: lower max_concurrent_steps, "
-        "tile_k or tile_m")
+  smem = _smem_bytes(tile_m, config.tile_k, depth, halves)
+  if smem > SMEM_LIMIT:
+    raise NotImplementedError(f"the skinny kernel with {config} needs {smem} bytes of shared memory a block at "
+                              f"{tile_m} token rows, over {SMEM_LIMIT}: lower max_concurrent_steps, tile_k or tile_m")
   return depth
 
 
-def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, interpret, mp, channels=TILE_N,
-          overlap=False):
-  """``[split_k, halves, Mp, N]`` bf16: each block's accumulators stored transposed (tokens-major). With
+def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, interpret, mp):
+  """``[split_k, halves, Mp, N]`` bf16: each block's accumulator stored transposed (tokens-major). With
   ``halves`` = 1 the bf16 result; with 2 the f32 partial sum's high and low 16 bits (``f32_from_halves``):
   Mosaic GPU stores a transposed wgmma accumulator into swizzled SMEM for 16-bit types only.
-
-  A block owns ``channels`` (64 or 128) output channels: ``channels // 64`` weight tiles a step (one TMA each, wgmma's
-  M is 64) against one activation tile, each into an accumulator of its own.
-
-  ``overlap`` (with a pipeline deeper than 1): async wgmma. A step waits for the step before's wgmmas only, so its own
-  run while the next step's tiles are waited for; the slot refilled is the step before's.
 
   ``x2`` has at most ``mp`` rows (``pad_for_tma``): the activation tiles are TMA boxes of ``tile_m`` rows, and TMA
   fills the rows past ``x2``'s with zeros. The output rows past them are zeros."""
   k, n = w.shape
   steps = k // tile_k // split_k
   depth = min(max_concurrent_steps, steps)
-  parts = channels // TILE_N
-  overlap = overlap and depth > 1  # one slot: the step's own tiles would be refilled under its wgmma
   w_transforms = smem_transforms(TILE_N, jnp.bfloat16)
   x_transforms = smem_transforms(tile_k, jnp.bfloat16)
 
   def skinny_matmul_body(w_gmem, x_gmem, out_gmem, w_smem, x_smem, loaded, out_smem):  # its name in profiles
-    n0 = lax.axis_index("n") * channels
+    n_slice = pl.ds(lax.axis_index("n") * TILE_N, TILE_N)
     m_slice = pl.ds(lax.axis_index("m") * tile_m, tile_m)
     split = lax.axis_index("s")
     first = split * steps
 
     def load_w(step, slot):
       k_slice = pl.ds((first + step) * tile_k, tile_k)
-      for j in range(parts):
-        plgpu.copy_gmem_to_smem(w_gmem.at[k_slice, pl.ds(n0 + j * TILE_N, TILE_N)], w_smem.at[slot, j],
-                                loaded.at[slot])
+      plgpu.copy_gmem_to_smem(w_gmem.at[k_slice, n_slice], w_smem.at[slot], loaded.at[slot])
 
     def load_x(step, slot):
       k_slice = pl.ds((first + step) * tile_k, tile_k)
@@ -159,38 +145,33 @@ def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, inter
     for slot in range(depth):
       load_x(slot, slot)
 
-    def accumulate(*acc_refs):
+    def accumulate(acc_ref):
       def step(i, carry):
         slot = lax.rem(i, depth)
         plgpu.barrier_wait(loaded.at[slot])
-        for j, acc_ref in enumerate(acc_refs):
-          plgpu.wgmma(acc_ref, w_smem.at[slot, j].T, x_smem.at[slot].T)
-        # Overlapped: this step's wgmmas stay in flight, the last step's are done, and its slot is refilled.
-        plgpu.wgmma_wait(parts if overlap else 0)
-        done = i - 1 if overlap else i
+        plgpu.wgmma(acc_ref, w_smem.at[slot].T, x_smem.at[slot].T)
+        plgpu.wgmma_wait(0)
 
-        @pl.when((done >= 0) & (done + depth < steps))
-        def _refill():  # the slot's tiles were read by the wgmmas just waited for
-          load_w(done + depth, lax.rem(done + depth, depth))
-          load_x(done + depth, lax.rem(done + depth, depth))
+        @pl.when(i + depth < steps)
+        def _refill():  # the slot's tiles were read by the wgmma just waited for
+          load_w(i + depth, slot)
+          load_x(i + depth, slot)
 
         return carry
 
       lax.fori_loop(0, steps, step, None)
-      plgpu.wgmma_wait(0)
-      return tuple(acc_ref[...] for acc_ref in acc_refs)
+      return acc_ref[...]
 
-    accs = pl.run_scoped(accumulate, *[plgpu.ACC((TILE_N, tile_m), jnp.float32) for _ in range(parts)])
-    for j, acc in enumerate(accs):
-      store_split(acc, out_smem, out_gmem, split, m_slice, pl.ds(n0 + j * TILE_N, TILE_N))
+    acc = pl.run_scoped(accumulate, plgpu.ACC((TILE_N, tile_m), jnp.float32))
+    store_split(acc, out_smem, out_gmem, split, m_slice, n_slice)
 
   call = plgpu.kernel(
       skinny_matmul_body, out_type=jax.ShapeDtypeStruct((split_k, halves, mp, n), jnp.bfloat16),
-      grid=(n // channels, mp // tile_m, split_k), grid_names=("n", "m", "s"),
+      grid=(n // TILE_N, mp // tile_m, split_k), grid_names=("n", "m", "s"),
       scratch_types={
-          "w_smem": plgpu.SMEM((depth, parts, tile_k, TILE_N), jnp.bfloat16, transforms=w_transforms),
+          "w_smem": plgpu.SMEM((depth, tile_k, TILE_N), jnp.bfloat16, transforms=w_transforms),
           "x_smem": plgpu.SMEM((depth, tile_m, tile_k), jnp.bfloat16, transforms=x_transforms),
-          "loaded": plgpu.Barrier(num_arrivals=parts + 1, num_barriers=depth),  # a slot's weight and x tiles
+          "loaded": plgpu.Barrier(num_arrivals=2, num_barriers=depth),  # a slot's weight and x tiles
           "out_smem": halves_scratch(halves, tile_m, TILE_N),
       },
       interpret=interpret,
@@ -217,7 +198,7 @@ def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = N
   mp = round_up(max(m, 1), tile_m)
   k_steps = k // config.tile_k
   split_k = config.split_k or SPLIT_K_BY_SHAPE.get((k, n)) or auto_split_k(
-      (n // config.channels) * (mp // tile_m), k_steps, num_sms(), config.blocks_per_sm)
+      (n // TILE_N) * (mp // tile_m), k_steps, num_sms(), config.blocks_per_sm)
   if not reduce and not config.split_k and (k, n) not in SPLIT_K_BY_SHAPE:
     split_k = consumer_split_k(split_k, k_steps)
   if k_steps % split_k:
@@ -227,6 +208,6 @@ def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = N
   depth = _pipeline_depth(config, tile_m, k_steps // split_k, halves)
   x2 = pad_for_tma(x.reshape(m, k), X_TILE)
   partial = _call(x2, w, tile_m=tile_m, tile_k=config.tile_k, max_concurrent_steps=depth, split_k=split_k,
-                  halves=halves, interpret=interpret, mp=mp, channels=config.channels, overlap=config.overlap)
+                  halves=halves, interpret=interpret, mp=mp)
   partials = SplitKPartials(partial, lead, jnp.dtype(x.dtype).name)  # split_k == 1: the padded result itself
   return partials.sum() if reduce else partials

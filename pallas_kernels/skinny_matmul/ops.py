@@ -37,7 +37,10 @@ MAX_TOKENS = 8
 """Above this many token rows, XLA's dot: on the H200 the kernel beats it at M = 1 (Qwen3-8B's five layer shapes,
 4.06 against 4.30 ms per step of matmuls) and only ties at M = 16 and 64
 (docs/results/2026-11-30-skinny-matmul-h200/); at 256 a verify pass is compute-bound and this kernel (one
-warpgroup, 64-row wgmmas, waited each step) is built for streaming, not for peak FLOPs."""
+warpgroup, 64-row wgmmas, waited each step) is built for streaming, not for peak FLOPs. A 64-node verify (65 rows)
+with every matmul on the kernel (one 72-row token block, its K splits handed to the add + norm and rope kernels) tied
+XLA's dots: 5.278 against 5.306 ms a pass. The splits passed saved 0.32 ms of small kernels; the kernel streamed 3.5
+TB/s at 72 rows against XLA's 3.7 and lost it back (docs/results/2026-12-02-verify-skinny-barrier-h200/)."""
 
 MAX_TOKENS_BY_SHAPE: dict[tuple[int, int], int] = {(4096, 4096): 32, (12288, 4096): 32, (4096, 6144): 32}
 """``MAX_TOKENS`` for one weight shape ``(K, N)``. Qwen3-8B's o and down projections take the kernel up to 32 rows:

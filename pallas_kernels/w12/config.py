@@ -26,18 +26,17 @@ class TuningConfig:
     ``"registers"``: ``register_decode``, 32-bit words into wgmma's register A fragment (tile_n
     64, tile_k 64, 128 or 256; needs a real Hopper: interpret mode's wgmma reads SMEM only).
   overlap_decode: decode step i while step i - 1's wgmma runs (async wgmma, activation tiles released a step
-    late): the SMEM decode into one of two SMEM slots, the register decode into fresh registers. Opt-in until timed
-    on a GPU (``scripts/h200/w12_probe.py --config decode=registers,overlap_decode=True``).
+    late): the SMEM decode into one of two SMEM slots, the register decode into fresh registers. Off: with the
+    register decode it was 0.2-1.8 us a call slower on the H200 (``scripts/h200/w12_probe.py``,
+    docs/results/2026-12-02-verify-skinny-barrier-h200/).
   escapes_in_kernel: the register decode's first K split adds the channel lists' escape correction to its
     accumulators (``register_decode.escape_correction``), for one token block (M <= tile_m); XLA then only adds the
     splits (and scatters an overflow, if any). Why: in the H200's decode loop the split-K sums carrying the escape
     gathers took 5-18 us each, ~0.85 ms a step (docs/results/2026-12-01-partials-w12v3-h200/). Opt-in until timed
     on a GPU.
-  warp_specialized: the register decode with blocks of 128 channels: two compute warpgroups of 64 and a warpgroup
-    that only issues TMA loads (``plgpu.emit_pipeline_warp_specialized``), so one warpgroup's loads and decode run
-    beside the other's wgmma. Why: the one-warpgroup kernel streams ~3.2 TB/s of stored bytes at 27 % occupancy,
-    bound by latency, not by decode instructions (docs/results/2026-12-01-partials-w12v3-h200/). Opt-in until timed
-    on a GPU (``scripts/h200/w12_probe.py --config decode=registers,warp_specialized=True``).
+  A warp-specialised form (blocks of 128 channels: two compute warpgroups and a TMA warpgroup) was built and measured
+  slower on the H200 (35.8 against 23.3 us at 4096x12288, M = 1; docs/results/2026-12-02-verify-skinny-barrier-h200/);
+  its code is at commit 854cbfd.
   """
 
   tile_n: int = 64
@@ -49,7 +48,6 @@ class TuningConfig:
   blocks_per_sm: int = 1
   decode: str = "smem"
   escapes_in_kernel: bool = False
-  warp_specialized: bool = False
 
   def __post_init__(self):
     if self.tile_n % 64:
@@ -62,8 +60,6 @@ class TuningConfig:
       raise ValueError(f"decode must be 'smem' or 'registers', got {self.decode!r}")
     if self.escapes_in_kernel and self.decode != "registers":
       raise ValueError("escapes_in_kernel needs decode='registers'")
-    if self.warp_specialized and self.decode != "registers":
-      raise ValueError("warp_specialized needs decode='registers'")
     if self.max_concurrent_steps < 1 or self.split_k < 0 or self.blocks_per_sm < 1:
       raise ValueError(
           f"max_concurrent_steps and blocks_per_sm must be >= 1 and split_k >= 0, got "

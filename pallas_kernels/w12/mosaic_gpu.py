@@ -40,8 +40,8 @@ loop the W12 matmuls take what the bf16 ones take, and the XLA epilogues carryin
 instead: in the probe 0.1 us a call faster (docs/results/2026-12-01-rope-swiglu-h200/), in the loop not timed yet.
 The register decode writes the skinny kernel's tokens-major split halves (``split_k.store_split``), so with every
 escape corrected in the kernel ``w12_matmul(..., reduce=False)`` hands the splits to the add + norm and q/k norm +
-rope kernels (``SplitKPartials``) and the o, down and q|k|v projections need no XLA epilogue at all. Next: warp specialisation (a TMA producer and two decoding consumer
-warpgroups), one base load per step, the split-K sum inside the kernel.
+rope kernels (``SplitKPartials``) and the o, down and q|k|v projections need no XLA epilogue at all. Next: one base
+load per step, the split-K sum inside the kernel.
 """
 
 from __future__ import annotations
@@ -111,11 +111,10 @@ the sum: 5.8 and 10.0)."""
 
 def _register_smem_bytes(config: TuningConfig, tile_m: int, depth: int) -> int:
   """The register decode's shared memory a block: ``depth`` pipeline stages of both planes (1.5 bytes a weight) and
-  the activation tiles, and the epilogue's f32 halves, per warpgroup (two when ``warp_specialized``)."""
-  warpgroups = 2 if config.warp_specialized else 1
-  channels = register_decode.ROWS * warpgroups
-  stage = channels * config.tile_k * 3 // 2 + tile_m * config.tile_k * 2
-  return depth * stage + warpgroups * 2 * tile_m * register_decode.ROWS * 2
+  the activation tiles, and the epilogue's f32 halves."""
+  rows = register_decode.ROWS
+  stage = rows * config.tile_k * 3 // 2 + tile_m * config.tile_k * 2
+  return depth * stage + 2 * tile_m * rows * 2
 
 
 def _check_supported(x: jax.Array, packed: W12Array, config: TuningConfig, interpret) -> None:
@@ -137,8 +136,6 @@ def _check_supported(x: jax.Array, packed: W12Array, config: TuningConfig, inter
       raise NotImplementedError("decode='registers' feeds wgmma from registers, which GPU interpret mode lacks")
     if config.tile_n != 64 or config.tile_k not in (64, 128, 256):
       raise NotImplementedError(f"decode='registers' needs tile_n=64 and tile_k 64, 128 or 256, got {config}")
-    if config.warp_specialized and n % 128:
-      raise NotImplementedError(f"warp_specialized: N={n} is not a multiple of 128 (two warpgroups of 64 channels)")
     tile_m = token_tile(config.tile_m, math.prod(x.shape[:-1]))
     smem = _register_smem_bytes(config, tile_m, min(config.max_concurrent_steps, kp // config.tile_k))
     if smem > SMEM_LIMIT:
@@ -280,11 +277,9 @@ class _MlirOps:
     return arith.select(nonzero, value, arith.constant(ir.F32Type.get(), 0.0))
 
 
-def _decode_chunk_to_registers(chunk: int, step_k: int, byte_transforms, nibble_transforms, warpgroups: int = 1):
+def _decode_chunk_to_registers(chunk: int, step_k: int, byte_transforms, nibble_transforms):
   """An ``inline_mgpu`` function: (byte, nibble, base SMEM refs of one step) -> the bf16 ``[64, 64]``
-  A fragment (WGMMA layout) of stored K chunk ``chunk``, via ``register_decode.decode_chunk``. With ``warpgroups``
-  > 1 the step's tiles hold ``64 warpgroups`` rows and each warpgroup decodes its own 64 (thread ``t`` of the block:
-  rows from ``64 (t // 128)``)."""
+  A fragment (WGMMA layout) of stored K chunk ``chunk``, via ``register_decode.decode_chunk``."""
 
   @plgpu.inline_mgpu(
       arg_types=(plgpu.RefType(byte_transforms), plgpu.RefType(nibble_transforms), plgpu.RefType()),
@@ -310,10 +305,7 @@ def _decode_chunk_to_registers(chunk: int, step_k: int, byte_transforms, nibble_
       return arith.extui(ops.i32, llvm.load(i8, mgpu_utils.getelementptr(base_pointer, [ops.mul(row, base_stride)], i8)))
 
     thread = arith.remui(mgpu_utils.thread_idx(), ops.const(128))
-    row0 = None
-    if warpgroups > 1:
-      row0 = ops.mul(arith.divui(mgpu_utils.thread_idx(), ops.const(128)), register_decode.ROWS)
-    words = register_decode.decode_chunk(ops, thread, load_words, load_base, chunk, step_k, row0=row0)
+    words = register_decode.decode_chunk(ops, thread, load_words, load_base, chunk, step_k)
     layout = fa.WGMMA_LAYOUT
     registers = np.empty(layout.registers_shape((register_decode.ROWS, register_decode.CHUNK)), dtype=object)
     bf16_pair = ir.VectorType.get((2,), ir.BF16Type.get())
@@ -364,8 +356,7 @@ def _escape_correction_in_registers(tile_m: int, capacity: int, m: int):
 
 
 def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, group_k, tile_m, tile_k,
-                          max_concurrent_steps, split_k, halves, overlap_decode=False, warp_specialized=False,
-                          escape_lists=None, m=None):
+                          max_concurrent_steps, split_k, halves, overlap_decode=False, escape_lists=None, m=None):
   """One warpgroup per (64 channels, tile_m tokens, K split); each step's W12 tiles are decoded by
   ``register_decode`` straight into wgmma's A registers, 64 K at a time, in logical K order (the planes' stored
   order is the order the threads read), against ``x2`` ``[m, K]`` as the caller has it (``pad_for_tma``: decode's
@@ -380,15 +371,9 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
 
   ``overlap_decode``: async wgmma. Each step ends with ``wgmma_wait(chunks)`` (its own wgmmas may stay in flight, the
   previous step's are done), so step i's decode runs while step i - 1's wgmmas do, and the activation tiles, which
-  wgmma reads from SMEM, are released one step late (``delay_release=1``; with ``warp_specialized`` every tile, as
-  that pipeline wants one release delay for all). Needs a pipeline deeper than one step.
-
-  ``warp_specialized``: a block of 128 channels, two compute warpgroups each decoding and multiplying its 64 and a
-  third that only issues the TMA loads (``plgpu.emit_pipeline_warp_specialized``), so no load waits for a decode and
-  one warpgroup's decode runs beside the other's wgmma."""
-  warpgroups = 2 if warp_specialized else 1
-  rows = register_decode.ROWS  # channels a warpgroup computes
-  block_n = rows * warpgroups
+  wgmma reads from SMEM, are released one step late (``delay_release=1``); the planes are read into registers by the
+  decode itself, so their slots go back at once. Needs a pipeline deeper than one step."""
+  tile_n = register_decode.ROWS
   n, kp = byte_plane.shape
   chunks = tile_k // register_decode.CHUNK
   steps = kp // tile_k // split_k
@@ -397,8 +382,7 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   byte_transforms = smem_transforms(tile_k, jnp.uint8)
   nibble_transforms = smem_transforms(tile_k // 2, jnp.uint8)
   x_transforms = smem_transforms(register_decode.CHUNK, jnp.bfloat16)
-  decoders = [_decode_chunk_to_registers(c, tile_k, byte_transforms, nibble_transforms, warpgroups)
-              for c in range(chunks)]
+  decoders = [_decode_chunk_to_registers(c, tile_k, byte_transforms, nibble_transforms) for c in range(chunks)]
   correct = None
   if escape_lists is not None:
     if mp != tile_m:
@@ -408,81 +392,46 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   def w12_matmul_body(byte_gmem, nibble_gmem, base_gmem, x_gmem, *refs, out_smem):  # profile name
     pdl.begin_kernel(None)  # registers: never interpreted (``_check_supported``)
     rows_gmem, bits_gmem, out_gmem = refs if correct else (None, None, *refs)
-    block_slice = pl.ds(lax.axis_index("n") * block_n, block_n)
+    n_slice = pl.ds(lax.axis_index("n") * tile_n, tile_n)
     m_slice = pl.ds(lax.axis_index("m") * tile_m, tile_m)
     split = lax.axis_index("s")
     first = split * steps
-    plane_delay = 1 if overlap and warp_specialized else 0
+
     in_specs = (
-        [plgpu.BlockSpec((block_n, tile_k), lambda k: (0, first + k), transforms=byte_transforms,
-                         delay_release=plane_delay),
-         plgpu.BlockSpec((block_n, tile_k // 2), lambda k: (0, first + k), transforms=nibble_transforms,
-                         delay_release=plane_delay)]
+        [plgpu.BlockSpec((tile_n, tile_k), lambda k: (0, first + k), transforms=byte_transforms),
+         plgpu.BlockSpec((tile_n, tile_k // 2), lambda k: (0, first + k), transforms=nibble_transforms)]
         + [plgpu.BlockSpec((tile_m, register_decode.CHUNK), lambda k, c=c: (0, chunks * (first + k) + c),
                            transforms=x_transforms, delay_release=1 if overlap else 0) for c in range(chunks)]
     )
-    operands = (byte_gmem.at[block_slice], nibble_gmem.at[block_slice], *[x_gmem.at[m_slice]] * chunks)
 
-    def step(idx, acc_ref, byte_smem, nibble_smem, *x_smem):
-      group = (first + idx[0]) * tile_k // group_k
-      base_column = base_gmem.at[block_slice, pl.ds(group, 1)]
-      for c in range(chunks):
-        weights = decoders[c](byte_smem, nibble_smem, base_column)
-        plgpu.wgmma(acc_ref, weights, x_smem[c].T)
-      # each wgmma call is one group and groups retire in order: leaving this step's `chunks` in flight means the
-      # previous step's are done, so its activation tiles (released a step late) are free
-      plgpu.wgmma_wait(chunks if overlap else 0)
+    def accumulate(acc_ref):
+      def step(idx, byte_smem, nibble_smem, *x_smem):
+        group = (first + idx[0]) * tile_k // group_k
+        base_column = base_gmem.at[n_slice, pl.ds(group, 1)]
+        for c in range(chunks):
+          weights = decoders[c](byte_smem, nibble_smem, base_column)
+          plgpu.wgmma(acc_ref, weights, x_smem[c].T)
+        # each wgmma call is one group and groups retire in order: leaving this step's `chunks` in flight means the
+        # previous step's are done, so its activation tiles (released a step late) are free
+        plgpu.wgmma_wait(chunks if overlap else 0)
 
-    def finish(acc_ref, channels):
-      """The last wgmmas awaited and, in the first split, the escapes corrected: the accumulator's value."""
+      pipeline = plgpu.emit_pipeline(step, grid=(steps,), in_specs=in_specs, max_concurrent_steps=depth)
+      pipeline(byte_gmem.at[n_slice], nibble_gmem.at[n_slice], *[x_gmem.at[m_slice]] * chunks)
       if overlap:
         plgpu.wgmma_wait(0)
       if correct is not None:
         @pl.when(split == 0)
         def _():
-          acc_ref[...] = correct(acc_ref[...], rows_gmem.at[channels], bits_gmem.at[channels], x_gmem)
+          acc_ref[...] = correct(acc_ref[...], rows_gmem.at[n_slice], bits_gmem.at[n_slice], x_gmem)
       return acc_ref[...]
 
-    if not warp_specialized:
-      def accumulate(acc_ref):
-        pipeline = plgpu.emit_pipeline(lambda idx, *tiles: step(idx, acc_ref, *tiles), grid=(steps,),
-                                       in_specs=in_specs, max_concurrent_steps=depth)
-        pipeline(*operands)
-        return finish(acc_ref, block_slice)
+    acc = pl.run_scoped(accumulate, plgpu.ACC((tile_n, tile_m), jnp.float32))
+    store_split(acc, out_smem, out_gmem, split, m_slice, n_slice)
 
-      acc = pl.run_scoped(accumulate, plgpu.ACC((rows, tile_m), jnp.float32))
-      store_split(acc, out_smem, out_gmem, split, m_slice, block_slice)
-      return
-
-    wg = lax.axis_index("wg")
-    channels = pl.ds(lax.axis_index("n") * block_n + wg * rows, rows)  # this warpgroup's
-
-    def compute_context(run_pipeline):
-      def accumulate(acc_ref):
-        run_pipeline(acc_ref)
-        return finish(acc_ref, channels)
-
-      acc = pl.run_scoped(accumulate, plgpu.ACC((rows, tile_m), jnp.float32))
-      store_split(acc, out_smem.at[wg], out_gmem, split, m_slice, channels)
-
-    def ws_step(idx, *tiles_and_acc):
-      *tiles, acc_ref = tiles_and_acc
-      step(idx, acc_ref, *tiles)
-      return acc_ref
-
-    pipeline = plgpu.emit_pipeline_warp_specialized(
-        ws_step, grid=(steps,), memory_registers=40, in_specs=in_specs, max_concurrent_steps=depth, wg_axis="wg",
-        num_compute_wgs=warpgroups, compute_context=compute_context)
-    pipeline(*operands)
-
-  out_scratch = halves_scratch(halves, tile_m, rows)
-  if warp_specialized:  # a tile per compute warpgroup
-    out_scratch = plgpu.SMEM((warpgroups, *out_scratch.shape), out_scratch.dtype, transforms=out_scratch.transforms)
   call = plgpu.kernel(
       w12_matmul_body, out_type=jax.ShapeDtypeStruct((split_k, halves, mp, n), jnp.bfloat16),
-      grid=(n // block_n, mp // tile_m, split_k), grid_names=("n", "m", "s"),
-      scratch_types={"out_smem": out_scratch},
-      **(dict(num_threads=warpgroups + 1, thread_name="wg") if warp_specialized else {}),
+      grid=(n // tile_n, mp // tile_m, split_k), grid_names=("n", "m", "s"),
+      scratch_types={"out_smem": halves_scratch(halves, tile_m, tile_n)},
   )
   return call(byte_plane, nibble_plane, base_exponent, x2, *(escape_lists or ()))
 
@@ -519,8 +468,7 @@ def w12_matmul(
                    and mp == tile_m)
   complete = not has_escapes or (in_kernel and not packed.escape_index.shape[0])  # nothing to patch after it
   k_steps = kp // config.tile_k
-  block_n = 2 * config.tile_n if config.warp_specialized else config.tile_n
-  split_k = config.split_k or auto_split_k((n // block_n) * (mp // tile_m), k_steps, num_sms(),
+  split_k = config.split_k or auto_split_k((n // config.tile_n) * (mp // tile_m), k_steps, num_sms(),
                                            config.blocks_per_sm)
   if complete and not reduce and not config.split_k:  # a consumer kernel reads every split (as skinny_matmul's)
     split_k = consumer_split_k(split_k, k_steps)
@@ -530,7 +478,8 @@ def w12_matmul(
         pad_for_tma(x2, (8, register_decode.CHUNK)), packed.sign_mantissa, packed.exponent_codes,
         packed.base_exponent, mp=mp, group_k=packed.group_k, tile_m=tile_m, tile_k=config.tile_k,
         max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, halves=halves,
-        overlap_decode=config.overlap_decode, warp_specialized=config.warp_specialized, escape_lists=(packed.column_escape_rows, packed.column_escape_bits) if in_kernel else None, m=m)
+        overlap_decode=config.overlap_decode,
+        escape_lists=(packed.column_escape_rows, packed.column_escape_bits) if in_kernel else None, m=m)
   else:
     # one base row per K step, [Kp / tile_k, N]: one small TMA box per step
     steps_per_group = packed.group_k // config.tile_k

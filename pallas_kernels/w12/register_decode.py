@@ -178,21 +178,17 @@ def chunk_offset(ops, parts, half: int, col: int, row_bytes: int):
   return ops.add(a, ops.add(ops.xor(x, low) if low else x, 8 * row_bytes * half + (col >> log_swizzle) * 8 * swizzle))
 
 
-def decode_chunk(ops, thread, load_words, load_base, chunk: int, step_k: int, row0=None):
+def decode_chunk(ops, thread, load_words, load_base, chunk: int, step_k: int):
   """One thread's A fragment of stored K chunk ``chunk`` (64 wide) of a ``[64, step_k]`` step.
 
   ``load_words(plane, offset)`` returns the two uint32 words at byte ``offset`` of the byte plane
   (``plane == "bytes"``, rows ``step_k`` bytes wide) or the nibble plane (``"nibbles"``, rows
   ``step_k // 2``); ``load_base(row)`` the row's base exponent. Returns ``{(col_tile, half): word}``:
   the bf16x2 register of wgmma's A fragment for column tile ``col_tile`` (8 positions) of the chunk
-  and row ``half`` (row, row + 8). ``row0`` (a multiple of 64, or None for 0): the fragment's first row in a taller
-  tile, so that each warpgroup of a block decodes its own 64 rows of one ``[64 w, step_k]`` step (the rows follow
-  one another in the planes' tiled layout, 8 rows a swizzle tile).
+  and row ``half`` (row, row + 8).
   """
   warp, lane = ops.shr(thread, 5), ops.and_(thread, 31)
   first_row = ops.add(ops.mul(warp, 16), ops.shr(lane, 2))
-  if row0 is not None:
-    first_row = ops.add(first_row, row0)
   quad = ops.and_(lane, 3)
   planes = {"bytes": step_k, "nibbles": step_k // 2}
   parts = {plane: swizzle_parts(ops, first_row, quad, row_bytes) for plane, row_bytes in planes.items()}
@@ -211,29 +207,26 @@ def decode_chunk(ops, thread, load_words, load_base, chunk: int, step_k: int, ro
 
 
 def simulate_chunk(byte_tile: np.ndarray, nibble_tile: np.ndarray, bases: np.ndarray, chunk: int) -> np.ndarray:
-  """What the kernel's A fragments hold, computed with numpy for all threads at once.
+  """What the kernel's A fragment holds, computed with numpy for all 128 threads at once.
 
-  ``byte_tile`` uint8 ``[R, step_k]`` and ``nibble_tile`` uint8 ``[R, step_k // 2]`` are the logical
-  tiles (stored K order), ``R`` 64 (one warpgroup) or a multiple (one warpgroup per 64 rows: thread ``t`` of the
-  block is thread ``t % 128`` of warpgroup ``t // 128``, decoding from ``row0 = 64 (t // 128)``); they are swizzled
-  here as TMA would store them, then read through ``decode_chunk``. Returns the uint16 bf16 bits ``[R, 64]`` in wgmma
-  position order: the chunk's logical K order, for planes ``pack`` wrote.
+  ``byte_tile`` uint8 ``[64, step_k]`` and ``nibble_tile`` uint8 ``[64, step_k // 2]`` are the logical
+  tiles (stored K order); they are swizzled here as TMA would store them, then read through
+  ``decode_chunk``. Returns the uint16 bf16 bits ``[64, 64]`` in wgmma position order: the chunk's logical K
+  order, for planes ``pack`` wrote.
   """
-  rows, step_k = byte_tile.shape
+  step_k = byte_tile.shape[1]
   memories = {name: _swizzle_as_tma(tile) for name, tile in (("bytes", byte_tile), ("nibbles", nibble_tile))}
 
   def load_words(plane, offset):
     memory = memories[plane]
     return tuple(memory[offset // 4 + w] for w in range(2))
 
-  block_thread = np.arange(128 * (rows // ROWS), dtype=np.uint32)
-  thread, row0 = block_thread % 128, ROWS * (block_thread // 128)
-  registers = decode_chunk(NUMPY_OPS, thread, load_words, lambda row: bases[row].astype(np.uint32), chunk, step_k,
-                           row0=row0 if rows > ROWS else None)
-  out = np.zeros((rows, CHUNK), np.uint16)
+  thread = np.arange(128, dtype=np.uint32)
+  registers = decode_chunk(NUMPY_OPS, thread, load_words, lambda row: bases[row].astype(np.uint32), chunk, step_k)
+  out = np.zeros((ROWS, CHUNK), np.uint16)
   warp, lane = thread // 32, thread % 32
   for (col_tile, half), word in registers.items():
-    row = row0 + 16 * warp + 8 * half + lane // 4
+    row = 16 * warp + 8 * half + lane // 4
     col = 8 * col_tile + 2 * (lane % 4)
     out[row, col] = word & 0xFFFF
     out[row, col + 1] = word >> 16

@@ -20,6 +20,10 @@ class TuningConfig:
     weight tile (16 KB at 128) with one TMA.
   max_concurrent_steps: TMA pipeline depth: weight bytes in flight per block. With ``tile_m == 0`` lowered to the
     deepest pipeline whose tiles fit shared memory (wide token tiles at 128+ rows).
+  resident: each block loads its K split's activations once and streams several 64-channel weight columns past
+    them (``mosaic_gpu._resident_call``): for verify-sized rows, where the default re-reads an activation tile for
+    every weight tile. The split is then the fewest whose activations fit shared memory. Opt-in until timed on a GPU
+    (``bench_kernels.py --only skinny --sweep --tokens 65``).
   split_k: K ranges reduced afterwards (f32 partial sums); 0 = ``split_k.auto_split_k`` aiming at
     ``blocks_per_sm`` blocks per SM. A decode step is memory-bound, so what matters is the bytes in
     flight per SM: ``blocks_per_sm * max_concurrent_steps * tile_k * 128`` bytes.
@@ -30,6 +34,7 @@ class TuningConfig:
   max_concurrent_steps: int = 4
   split_k: int = 0
   blocks_per_sm: int = 2
+  resident: bool = False
 
   def __post_init__(self):
     if self.tile_m and (self.tile_m % 8 or not 8 <= self.tile_m <= 256):

@@ -156,8 +156,8 @@ def test_resident_activations_match_f32_matmul(lead, k, n, split, reduce, monkey
 
 
 def test_resident_picks_the_split_that_fits_and_columns_that_fill_the_gpu():
-  assert skinny_mosaic_gpu._resident_split(32, 72, 128, 2) == 4  # 72 rows of K = 4096: a 1024-deep slice, 147 KB
-  assert skinny_mosaic_gpu._resident_split(96, 72, 128, 2) == 12  # K = 12288
+  assert skinny_mosaic_gpu._resident_split(32, 72, 128) == 4  # 72 rows of K = 4096: a 1024-deep slice, 147 KB
+  assert skinny_mosaic_gpu._resident_split(96, 72, 128) == 12  # K = 12288
   assert skinny_mosaic_gpu._resident_columns(384, 4, 132) == 8  # gate|up: 48 x 4 = 192 blocks, 12 would leave SMs idle
   assert skinny_mosaic_gpu._resident_columns(64, 4, 132) == 1  # o: 64 x 4 blocks already
   x, w = jnp.ones((65, 4096), jnp.bfloat16), jnp.ones((4096, 24576), jnp.bfloat16)

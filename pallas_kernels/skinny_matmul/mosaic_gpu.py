@@ -32,6 +32,7 @@ Runs in Pallas GPU-interpret mode (both wgmma operands come from SMEM), so the C
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -43,12 +44,12 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels import pdl
 from pallas_kernels.skinny_matmul.config import TuningConfig
 from pallas_kernels.split_k import (
+    SMEM_LIMIT,
     SplitKPartials,
     auto_split_k,
     consumer_split_k,
     halves_scratch,
     num_sms,
-    SMEM_LIMIT,
     round_up,
     smem_transforms,
     store_split,
@@ -92,21 +93,24 @@ def check_supported(x: jax.Array, w: jax.Array, config: TuningConfig) -> None:
     raise NotImplementedError(f"split_k={config.split_k} does not divide the {k // config.tile_k} K steps")
 
 
-def _smem_bytes(tile_m: int, tile_k: int, depth: int, halves: int) -> int:
-  """A block's shared memory: ``depth`` stages of a weight and an activation tile, and the output tile's halves."""
-  return depth * (tile_k * TILE_N + tile_m * tile_k) * 2 + halves * tile_m * TILE_N * 2
+def _smem_bytes(tile_m: int, tile_k: int, depth: int, halves: int, resident_steps: int = 0) -> int:
+  """A block's shared memory: ``depth`` weight stages, as many activation tiles (or ``resident_steps``: the K split's
+  whole activation slice, ``resident``), and the output tile's halves."""
+  x_tiles = resident_steps or depth
+  return (depth * tile_k * TILE_N + x_tiles * tile_m * tile_k) * 2 + halves * tile_m * TILE_N * 2
 
 
-def _pipeline_depth(config: TuningConfig, tile_m: int, steps: int, halves: int) -> int:
-  """``max_concurrent_steps`` (at most ``steps``); with ``tile_m == 0`` (all rows in one block) the deepest pipeline
-  that fits shared memory. Raises NotImplementedError (the caller falls back) when the tiles do not fit."""
+def _pipeline_depth(config: TuningConfig, tile_m: int, steps: int, halves: int, resident_steps: int = 0) -> int:
+  """``max_concurrent_steps`` (at most ``steps``); with ``tile_m == 0`` (all rows in one block) or ``resident`` the
+  deepest pipeline that fits shared memory. Raises NotImplementedError (the caller falls back) when it does not fit."""
+  smem = lambda d: _smem_bytes(tile_m, config.tile_k, d, halves, resident_steps)  # noqa: E731
   depth = min(config.max_concurrent_steps, steps)
-  while config.tile_m == 0 and depth > 1 and _smem_bytes(tile_m, config.tile_k, depth, halves) > SMEM_LIMIT:
+  while (config.tile_m == 0 or config.resident) and depth > 1 and smem(depth) > SMEM_LIMIT:
     depth -= 1
-  smem = _smem_bytes(tile_m, config.tile_k, depth, halves)
-  if smem > SMEM_LIMIT:
-    raise NotImplementedError(f"the skinny kernel with {config} needs {smem} bytes of shared memory a block at "
-                              f"{tile_m} token rows, over {SMEM_LIMIT}: lower max_concurrent_steps, tile_k or tile_m")
+  if smem(depth) > SMEM_LIMIT:
+    raise NotImplementedError(f"the skinny kernel with {config} needs {smem(depth)} bytes of shared memory a block at "
+                              f"{tile_m} token rows, over {SMEM_LIMIT}: lower max_concurrent_steps, tile_k or tile_m"
+                              + (" or raise split_k" if config.resident else ""))
   return depth
 
 
@@ -179,12 +183,11 @@ def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, inter
   return call(w, x2)
 
 
-def _resident_split(k_steps: int, tile_m: int, tile_k: int, halves: int) -> int:
+def _resident_split(k_steps: int, tile_m: int, tile_k: int) -> int:
   """The fewest K splits (a divisor of ``k_steps``) whose activation slice fits a block's shared memory beside two
   weight stages: what ``resident`` needs (72 rows of K = 4096: 4 splits)."""
   for split in range(1, k_steps + 1):
-    if k_steps % split == 0 and (k_steps // split * tile_m * tile_k * 2 + _smem_bytes(0, tile_k, 2, 0)
-                                 + halves * tile_m * TILE_N * 2) <= SMEM_LIMIT:
+    if k_steps % split == 0 and _smem_bytes(tile_m, tile_k, 2, 2, k_steps // split) <= SMEM_LIMIT:
       return split
   raise NotImplementedError(f"resident: {tile_m} token rows of one {tile_k}-deep K step do not fit shared memory")
 
@@ -283,44 +286,27 @@ def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = N
   tile_m = token_tile(config.tile_m, m)
   mp = round_up(max(m, 1), tile_m)
   k_steps = k // config.tile_k
-  if config.resident:
-    return _resident(x, w, config, interpret, reduce, tile_m, mp)
-  split_k = config.split_k or SPLIT_K_BY_SHAPE.get((k, n)) or auto_split_k(
-      (n // TILE_N) * (mp // tile_m), k_steps, num_sms(), config.blocks_per_sm)
-  if not reduce and not config.split_k and (k, n) not in SPLIT_K_BY_SHAPE:
-    split_k = consumer_split_k(split_k, k_steps)
+  split_k = config.split_k or SPLIT_K_BY_SHAPE.get((k, n))
+  if not split_k and config.resident:  # the fewest splits whose activation slice fits; consumer_split_k cannot apply
+    split_k = _resident_split(k_steps, tile_m, config.tile_k)
+  elif not split_k:
+    split_k = auto_split_k((n // TILE_N) * (mp // tile_m), k_steps, num_sms(), config.blocks_per_sm)
+    if not reduce:
+      split_k = consumer_split_k(split_k, k_steps)
   if k_steps % split_k:
     raise ValueError(f"skinny matmul: split_k={split_k} for W[{k}, {n}] does not divide its {k_steps} K steps "
                      f"(tile_k={config.tile_k}; SPLIT_K_BY_SHAPE or the config)")
   halves = 2 if split_k > 1 else 1
-  depth = _pipeline_depth(config, tile_m, k_steps // split_k, halves)
+  steps = k_steps // split_k
+  depth = _pipeline_depth(config, tile_m, steps, halves, resident_steps=steps if config.resident else 0)
   x2 = pad_for_tma(x.reshape(m, k), X_TILE)
-  partial = _call(x2, w, tile_m=tile_m, tile_k=config.tile_k, max_concurrent_steps=depth, split_k=split_k,
-                  halves=halves, interpret=interpret, mp=mp)
+  if config.resident:  # a block walks the most weight columns that still give every SM a block
+    call = functools.partial(_resident_call, columns=_resident_columns(n // TILE_N, split_k * (mp // tile_m),
+                                                                       num_sms()))
+  else:
+    call = _call
+  partial = call(x2, w, tile_m=tile_m, tile_k=config.tile_k, max_concurrent_steps=depth, split_k=split_k,
+                 halves=halves, interpret=interpret, mp=mp)
   partials = SplitKPartials(partial, lead, jnp.dtype(x.dtype).name)  # split_k == 1: the padded result itself
   return partials.sum() if reduce else partials
 
-
-def _resident(x, w, config, interpret, reduce, tile_m, mp):
-  """``skinny_matmul`` with ``config.resident``: the split is the fewest whose activation slice fits (or the config's /
-  ``SPLIT_K_BY_SHAPE``'s), the weight stages as many as then fit (at most ``max_concurrent_steps``), the columns a
-  block walks the most that keep every SM busy; ``consumer_split_k`` does not apply (the slice must fit)."""
-  k, n = w.shape
-  m, k_steps = math.prod(x.shape[:-1]), k // config.tile_k
-  split_k = config.split_k or SPLIT_K_BY_SHAPE.get((k, n)) or _resident_split(k_steps, tile_m, config.tile_k, 2)
-  halves = 2 if split_k > 1 else 1
-  steps = k_steps // split_k
-  fixed = steps * tile_m * config.tile_k * 2 + halves * tile_m * TILE_N * 2  # the activations, the output tile
-  depth = min(config.max_concurrent_steps, steps * (n // TILE_N))
-  while depth > 1 and fixed + _smem_bytes(0, config.tile_k, depth, 0) > SMEM_LIMIT:  # weight stages: as many as fit
-    depth -= 1
-  smem = fixed + _smem_bytes(0, config.tile_k, depth, 0)
-  if k_steps % split_k or smem > SMEM_LIMIT:
-    raise NotImplementedError(f"resident: split_k={split_k} of W[{k}, {n}] leaves {smem} bytes of shared memory a "
-                              f"block at {tile_m} token rows (limit {SMEM_LIMIT}, or it does not divide {k_steps})")
-  columns = _resident_columns(n // TILE_N, split_k * (mp // tile_m), num_sms())
-  x2 = pad_for_tma(x.reshape(m, k), X_TILE)
-  partial = _resident_call(x2, w, tile_m=tile_m, tile_k=config.tile_k, max_concurrent_steps=depth, split_k=split_k,
-                           halves=halves, interpret=interpret, mp=mp, columns=columns)
-  partials = SplitKPartials(partial, x.shape[:-1], jnp.dtype(x.dtype).name)
-  return partials.sum() if reduce else partials

@@ -16,8 +16,8 @@ import numpy as np
 from jax.experimental.mosaic.gpu import profiler
 
 from pallas_kernels import w12
-from pallas_kernels.w12 import mosaic_gpu
 from pallas_kernels.config_fields import parse_fields
+from pallas_kernels.w12 import mosaic_gpu
 
 
 def parse_config(text: str) -> w12.TuningConfig:

@@ -119,6 +119,10 @@ def w12_sweep():
         dataclasses.replace(DEFAULT_CONFIG, escapes_in_kernel=True),  # the escape lists' correction in the kernel
         # step i's decode beside step i - 1's wgmma
         dataclasses.replace(DEFAULT_CONFIG, escapes_in_kernel=True, overlap_decode=True),
+        # two K splits, what the decode loop's o and down projections hand their consumer (split_k.CONSUMER_SPLIT_K):
+        # ~1 block an SM, so the pipeline depth is the bytes in flight
+        *(dataclasses.replace(DEFAULT_CONFIG, escapes_in_kernel=True, split_k=2, max_concurrent_steps=d)
+          for d in (2, 4, 6, 8)),
     )
 
 
@@ -138,8 +142,6 @@ def skinny_sweep():
         replace(DEFAULT_CONFIG, tile_k=64, max_concurrent_steps=8),
         replace(DEFAULT_CONFIG, max_concurrent_steps=2),  # at 65-72 rows two blocks an SM fit shared memory
         replace(DEFAULT_CONFIG, tile_m=64),  # above 64 rows two token blocks, each reading every weight
-        replace(DEFAULT_CONFIG, resident=True),  # a block's activations loaded once, several weight columns past them
-        replace(DEFAULT_CONFIG, resident=True, max_concurrent_steps=8, tile_k=64),
     )
 
 

@@ -142,31 +142,6 @@ def test_hopper_lowering_of_a_verify_pass_rows(config):
   assert "skinny_matmul_body" in jax.jit(run).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
 
 
-@pytest.mark.parametrize("lead,k,n,split,reduce", [((65,), 512, 256, 0, True), ((65,), 512, 256, 2, False),
-                                                    ((3, 5), 256, 192, 4, True)])
-def test_resident_activations_match_f32_matmul(lead, k, n, split, reduce, monkeypatch):
-  """``resident``: a block's activation slice loaded once, several weight columns streamed past it. With one SM (as
-  patched here) every block walks all its columns, so the column loop, the per-column stores and the weight
-  pipeline across columns all run in interpret mode."""
-  monkeypatch.setattr(skinny_mosaic_gpu, "num_sms", lambda: 1)
-  x, w = random_pair(lead, k, n, seed=k + n + split)
-  config = Config(resident=True, tile_k=64, max_concurrent_steps=3, split_k=split)
-  y = skinny_mosaic_gpu.skinny_matmul(x, w, config=config, interpret=plgpu.InterpretGPUParams(), reduce=reduce)
-  assert_matches_f32(y if reduce else y.sum(), x, w)
-
-
-def test_resident_picks_the_split_that_fits_and_columns_that_fill_the_gpu():
-  assert skinny_mosaic_gpu._resident_split(32, 72, 128) == 4  # 72 rows of K = 4096: a 1024-deep slice, 147 KB
-  assert skinny_mosaic_gpu._resident_split(96, 72, 128) == 12  # K = 12288
-  assert skinny_mosaic_gpu._resident_columns(384, 4, 132) == 8  # gate|up: 48 x 4 = 192 blocks, 12 would leave SMs idle
-  assert skinny_mosaic_gpu._resident_columns(64, 4, 132) == 1  # o: 64 x 4 blocks already
-  x, w = jnp.ones((65, 4096), jnp.bfloat16), jnp.ones((4096, 24576), jnp.bfloat16)
-  run = functools.partial(skinny_mosaic_gpu.skinny_matmul, config=Config(resident=True), reduce=False)
-  assert "skinny_matmul_body" in jax.jit(run).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
-  x_down, w_down = jnp.ones((65, 12288), jnp.bfloat16), jnp.ones((12288, 4096), jnp.bfloat16)  # down: 12 splits
-  assert "skinny_matmul_body" in jax.jit(run).trace(x_down, w_down).lower(lowering_platforms=("cuda",)).as_text()
-
-
 def test_pad_for_tma_pads_only_what_tma_cannot_tile():
   assert tma.pad_for_tma(jnp.ones((1, 4096)), (8, 64)).shape == (1, 4096)  # decode: no pad kernel
   assert tma.pad_for_tma(jnp.ones((8, 40)), (8, 64)).shape == (8, 40)  # smaller than a tile
@@ -197,12 +172,6 @@ class TestMosaicGpu(SkinnyMatmulSuite):
   def test_qwen3_down_projection(self, m):
     x, w = random_pair((m,), 12288, 4096, seed=m)
     assert_matches_f32(self.run(x, w, None), x, w)
-
-  @pytest.mark.parametrize("k,n", [(4096, 24576), (12288, 4096), (4096, 6144)])
-  def test_resident_activations_at_verify_rows(self, k, n):
-    """A 64-node verify's 65 rows with the activations resident (8, 4 and 2 weight columns a block on an H200)."""
-    x, w = random_pair((65,), k, n, seed=k + n)
-    assert_matches_f32(self.run(x, w, Config(resident=True)), x, w)
 
 
 def test_dispatch(monkeypatch, caplog):

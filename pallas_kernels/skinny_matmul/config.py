@@ -14,16 +14,14 @@ class TuningConfig:
     0 (the default): all of M's rows in one block (``split_k.token_tile``), so each weight byte is read once per
     call at any M up to 256 (with 64, a 65-row verify pass read every weight twice: 30.2 against 23.0 us for the o
     projection, 129.1 against 58.2 for gate|up on the H200, docs/results/2026-12-02-verify-skinny-barrier-h200/).
-    Two forms for such rows were built and measured no faster there (128 channels a block sharing each activation
-    tile, async wgmma): their code is at commit bbf4b1f.
+    Three forms for such rows were built and measured slower there: 128 channels a block sharing each activation
+    tile and async wgmma (code at commit bbf4b1f); each block's K-split activations loaded once and several weight
+    columns streamed past them (gate|up 80 against 58 us, the 64-node verify 6.90 against 5.28 ms; code at 0d8e447,
+    docs/results/2026-12-03-skinny-resident-w12-loop-h200/).
   tile_k: reduction depth per pipeline step (a multiple of 64). A step moves a ``[tile_k, 64]`` bf16
     weight tile (16 KB at 128) with one TMA.
   max_concurrent_steps: TMA pipeline depth: weight bytes in flight per block. With ``tile_m == 0`` lowered to the
     deepest pipeline whose tiles fit shared memory (wide token tiles at 128+ rows).
-  resident: each block loads its K split's activations once and streams several 64-channel weight columns past
-    them (``mosaic_gpu._resident_call``): for verify-sized rows, where the default re-reads an activation tile for
-    every weight tile. The split is then the fewest whose activations fit shared memory. Opt-in until timed on a GPU
-    (``bench_kernels.py --only skinny --sweep --tokens 65``).
   split_k: K ranges reduced afterwards (f32 partial sums); 0 = ``split_k.auto_split_k`` aiming at
     ``blocks_per_sm`` blocks per SM. A decode step is memory-bound, so what matters is the bytes in
     flight per SM: ``blocks_per_sm * max_concurrent_steps * tile_k * 128`` bytes.
@@ -34,7 +32,6 @@ class TuningConfig:
   max_concurrent_steps: int = 4
   split_k: int = 0
   blocks_per_sm: int = 2
-  resident: bool = False
 
   def __post_init__(self):
     if self.tile_m and (self.tile_m % 8 or not 8 <= self.tile_m <= 256):

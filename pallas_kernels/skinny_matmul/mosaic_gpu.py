@@ -32,7 +32,6 @@ Runs in Pallas GPU-interpret mode (both wgmma operands come from SMEM), so the C
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
@@ -93,24 +92,21 @@ def check_supported(x: jax.Array, w: jax.Array, config: TuningConfig) -> None:
     raise NotImplementedError(f"split_k={config.split_k} does not divide the {k // config.tile_k} K steps")
 
 
-def _smem_bytes(tile_m: int, tile_k: int, depth: int, halves: int, resident_steps: int = 0) -> int:
-  """A block's shared memory: ``depth`` weight stages, as many activation tiles (or ``resident_steps``: the K split's
-  whole activation slice, ``resident``), and the output tile's halves."""
-  x_tiles = resident_steps or depth
-  return (depth * tile_k * TILE_N + x_tiles * tile_m * tile_k) * 2 + halves * tile_m * TILE_N * 2
+def _smem_bytes(tile_m: int, tile_k: int, depth: int, halves: int) -> int:
+  """A block's shared memory: ``depth`` stages of a weight and an activation tile, and the output tile's halves."""
+  return depth * (tile_k * TILE_N + tile_m * tile_k) * 2 + halves * tile_m * TILE_N * 2
 
 
-def _pipeline_depth(config: TuningConfig, tile_m: int, steps: int, halves: int, resident_steps: int = 0) -> int:
-  """``max_concurrent_steps`` (at most ``steps``); with ``tile_m == 0`` (all rows in one block) or ``resident`` the
-  deepest pipeline that fits shared memory. Raises NotImplementedError (the caller falls back) when it does not fit."""
-  smem = lambda d: _smem_bytes(tile_m, config.tile_k, d, halves, resident_steps)  # noqa: E731
+def _pipeline_depth(config: TuningConfig, tile_m: int, steps: int, halves: int) -> int:
+  """``max_concurrent_steps`` (at most ``steps``); with ``tile_m == 0`` (all rows in one block) the deepest pipeline
+  that fits shared memory. Raises NotImplementedError (the caller falls back) when the tiles do not fit."""
   depth = min(config.max_concurrent_steps, steps)
-  while (config.tile_m == 0 or config.resident) and depth > 1 and smem(depth) > SMEM_LIMIT:
+  while config.tile_m == 0 and depth > 1 and _smem_bytes(tile_m, config.tile_k, depth, halves) > SMEM_LIMIT:
     depth -= 1
-  if smem(depth) > SMEM_LIMIT:
-    raise NotImplementedError(f"the skinny kernel with {config} needs {smem(depth)} bytes of shared memory a block at "
-                              f"{tile_m} token rows, over {SMEM_LIMIT}: lower max_concurrent_steps, tile_k or tile_m"
-                              + (" or raise split_k" if config.resident else ""))
+  smem = _smem_bytes(tile_m, config.tile_k, depth, halves)
+  if smem > SMEM_LIMIT:
+    raise NotImplementedError(f"the skinny kernel with {config} needs {smem} bytes of shared memory a block at "
+                              f"{tile_m} token rows, over {SMEM_LIMIT}: lower max_concurrent_steps, tile_k or tile_m")
   return depth
 
 
@@ -183,91 +179,6 @@ def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, inter
   return call(w, x2)
 
 
-def _resident_split(k_steps: int, tile_m: int, tile_k: int) -> int:
-  """The fewest K splits (a divisor of ``k_steps``) whose activation slice fits a block's shared memory beside two
-  weight stages: what ``resident`` needs (72 rows of K = 4096: 4 splits)."""
-  for split in range(1, k_steps + 1):
-    if k_steps % split == 0 and _smem_bytes(tile_m, tile_k, 2, 2, k_steps // split) <= SMEM_LIMIT:
-      return split
-  raise NotImplementedError(f"resident: {tile_m} token rows of one {tile_k}-deep K step do not fit shared memory")
-
-
-def _resident_columns(n_tiles: int, blocks_per_column: int, sms: int) -> int:
-  """The most 64-channel weight columns a block walks (a divisor of ``n_tiles``) that still give every SM a block."""
-  return max(c for c in range(1, n_tiles + 1) if n_tiles % c == 0 and n_tiles // c * blocks_per_column >= sms
-             or c == 1)
-
-
-def _resident_call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, interpret, mp, columns):
-  """``_call``'s result with each block's activations resident: a block loads its K split's ``[tile_m, K / split_k]``
-  activation slice once, then streams ``columns`` 64-channel weight columns past it, one accumulator and one
-  ``store_split`` a column. Why: at 65-72 token rows ``_call`` re-reads an activation tile from L2 for every weight
-  tile (1.1 bytes a weight byte) and fits one block an SM; on the H200 it streamed 3.4 TB/s against 4.1 at one row
-  (Nsight Compute, docs/results/2026-12-02-verify-skinny-barrier-h200/)."""
-  k, n = w.shape
-  steps = k // tile_k // split_k
-  tiles = columns * steps
-  depth = min(max_concurrent_steps, tiles)
-  w_transforms = smem_transforms(TILE_N, jnp.bfloat16)
-  x_transforms = smem_transforms(tile_k, jnp.bfloat16)
-
-  def skinny_matmul_body(w_gmem, x_gmem, out_gmem, w_smem, x_smem, w_loaded, x_loaded, out_smem):  # profile name
-    n0 = lax.axis_index("n") * columns
-    m_slice = pl.ds(lax.axis_index("m") * tile_m, tile_m)
-    split = lax.axis_index("s")
-    first = split * steps
-
-    def load_w(t, slot):  # weight tile t: column t // steps, K step t % steps
-      k_slice = pl.ds((first + t % steps) * tile_k, tile_k)
-      n_slice = pl.ds((n0 + t // steps) * TILE_N, TILE_N)
-      plgpu.copy_gmem_to_smem(w_gmem.at[k_slice, n_slice], w_smem.at[slot], w_loaded.at[slot])
-
-    for slot in range(depth):  # weights before the PDL wait, as in ``_call``
-      load_w(slot, slot)
-    pdl.begin_kernel(interpret)
-    for i in range(steps):  # the split's activations, once, all on one barrier
-      plgpu.copy_gmem_to_smem(x_gmem.at[m_slice, pl.ds((first + i) * tile_k, tile_k)], x_smem.at[i], x_loaded)
-    plgpu.barrier_wait(x_loaded)
-
-    def column(col, carry):
-      def accumulate(acc_ref):
-        def step(i, c):
-          t = col * steps + i
-          slot = lax.rem(t, depth)
-          plgpu.barrier_wait(w_loaded.at[slot])
-          plgpu.wgmma(acc_ref, w_smem.at[slot].T, x_smem.at[i].T)
-          plgpu.wgmma_wait(0)
-
-          @pl.when(t + depth < tiles)
-          def _refill():  # the slot's weight tile was read by the wgmma just waited for
-            load_w(t + depth, slot)
-
-          return c
-
-        lax.fori_loop(0, steps, step, None)
-        return acc_ref[...]
-
-      acc = pl.run_scoped(accumulate, plgpu.ACC((TILE_N, tile_m), jnp.float32))
-      store_split(acc, out_smem, out_gmem, split, m_slice, pl.ds((n0 + col) * TILE_N, TILE_N))
-      return carry
-
-    lax.fori_loop(0, columns, column, None)
-
-  call = plgpu.kernel(
-      skinny_matmul_body, out_type=jax.ShapeDtypeStruct((split_k, halves, mp, n), jnp.bfloat16),
-      grid=(n // TILE_N // columns, mp // tile_m, split_k), grid_names=("n", "m", "s"),
-      scratch_types={
-          "w_smem": plgpu.SMEM((depth, tile_k, TILE_N), jnp.bfloat16, transforms=w_transforms),
-          "x_smem": plgpu.SMEM((steps, tile_m, tile_k), jnp.bfloat16, transforms=x_transforms),
-          "w_loaded": plgpu.Barrier(num_arrivals=1, num_barriers=depth),
-          "x_loaded": plgpu.Barrier(num_arrivals=steps),
-          "out_smem": halves_scratch(halves, tile_m, TILE_N),
-      },
-      interpret=interpret,
-  )
-  return call(w, x2)
-
-
 def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = None,
                   interpret: plgpu.InterpretGPUParams | None = None,
                   reduce: bool = True) -> jax.Array | SplitKPartials:
@@ -286,27 +197,17 @@ def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = N
   tile_m = token_tile(config.tile_m, m)
   mp = round_up(max(m, 1), tile_m)
   k_steps = k // config.tile_k
-  split_k = config.split_k or SPLIT_K_BY_SHAPE.get((k, n))
-  if not split_k and config.resident:  # the fewest splits whose activation slice fits; consumer_split_k cannot apply
-    split_k = _resident_split(k_steps, tile_m, config.tile_k)
-  elif not split_k:
-    split_k = auto_split_k((n // TILE_N) * (mp // tile_m), k_steps, num_sms(), config.blocks_per_sm)
-    if not reduce:
-      split_k = consumer_split_k(split_k, k_steps)
+  split_k = config.split_k or SPLIT_K_BY_SHAPE.get((k, n)) or auto_split_k(
+      (n // TILE_N) * (mp // tile_m), k_steps, num_sms(), config.blocks_per_sm)
+  if not reduce and not config.split_k and (k, n) not in SPLIT_K_BY_SHAPE:
+    split_k = consumer_split_k(split_k, k_steps)
   if k_steps % split_k:
     raise ValueError(f"skinny matmul: split_k={split_k} for W[{k}, {n}] does not divide its {k_steps} K steps "
                      f"(tile_k={config.tile_k}; SPLIT_K_BY_SHAPE or the config)")
   halves = 2 if split_k > 1 else 1
-  steps = k_steps // split_k
-  depth = _pipeline_depth(config, tile_m, steps, halves, resident_steps=steps if config.resident else 0)
+  depth = _pipeline_depth(config, tile_m, k_steps // split_k, halves)
   x2 = pad_for_tma(x.reshape(m, k), X_TILE)
-  if config.resident:  # a block walks the most weight columns that still give every SM a block
-    call = functools.partial(_resident_call, columns=_resident_columns(n // TILE_N, split_k * (mp // tile_m),
-                                                                       num_sms()))
-  else:
-    call = _call
-  partial = call(x2, w, tile_m=tile_m, tile_k=config.tile_k, max_concurrent_steps=depth, split_k=split_k,
-                 halves=halves, interpret=interpret, mp=mp)
+  partial = _call(x2, w, tile_m=tile_m, tile_k=config.tile_k, max_concurrent_steps=depth, split_k=split_k,
+                  halves=halves, interpret=interpret, mp=mp)
   partials = SplitKPartials(partial, lead, jnp.dtype(x.dtype).name)  # split_k == 1: the padded result itself
   return partials.sum() if reduce else partials
-

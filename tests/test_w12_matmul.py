@@ -298,3 +298,19 @@ def test_register_kernel_splits_sum_to_the_reduced_result_on_the_gpu(k, n):
                                 np.asarray(summed, np.float32))
   want = np.asarray(w12.matmul(x, packed, implementation="reference"), np.float32)
   np.testing.assert_allclose(np.asarray(summed, np.float32), want, rtol=2e-2, atol=2e-2 * np.abs(want).max())
+
+
+def test_register_kernel_deepens_its_pipeline_when_a_consumer_caps_its_split():
+  """Capped to ``CONSUMER_SPLIT_K`` splits the register decode runs ~1 block an SM, so it loads ``CONSUMER_DEPTH``
+  steps ahead where shared memory allows; uncapped, or with a deeper config, the config's depth."""
+  depth = w12_mosaic_gpu._register_depth
+  default = w12_mosaic_gpu.DEFAULT_CONFIG
+  assert default.max_concurrent_steps < w12_mosaic_gpu.CONSUMER_DEPTH
+  assert depth(default, 8, capped=True) == w12_mosaic_gpu.CONSUMER_DEPTH
+  assert depth(default, 8, capped=False) == default.max_concurrent_steps
+  assert depth(w12.TuningConfig(decode="registers", max_concurrent_steps=6), 8, capped=True) == 6
+  wide = w12.TuningConfig(decode="registers", tile_k=256, tile_m=128, max_concurrent_steps=1)
+  fits = depth(wide, 128, capped=True)  # 128 rows of 256-deep activation tiles: shared memory stops it first
+  assert 1 <= fits < w12_mosaic_gpu.CONSUMER_DEPTH
+  assert w12_mosaic_gpu._register_smem_bytes(wide, 128, fits) <= split_k.SMEM_LIMIT
+  assert w12_mosaic_gpu._register_smem_bytes(wide, 128, fits + 1) > split_k.SMEM_LIMIT

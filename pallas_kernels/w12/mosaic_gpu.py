@@ -109,6 +109,23 @@ H200 (12288x4096, docs/results/2026-12-01-partials-w12v3-h200/) the gathers made
 the sum: 5.8 and 10.0)."""
 
 
+CONSUMER_DEPTH = 4
+"""The register decode's least pipeline depth when a consumer's cap (``split_k.CONSUMER_SPLIT_K``) leaves it fewer K
+splits than the auto split: then about one block an SM (128 for a 4096-wide output at two splits), so the bytes in
+flight are the pipeline's. On the H200 at M = 1 with two splits and the escapes in the kernel, depths 2 / 4 / 6 / 8
+took 35.7 / 30.7 / 31.6 / 32.9 us on 12288x4096 and 14.1 / 13.0 / 13.5 / 14.0 on 4096x4096 (``bench_kernels.py
+--only w12 --sweep``, docs/results/2026-12-03-skinny-resident-w12-loop-h200/)."""
+
+
+def _register_depth(config: TuningConfig, tile_m: int, capped: bool) -> int:
+  """``config.max_concurrent_steps``, raised towards ``CONSUMER_DEPTH`` when the split was ``capped`` as far as
+  shared memory allows (the depth only sets how far the loads run ahead: the sums' order is the same)."""
+  depth = config.max_concurrent_steps
+  while capped and depth < CONSUMER_DEPTH and _register_smem_bytes(config, tile_m, depth + 1) <= SMEM_LIMIT:
+    depth += 1
+  return depth
+
+
 def _register_smem_bytes(config: TuningConfig, tile_m: int, depth: int) -> int:
   """The register decode's shared memory a block: ``depth`` pipeline stages of both planes (1.5 bytes a weight) and
   the activation tiles, and the epilogue's f32 halves."""
@@ -470,6 +487,7 @@ def w12_matmul(
   k_steps = kp // config.tile_k
   split_k = config.split_k or auto_split_k((n // config.tile_n) * (mp // tile_m), k_steps, num_sms(),
                                            config.blocks_per_sm)
+  auto_split = split_k
   if complete and not reduce and not config.split_k:  # a consumer kernel reads every split (as skinny_matmul's)
     split_k = consumer_split_k(split_k, k_steps)
   halves = 2 if has_escapes or split_k > 1 else 1  # f32 partial sums, or the bf16 result
@@ -477,7 +495,7 @@ def w12_matmul(
     out = _register_decode_call(
         pad_for_tma(x2, (8, register_decode.CHUNK)), packed.sign_mantissa, packed.exponent_codes,
         packed.base_exponent, mp=mp, group_k=packed.group_k, tile_m=tile_m, tile_k=config.tile_k,
-        max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, halves=halves,
+        max_concurrent_steps=_register_depth(config, tile_m, split_k < auto_split), split_k=split_k, halves=halves,
         overlap_decode=config.overlap_decode,
         escape_lists=(packed.column_escape_rows, packed.column_escape_bits) if in_kernel else None, m=m)
   else:

@@ -62,7 +62,9 @@ as much as the XLA sums they replaced; with two, 16 us more, and the o and down 
 the AR step went 4.574 -> 4.452 ms on the H200 (docs/results/2026-12-01-partials-w12v3-h200/). Two splits of a
 4096-wide output are 128 blocks of 64 channels, each with ``max_concurrent_steps`` 16 KB weight tiles in flight: ~8
 MB, above the HBM's bandwidth-delay product. The W12 decode loop handed its auto splits over until the eighteenth
-session: its 73 add + norm calls took 508 us a step (docs/results/2026-12-02-ablation-w12-loop-h200/)."""
+session: its 73 add + norm calls took 508 us a step and its tokens differed from the bf16 loop's; with two splits
+they took 176 us and the tokens match, though its o and down kernels, at ~1 block an SM, took longer
+(docs/results/2026-12-03-skinny-resident-w12-loop-h200/; ``w12.mosaic_gpu.CONSUMER_DEPTH``)."""
 
 
 def consumer_split_k(split_k: int, k_steps: int) -> int:

@@ -37,11 +37,12 @@ instructions a word (format 3 drops the window test, ~15 -> ~11) moved it 2.5 %:
 too few eligible warps (Nsight Compute: issue slots 52 % busy), not by instruction count. In the H200's decode
 loop the W12 matmuls take what the bf16 ones take, and the XLA epilogues carrying the escape gathers cost
 ~0.85 ms a step. ``TuningConfig.escapes_in_kernel`` (opt-in) adds the lists' correction in the kernel's first split
-instead: in the probe 0.1 us a call faster (docs/results/2026-12-01-rope-swiglu-h200/), in the loop not timed yet.
-The register decode writes the skinny kernel's tokens-major split halves (``split_k.store_split``), so with every
-escape corrected in the kernel ``w12_matmul(..., reduce=False)`` hands the splits to the add + norm and q/k norm +
-rope kernels (``SplitKPartials``) and the o, down and q|k|v projections need no XLA epilogue at all. Next: one base
-load per step, the split-K sum inside the kernel.
+instead (the probe: 0.1 us a call faster, docs/results/2026-12-01-rope-swiglu-h200/). The register decode writes the
+skinny kernel's tokens-major split halves (``split_k.store_split``), so with every escape corrected in the kernel
+``w12_matmul(..., reduce=False)`` hands the splits to the add + norm and q/k norm + rope kernels (``SplitKPartials``)
+and the o, down and q|k|v projections need no XLA epilogue at all. The decode loop so: 5.100 against bf16's 4.443 ms,
+tokens identical, with the W12 kernels at two splits (``CONSUMER_DEPTH``) 0.52 ms a step slower than at the auto
+split (docs/results/2026-12-03-skinny-resident-w12-loop-h200/): one block an SM leaves one warpgroup decoding.
 """
 
 from __future__ import annotations

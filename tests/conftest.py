@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import shutil
 import subprocess
+import tempfile
 import uuid
 from pathlib import Path
 
-import jax
-import pytest
+# The run's caches live in one folder of its own, made by the run's first process (xdist's controller) and deleted at
+# its exit; the workers and every subprocess inherit it through the environment. So a run starts as cold as CI's fresh
+# machine and never writes to ~/.cache/specpilot:
+# - SPECPILOT_CACHE (hardware calibrations, W12 weights, trained proxies, the search's compile cache);
+# - XLA's compilation cache, which jax reads from the environment at import: tests and the scripts they start build
+#   the same tiny models' programs (random weights, forwards, loops) over and over, each in a fresh process or a
+#   fresh jit. A hit returns the executable the compile would have built.
+if "SPECPILOT_TEST_RUN_DIR" not in os.environ:
+    os.environ["SPECPILOT_TEST_RUN_DIR"] = tempfile.mkdtemp(prefix="specpilot-test-run-")
+    atexit.register(shutil.rmtree, os.environ["SPECPILOT_TEST_RUN_DIR"], ignore_errors=True)
+os.environ["SPECPILOT_CACHE"] = os.path.join(os.environ["SPECPILOT_TEST_RUN_DIR"], "cache")
+os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(os.environ["SPECPILOT_TEST_RUN_DIR"], "jit")
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+
+import jax  # noqa: E402  (after the cache's environment)
+import pytest  # noqa: E402
 
 # Tests run tiny models on 2 CPU cores, where XLA compile time dominates: skip the slow optimisation
 # passes (numerics are unchanged; timings never come from tests).

@@ -46,12 +46,12 @@ def run_quick(tmp: Path, *args: str) -> tuple[dict, str, str, Path]:
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
-    # every variant but the PDL / kernel-chain rows, which differ from rope_decode_loop only in flags the CPU ignores
-    # (test_chain_rows_carry_their_kernels_to_their_jobs checks what reaches their jobs)
+    # every variant but the PDL / kernel-chain rows and the loops that differ from another only in what the CPU
+    # ignores (PDL, a kernel split; skinny_cmdbuf_while's flags are xla_flags_cmdbuf_while's):
+    # test_chain_rows_carry_their_kernels_to_their_jobs and test_flag_only_loops_carry_their_settings_to_their_jobs
+    # check what reaches their jobs
     args = ["--variants", "xla_forward", "xla_decode_loop", "skinny_forward", "skinny_decode_loop",
-            "fused_norm_decode_loop", "split_decode_loop", "summed_splits_decode_loop",
-            "pdl_decode_loop", "rope_decode_loop",
-            "skinny_cmdbuf_while", "xla_flags",
+            "fused_norm_decode_loop", "split_decode_loop", "rope_decode_loop", "xla_flags",
             "xla_forward_w12",
             "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "w12_kernel_decode_loop", "verify_nodes",
             "verify_loop", "drafter"]
@@ -67,9 +67,8 @@ def test_every_variant_has_a_time_or_an_error_and_a_roofline(quick):
                 "xla_flags_autotune0", "xla_flags_no_triton_gemm", "xla_forward_w12", "xla_forward_w12_xla_decode",
                 "xla_forward_w12_kernel", "w12_kernel_decode_loop", "verify_nodes@4", "verify_nodes@8", "verify_loop@4",
                 "verify_loop@8", "drafter_b16", "drafter_b16_tree", "drafter_round_b16_tree", "drafter_fused_b16_tree",
-                "skinny_forward",
-                "skinny_decode_loop", "fused_norm_decode_loop", "skinny_cmdbuf_while",
-                "pdl_decode_loop", "split_decode_loop", "summed_splits_decode_loop", "rope_decode_loop"}
+                "skinny_forward", "skinny_decode_loop", "fused_norm_decode_loop", "split_decode_loop",
+                "rope_decode_loop"}
     if HAS_TORCH_PYTHON:
         expected |= {"torch_peer_eager", "torch_peer_compile", "torch_peer_cudagraphs"}
     assert set(names) == expected
@@ -100,9 +99,8 @@ def test_jax_variants_ran_and_agree(quick):
             assert r.get("ms", 0) > 0 and not r.get("error"), r
     ref = by["xla_forward"]["tokens"]
     assert len(ref) == rep["settings"]["check_steps"]
-    for name in ("xla_decode_loop", "skinny_forward", "skinny_decode_loop", "fused_norm_decode_loop", "pdl_decode_loop",
-                 "split_decode_loop", "summed_splits_decode_loop", "rope_decode_loop",
-                 "skinny_cmdbuf_while", "xla_flags_no_cmdbuf",
+    for name in ("xla_decode_loop", "skinny_forward", "skinny_decode_loop", "fused_norm_decode_loop",
+                 "split_decode_loop", "rope_decode_loop", "xla_flags_no_cmdbuf",
                  "xla_flags_cmdbuf_while", "xla_flags_autotune0", "xla_flags_no_triton_gemm"):
         assert by[name]["tokens"] == ref and by[name]["tokens_match"] is True, name
     # the drafter pass with the tree-attention op (its jnp reference on the CPU) drafts what XLA attention drafts
@@ -116,14 +114,8 @@ def test_jax_variants_ran_and_agree(quick):
     assert by["xla_flags_autotune0"]["xla_flags"].endswith("--xla_gpu_autotune_level=0")
     skinny_job = next(j for j in rep["jobs"] if j["job"] == "skinny")
     assert sorted(skinny_job["rows"]) == ["skinny_decode_loop", "skinny_forward"]
-    both = by["skinny_cmdbuf_while"]
-    assert both["xla_flags"] == by["xla_flags_cmdbuf_while"]["xla_flags"]
-    assert json.loads((quick[3] / "jobs" / "skinny_cmdbuf_while.spec.json").read_text())["matmul"] == "mosaic_gpu"
     fused = json.loads((quick[3] / "jobs" / "fused_norm.spec.json").read_text())
     assert (fused["matmul"], fused["norm"], fused["pdl"]) == ("mosaic_gpu", "mosaic_gpu", False)
-    spec = json.loads((quick[3] / "jobs" / "pdl.spec.json").read_text())
-    assert (spec["matmul"], spec["norm"], spec["pdl"]) == ("mosaic_gpu", "mosaic_gpu", True)
-    assert json.loads((quick[3] / "jobs" / "pdl.json").read_text())["pdl"] is True
     split = json.loads((quick[3] / "jobs" / "split.spec.json").read_text())
     assert split["skinny_splits"] == {"256x512": 2, "64x64": 1} and split["norm"] == "mosaic_gpu"
     assert json.loads((quick[3] / "jobs" / "split.json").read_text())["skinny_splits"] == split["skinny_splits"]
@@ -343,6 +335,22 @@ def test_skinny_config_reaches_every_jax_job(tmp_path):
             br.parse_args(["--quick", "--skinny-config", bad])
         with pytest.raises(ValueError, match=named):
             br.skinny_config_fields(bad)
+
+
+def test_flag_only_loops_carry_their_settings_to_their_jobs(tmp_path):
+    """The loops the quick run leaves out (they differ from a row it runs only in what the CPU ignores): each gets a
+    job whose spec holds its kernels, PDL, split handling and XLA flags."""
+    br = _load_script()
+    rows = ["pdl_decode_loop", "summed_splits_decode_loop", "skinny_cmdbuf_while", "xla_flags"]
+    args = br.parse_args(["--quick", "--variants", *rows])
+    jobs, _ = br.plan_jobs(args, br.settings(args), tmp_path, br.selected_variants(args))
+    by_row = {r: j for j in jobs for r in j.rows}
+    pdl, summed, both = (by_row[r].spec for r in rows[:3])
+    assert (pdl["matmul"], pdl["norm"], pdl["pdl"]) == ("mosaic_gpu", "mosaic_gpu", True)
+    assert (summed["matmul"], summed["norm"], summed["pass_splits"]) == ("mosaic_gpu", "mosaic_gpu", False)
+    flags = by_row["skinny_cmdbuf_while"].env["XLA_FLAGS"]
+    assert both["matmul"] == "mosaic_gpu" and "WHILE" in flags
+    assert flags == by_row["xla_flags_cmdbuf_while"].env["XLA_FLAGS"]
 
 
 def test_chain_rows_carry_their_kernels_to_their_jobs(tmp_path):

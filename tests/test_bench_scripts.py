@@ -138,9 +138,12 @@ def test_warm_up_compiles_exactly_the_programs_the_timed_pass_runs(tmp_path):
 
     from specpilot.costmodel import measure as M
 
+    from jax._src import compilation_cache
+
     old = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
     cache = tmp_path / "jit"
     M.enable_compile_cache(cache, min_compile_s=0.0)
+    compilation_cache.reset_cache()  # the test run's own cache (conftest) is open already: open this one
     try:
         dep = M.synthetic_deployment("tiny", "float32", 0, drafter_layers=1, block_size=4)
         configs = [{"name": "ar"}, {"name": "ddtree", "tree_budget": 4}]
@@ -158,3 +161,4 @@ def test_warm_up_compiles_exactly_the_programs_the_timed_pass_runs(tmp_path):
     finally:
         jax.config.update("jax_compilation_cache_dir", old[0])
         jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
+        compilation_cache.reset_cache()

@@ -142,8 +142,8 @@ def test_hopper_lowering_of_a_verify_pass_rows(config):
   assert "skinny_matmul_body" in jax.jit(run).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
 
 
-@pytest.mark.parametrize("lead,k,n,cluster,split,reduce", [((65,), 512, 256, 2, 2, True), ((65,), 512, 256, 2, 0, False),
-                                                            ((5,), 256, 256, 4, 1, True)])
+@pytest.mark.parametrize("lead,k,n,cluster,split,reduce", [
+    ((65,), 512, 256, 2, 2, True), ((65,), 512, 256, 2, 0, False), ((5,), 256, 256, 4, 1, True)])
 def test_multicast_activations_match_f32_matmul(lead, k, n, cluster, split, reduce):
   """``cluster``: each activation tile multicast to the cluster's blocks. Interpret mode copies the whole tile into
   every block, so this checks the columns each block takes, the padded token tile and the cluster barrier's use (not

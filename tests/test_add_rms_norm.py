@@ -226,7 +226,7 @@ def test_model_hands_the_o_and_down_splits_to_the_kernel(monkeypatch):
     deltas.append(type(delta).__name__)
     return norm_mosaic_gpu.add_rms_norm(x, delta, w, eps, prefix=prefix, interpret=plgpu.InterpretGPUParams())
 
-  cfg = tm.target_config(vocab=32, hidden=1024, layers=1, heads=8, kv_heads=2, head_dim=128, intermediate=1024)
+  cfg = tm.target_config(vocab=32, hidden=1024, layers=1, heads=8, kv_heads=2, head_dim=128, intermediate=512)
   w, cache = tm.bf16_step_inputs(cfg)
   tokens = jnp.asarray([[3]], jnp.int32)
 
@@ -255,7 +255,7 @@ def test_drafter_hands_its_residual_updates_to_the_kernel(monkeypatch):
     deltas.append(type(delta).__name__ + ("+prefix" if prefix is not None else ""))
     return norm_mosaic_gpu.add_rms_norm(x, delta, w, eps, prefix=prefix, interpret=plgpu.InterpretGPUParams())
 
-  tcfg = tm.target_config(vocab=32, hidden=1024, layers=2, heads=8, kv_heads=2, head_dim=128, intermediate=1024)
+  tcfg = tm.target_config(vocab=32, hidden=1024, layers=2, heads=8, kv_heads=2, head_dim=128, intermediate=512)
   dlayers = tm.drafter_layers_config(tcfg, num_layers=2, heads=8, kv_heads=2, head_dim=128)
   _, tw, dcfg, dw = tm.random_pair(tcfg, block_size=8, drafter_layers=dlayers, dtype=jnp.bfloat16)
   kv = np.random.default_rng(0).normal(size=(2, 2, 1, 16, 2, 128))

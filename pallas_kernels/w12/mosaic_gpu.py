@@ -41,8 +41,9 @@ instead (the probe: 0.1 us a call faster, docs/results/2026-12-01-rope-swiglu-h2
 skinny kernel's tokens-major split halves (``split_k.store_split``), so with every escape corrected in the kernel
 ``w12_matmul(..., reduce=False)`` hands the splits to the add + norm and q/k norm + rope kernels (``SplitKPartials``)
 and the o, down and q|k|v projections need no XLA epilogue at all. The decode loop so: 5.100 against bf16's 4.443 ms,
-tokens identical, with the W12 kernels at two splits (``CONSUMER_DEPTH``) 0.52 ms a step slower than at the auto
-split (docs/results/2026-12-03-skinny-resident-w12-loop-h200/): one block an SM leaves one warpgroup decoding.
+tokens identical, with the W12 kernels at two splits 0.52 ms a step slower than at the auto split
+(docs/results/2026-12-03-skinny-resident-w12-loop-h200/): one block an SM leaves one warpgroup decoding.
+``CONSUMER_DEPTH`` (built after that loop) took ~5 us a call of it back on down in the kernel sweep.
 """
 
 from __future__ import annotations

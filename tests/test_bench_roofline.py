@@ -354,15 +354,15 @@ def test_flag_only_loops_carry_their_settings_to_their_jobs(tmp_path):
 def test_every_xla_flag_set_parses_in_this_jaxlib():
     """XLA aborts a process at an unknown flag, which on the GPU machine would cost a device call: every flag set of
     the bench's flag rows runs a jitted computation here (XLA parses GPU flags on the CPU too)."""
-    br = _load_script()
-    for name, flags in br.XLA_FLAG_VARIANTS.items():
+    def jit_under(flags):
         env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
-        proc = subprocess.run([sys.executable, "-c", "import jax; print(jax.jit(lambda x: x + 1)(1.0))"], env=env,
+        return subprocess.run([sys.executable, "-c", "import jax; print(jax.jit(lambda x: x + 1)(1.0))"], env=env,
                               capture_output=True, text=True, timeout=120, check=False)
+
+    for name, flags in _load_script().XLA_FLAG_VARIANTS.items():
+        proc = jit_under(flags)
         assert proc.returncode == 0 and proc.stdout.strip() == "2.0", (name, proc.stderr[-2000:])
-    bad = {**os.environ, "XLA_FLAGS": "--xla_gpu_no_such_flag=1", "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-c", "import jax; jax.jit(lambda x: x + 1)(1.0)"], env=bad,
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = jit_under("--xla_gpu_no_such_flag=1")
     assert proc.returncode != 0 and "Unknown flag" in proc.stderr  # so the check above can fail
 
 

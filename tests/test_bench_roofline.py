@@ -221,6 +221,10 @@ def test_kernel_fields_group_by_name_and_split_matmuls_from_the_rest():
     assert per_step["kernels_ms"] == pytest.approx(f["kernels_ms"]) and per_step["kernel_launches"] == 6
     many = br.kernel_fields([(f"k{i}", 0.001 * (i + 1)) for i in range(br.KERNELS_LISTED + 5)])
     assert len(many["kernels"]) == br.KERNELS_LISTED and many["kernel_launches"] == br.KERNELS_LISTED + 5
+    # a loop's split that accounts for little of its step is refused, saying how little it saw
+    assert br.unrecorded_kernels(per_step, step_ms=0.2) is None
+    assert br.unrecorded_kernels(per_step, step_ms=4.434) == (
+        "CUPTI saw 0.159 ms of kernels in a 4.434 ms step (6.0 launches): most of the loop's kernels went unrecorded")
 
 
 def test_draft_gaps_name_the_differing_positions_and_the_top2_gaps():

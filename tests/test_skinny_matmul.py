@@ -142,34 +142,6 @@ def test_hopper_lowering_of_a_verify_pass_rows(config):
   assert "skinny_matmul_body" in jax.jit(run).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
 
 
-@pytest.mark.parametrize("lead,k,n,cluster,split,reduce", [
-    ((65,), 512, 256, 2, 2, True), ((65,), 512, 256, 2, 0, False), ((5,), 256, 256, 4, 1, True)])
-def test_multicast_activations_match_f32_matmul(lead, k, n, cluster, split, reduce):
-  """``cluster``: each activation tile multicast to the cluster's blocks. Interpret mode copies the whole tile into
-  every block, so this checks the columns each block takes, the padded token tile and the cluster barrier's use (not
-  the multicast's synchronisation: the GPU tests do)."""
-  x, w = random_pair(lead, k, n, seed=k + n + cluster)
-  config = Config(cluster=cluster, tile_k=64, max_concurrent_steps=3, split_k=split)
-  y = skinny_mosaic_gpu.skinny_matmul(x, w, config=config, interpret=plgpu.InterpretGPUParams(), reduce=reduce)
-  assert_matches_f32(y if reduce else y.sum(), x, w)
-  if not reduce:  # 65 rows in a token tile of 80: whole 8-row SMEM tiles for each of the two blocks
-    assert y.halves.shape[-2] == 80
-
-
-def test_multicast_lowers_for_hopper_at_verify_rows_and_rejects_what_it_cannot_tile():
-  """Cross-lowering runs Mosaic GPU's split of a multicast tile among the blocks (72 rows in two blocks fails it;
-  the tile is padded to 80), at the gate|up and down projections' shapes."""
-  run = functools.partial(skinny_mosaic_gpu.skinny_matmul, config=Config(cluster=2), reduce=False)
-  for k, n in [(4096, 24576), (12288, 4096)]:
-    x, w = jnp.ones((65, k), jnp.bfloat16), jnp.ones((k, n), jnp.bfloat16)
-    assert "skinny_matmul_body" in jax.jit(run).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
-  with pytest.raises(NotImplementedError, match="cluster=4"):
-    skinny_mosaic_gpu.skinny_matmul(jnp.ones((1, 256), jnp.bfloat16), jnp.ones((256, 192), jnp.bfloat16),
-                                    config=Config(cluster=4))
-  with pytest.raises(ValueError, match="cluster"):
-    Config(cluster=3)
-
-
 def test_pad_for_tma_pads_only_what_tma_cannot_tile():
   assert tma.pad_for_tma(jnp.ones((1, 4096)), (8, 64)).shape == (1, 4096)  # decode: no pad kernel
   assert tma.pad_for_tma(jnp.ones((8, 40)), (8, 64)).shape == (8, 40)  # smaller than a tile
@@ -200,13 +172,6 @@ class TestMosaicGpu(SkinnyMatmulSuite):
   def test_qwen3_down_projection(self, m):
     x, w = random_pair((m,), 12288, 4096, seed=m)
     assert_matches_f32(self.run(x, w, None), x, w)
-
-  @pytest.mark.parametrize("k,n,cluster", [(4096, 24576, 2), (12288, 4096, 2), (4096, 4096, 4)])
-  def test_multicast_activations_at_verify_rows(self, k, n, cluster):
-    """A 64-node verify's 65 rows with each activation tile multicast across a cluster: on a GPU a slot refilled
-    before a peer read it would corrupt that peer's sums."""
-    x, w = random_pair((65,), k, n, seed=k + n)
-    assert_matches_f32(self.run(x, w, Config(cluster=cluster)), x, w)
 
 
 def test_dispatch(monkeypatch, caplog):

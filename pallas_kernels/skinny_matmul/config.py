@@ -22,12 +22,6 @@ class TuningConfig:
     weight tile (16 KB at 128) with one TMA.
   max_concurrent_steps: TMA pipeline depth: weight bytes in flight per block. With ``tile_m == 0`` lowered to the
     deepest pipeline whose tiles fit shared memory (wide token tiles at 128+ rows).
-  cluster: 1, or 2 or 4 blocks of adjacent 64-channel columns in a thread-block cluster that share each activation
-    tile through one TMA multicast (``mosaic_gpu._call``), so L2 serves it once per cluster. For verify-sized rows,
-    where every block re-reads an activation tile as large as its weight tile from L2 (Nsight Compute on the H200 at
-    65 rows: L2 at 77 %, docs/results/2026-12-02-verify-skinny-barrier-h200/). The token tile is padded to a multiple
-    of 8 x cluster rows (72 -> 80 at 65 rows with 2). Opt-in until timed on a GPU: GPU interpret mode copies the whole
-    tile into each block, so the CPU tests check its arithmetic, not its cross-block synchronisation.
   split_k: K ranges reduced afterwards (f32 partial sums); 0 = ``split_k.auto_split_k`` aiming at
     ``blocks_per_sm`` blocks per SM. A decode step is memory-bound, so what matters is the bytes in
     flight per SM: ``blocks_per_sm * max_concurrent_steps * tile_k * 128`` bytes.
@@ -38,13 +32,10 @@ class TuningConfig:
   max_concurrent_steps: int = 4
   split_k: int = 0
   blocks_per_sm: int = 2
-  cluster: int = 1
 
   def __post_init__(self):
     if self.tile_m and (self.tile_m % 8 or not 8 <= self.tile_m <= 256):
       raise ValueError(f"tile_m must be 0 (all rows) or a multiple of 8 in [8, 256], got {self.tile_m}")
-    if self.cluster not in (1, 2, 4):
-      raise ValueError(f"cluster must be 1, 2 or 4 blocks, got {self.cluster}")
     if self.tile_k <= 0 or self.tile_k % 64:
       raise ValueError(f"tile_k must be a positive multiple of 64, got {self.tile_k}")
     if self.max_concurrent_steps < 1 or self.split_k < 0 or self.blocks_per_sm < 1:

@@ -84,8 +84,8 @@ def check_supported(x: jax.Array, w: jax.Array, config: TuningConfig) -> None:
     raise ValueError(f"skinny matmul: x has {x.shape[-1]} features, the weight expects {k}")
   if x.dtype != jnp.bfloat16 or w.dtype != jnp.bfloat16:
     raise NotImplementedError(f"the skinny kernel takes bf16 x and W, got {x.dtype} and {w.dtype}")
-  if n % (TILE_N * config.cluster):
-    raise NotImplementedError(f"N={n} is not a multiple of {TILE_N} x cluster={config.cluster}")
+  if n % TILE_N:
+    raise NotImplementedError(f"N={n} is not a multiple of {TILE_N}")
   if k % config.tile_k:
     raise NotImplementedError(f"K={k} is not a multiple of tile_k={config.tile_k}")
   if config.split_k and (k // config.tile_k) % config.split_k:
@@ -110,27 +110,21 @@ def _pipeline_depth(config: TuningConfig, tile_m: int, steps: int, halves: int) 
   return depth
 
 
-def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, interpret, mp, cluster=1):
+def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, interpret, mp):
   """``[split_k, halves, Mp, N]`` bf16: each block's accumulator stored transposed (tokens-major). With
   ``halves`` = 1 the bf16 result; with 2 the f32 partial sum's high and low 16 bits (``f32_from_halves``):
   Mosaic GPU stores a transposed wgmma accumulator into swizzled SMEM for 16-bit types only.
 
   ``x2`` has at most ``mp`` rows (``pad_for_tma``): the activation tiles are TMA boxes of ``tile_m`` rows, and TMA
-  fills the rows past ``x2``'s with zeros. The output rows past them are zeros.
-
-  ``cluster`` > 1: blocks of ``cluster`` adjacent 64-channel columns form a thread-block cluster, and each activation
-  tile is one TMA multicast into all of their shared memories (each block issues a ``1 / cluster`` slice), so L2 serves
-  it once per cluster. A slot's tile is then refilled only after every block of the cluster has read it (the
-  ``consumed`` cluster barrier), since a peer's multicast writes into this block's slot too."""
+  fills the rows past ``x2``'s with zeros. The output rows past them are zeros."""
   k, n = w.shape
   steps = k // tile_k // split_k
   depth = min(max_concurrent_steps, steps)
   w_transforms = smem_transforms(TILE_N, jnp.bfloat16)
   x_transforms = smem_transforms(tile_k, jnp.bfloat16)
 
-  def skinny_matmul_body(w_gmem, x_gmem, out_gmem, w_smem, x_smem, loaded, out_smem, *consumed):  # profile name
-    column = lax.axis_index("n") * cluster + (lax.axis_index("c") if cluster > 1 else 0)
-    n_slice = pl.ds(column * TILE_N, TILE_N)
+  def skinny_matmul_body(w_gmem, x_gmem, out_gmem, w_smem, x_smem, loaded, out_smem):  # its name in profiles
+    n_slice = pl.ds(lax.axis_index("n") * TILE_N, TILE_N)
     m_slice = pl.ds(lax.axis_index("m") * tile_m, tile_m)
     split = lax.axis_index("s")
     first = split * steps
@@ -141,8 +135,7 @@ def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, inter
 
     def load_x(step, slot):
       k_slice = pl.ds((first + step) * tile_k, tile_k)
-      plgpu.copy_gmem_to_smem(x_gmem.at[m_slice, k_slice], x_smem.at[slot], loaded.at[slot],
-                              collective_axes="c" if cluster > 1 else None)
+      plgpu.copy_gmem_to_smem(x_gmem.at[m_slice, k_slice], x_smem.at[slot], loaded.at[slot])
 
     # The pipeline's first weight tiles go out before the grid-dependency wait: no kernel writes a weight, so under
     # PDL they stream while the kernel before this one still runs; x, its output, is read only after the wait.
@@ -162,9 +155,6 @@ def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, inter
         @pl.when(i + depth < steps)
         def _refill():  # the slot's tiles were read by the wgmma just waited for
           load_w(i + depth, slot)
-          if consumed:  # and by every peer's, before a multicast overwrites them
-            plgpu.barrier_arrive(consumed[0].at[slot])
-            plgpu.barrier_wait(consumed[0].at[slot])
           load_x(i + depth, slot)
 
         return carry
@@ -175,20 +165,16 @@ def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, inter
     acc = pl.run_scoped(accumulate, plgpu.ACC((TILE_N, tile_m), jnp.float32))
     store_split(acc, out_smem, out_gmem, split, m_slice, n_slice)
 
-  scratch = [
-      plgpu.SMEM((depth, tile_k, TILE_N), jnp.bfloat16, transforms=w_transforms),
-      plgpu.SMEM((depth, tile_m, tile_k), jnp.bfloat16, transforms=x_transforms),
-      plgpu.Barrier(num_arrivals=2, num_barriers=depth),  # a slot's weight and x tiles
-      halves_scratch(halves, tile_m, TILE_N),
-  ]
-  clusters = {}
-  if cluster > 1:
-    scratch.append(plgpu.ClusterBarrier(collective_axes=("c",), num_barriers=depth))
-    clusters = {"cluster": (cluster,), "cluster_names": ("c",)}
   call = plgpu.kernel(
       skinny_matmul_body, out_type=jax.ShapeDtypeStruct((split_k, halves, mp, n), jnp.bfloat16),
-      grid=(n // TILE_N // cluster, mp // tile_m, split_k), grid_names=("n", "m", "s"), **clusters,
-      scratch_types=scratch, interpret=interpret,
+      grid=(n // TILE_N, mp // tile_m, split_k), grid_names=("n", "m", "s"),
+      scratch_types={
+          "w_smem": plgpu.SMEM((depth, tile_k, TILE_N), jnp.bfloat16, transforms=w_transforms),
+          "x_smem": plgpu.SMEM((depth, tile_m, tile_k), jnp.bfloat16, transforms=x_transforms),
+          "loaded": plgpu.Barrier(num_arrivals=2, num_barriers=depth),  # a slot's weight and x tiles
+          "out_smem": halves_scratch(halves, tile_m, TILE_N),
+      },
+      interpret=interpret,
   )
   return call(w, x2)
 
@@ -208,8 +194,7 @@ def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = N
   k, n = w.shape
   lead = x.shape[:-1]
   m = math.prod(lead)
-  # a multicast tile is split among the cluster's blocks by whole 8-row SMEM tiles
-  tile_m = min(round_up(token_tile(config.tile_m, m), 8 * config.cluster), 256)
+  tile_m = token_tile(config.tile_m, m)
   mp = round_up(max(m, 1), tile_m)
   k_steps = k // config.tile_k
   split_k = config.split_k or SPLIT_K_BY_SHAPE.get((k, n)) or auto_split_k(
@@ -223,6 +208,6 @@ def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = N
   depth = _pipeline_depth(config, tile_m, k_steps // split_k, halves)
   x2 = pad_for_tma(x.reshape(m, k), X_TILE)
   partial = _call(x2, w, tile_m=tile_m, tile_k=config.tile_k, max_concurrent_steps=depth, split_k=split_k,
-                  halves=halves, interpret=interpret, mp=mp, cluster=config.cluster)
+                  halves=halves, interpret=interpret, mp=mp)
   partials = SplitKPartials(partial, lead, jnp.dtype(x.dtype).name)  # split_k == 1: the padded result itself
   return partials.sum() if reduce else partials

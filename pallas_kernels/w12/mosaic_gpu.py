@@ -43,7 +43,8 @@ skinny kernel's tokens-major split halves (``split_k.store_split``), so with eve
 and the o, down and q|k|v projections need no XLA epilogue at all. The decode loop so: 5.100 against bf16's 4.443 ms,
 tokens identical, with the W12 kernels at two splits 0.52 ms a step slower than at the auto split
 (docs/results/2026-12-03-skinny-resident-w12-loop-h200/): one block an SM leaves one warpgroup decoding.
-``CONSUMER_DEPTH`` (built after that loop) took ~5 us a call of it back on down in the kernel sweep.
+With the capped splits loading ``CONSUMER_DEPTH`` steps ahead the loop takes 4.806 against 4.434 ms, tokens
+identical (docs/results/2026-12-03-w12-depth-cluster-h200/).
 """
 
 from __future__ import annotations

@@ -123,6 +123,11 @@ def w12_sweep():
         # ~1 block an SM, so the pipeline depth is the bytes in flight
         *(dataclasses.replace(DEFAULT_CONFIG, escapes_in_kernel=True, split_k=2, max_concurrent_steps=d)
           for d in (2, 4, 6, 8)),
+        # at two splits one warpgroup an SM decodes alone (Nsight Compute: one warp a scheduler, an issue every 2.6
+        # cycles): step i's decode beside step i - 1's wgmma, or twice the K a step, gives that warp more to issue
+        *(dataclasses.replace(DEFAULT_CONFIG, escapes_in_kernel=True, split_k=2, max_concurrent_steps=d,
+                              overlap_decode=True) for d in (4, 6)),
+        dataclasses.replace(DEFAULT_CONFIG, escapes_in_kernel=True, split_k=2, tile_k=256, max_concurrent_steps=2),
     )
 
 

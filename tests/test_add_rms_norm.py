@@ -255,15 +255,15 @@ def test_drafter_hands_its_residual_updates_to_the_kernel(monkeypatch):
     deltas.append(type(delta).__name__ + ("+prefix" if prefix is not None else ""))
     return norm_mosaic_gpu.add_rms_norm(x, delta, w, eps, prefix=prefix, interpret=plgpu.InterpretGPUParams())
 
-  tcfg = tm.target_config(vocab=32, hidden=1024, layers=2, heads=8, kv_heads=2, head_dim=128, intermediate=512)
-  dlayers = tm.drafter_layers_config(tcfg, num_layers=2, heads=8, kv_heads=2, head_dim=128)
+  tcfg = tm.target_config(vocab=32, hidden=512, layers=2, heads=4, kv_heads=2, head_dim=128, intermediate=512)
+  dlayers = tm.drafter_layers_config(tcfg, num_layers=2, heads=4, kv_heads=2, head_dim=128)
   _, tw, dcfg, dw = tm.random_pair(tcfg, block_size=8, drafter_layers=dlayers, dtype=jnp.bfloat16)
   kv = np.random.default_rng(0).normal(size=(2, 2, 1, 16, 2, 128))
   ctx = KVCache(k=jnp.asarray(kv[0], jnp.bfloat16), v=jnp.asarray(kv[1], jnp.bfloat16),
                 lengths=jnp.asarray([5], jnp.int32))
   block = jnp.asarray([[3] + [dcfg.mask_token_id] * 7], jnp.int32)
 
-  feats = jax.random.normal(jax.random.key(5), (1, 4, 2 * 1024)).astype(jnp.bfloat16)
+  feats = jax.random.normal(jax.random.key(5), (1, 4, 2 * 512)).astype(jnp.bfloat16)
   n_new = jnp.asarray([3], jnp.int32)
 
   def run():

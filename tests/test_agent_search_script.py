@@ -26,11 +26,15 @@ def run_search(tmp_path, *args):
 
 
 def test_search_runs_end_to_end_and_resumes_from_its_log(tmp_path):
+    """One search, then the same again from its log. The first also takes `deployment.target_passthrough_layers`
+    from the command line: it deepens the target the search measures (conf/model/tiny.yaml: 2 layers) and is
+    recorded in the deployment it describes."""
     run_dir = tmp_path / "run"
-    proc = run_search(tmp_path, f"hydra.run.dir={run_dir}")
+    proc = run_search(tmp_path, f"hydra.run.dir={run_dir}", "deployment.target_passthrough_layers=3")
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = json.loads(proc.stdout.strip().splitlines()[-1])
     summary = json.loads(Path(last["summary"]).read_text())
+    assert summary["deployment"]["target"]["num_layers"] == 5
     assert Path(last["summary"]) == run_dir / "summary.json"
     for key in ("stock_speedup", "best_speedup", "best_config", "rounds", "trials", "rejected_by_token_forcing"):
         assert key in summary
@@ -53,13 +57,6 @@ def test_search_runs_end_to_end_and_resumes_from_its_log(tmp_path):
     assert len([x for x in (run_dir / "trials.jsonl").read_text().splitlines() if '"type": "trial"' in x]) == len(ids)
 
 
-def test_passthrough_layers_reach_the_searched_deployment(tmp_path):
-    """`deployment.target_passthrough_layers` from the command line deepens the target the search measures
-    (conf/model/tiny.yaml: 2 layers) and is recorded in the deployment it describes."""
-    proc = run_search(tmp_path, f"hydra.run.dir={tmp_path / 'run'}", "deployment.target_passthrough_layers=3",
-                      "search.rounds=1", "search.candidates_per_round=1")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads(Path(json.loads(proc.stdout.strip().splitlines()[-1])["summary"]).read_text())
-    assert summary["deployment"]["target"]["num_layers"] == 5
+def test_a_negative_passthrough_count_is_refused(tmp_path):
     bad = run_search(tmp_path, f"hydra.run.dir={tmp_path / 'bad'}", "deployment.target_passthrough_layers=-1")
     assert bad.returncode != 0 and "target_passthrough_layers" in bad.stderr

@@ -49,7 +49,8 @@ def test_search_runs_end_to_end_and_resumes_from_its_log(tmp_path):
     assert ids[:2] == ["baseline/ar", "baseline/stock"] and len(ids) == len(set(ids)) == summary["num_trials"]
 
     # the same run again: everything comes from the log, nothing is measured twice
-    again = run_search(tmp_path, f"search.resume={run_dir}", f"hydra.run.dir={tmp_path / 'other'}")
+    again = run_search(tmp_path, f"search.resume={run_dir}", f"hydra.run.dir={tmp_path / 'other'}",
+                       "deployment.target_passthrough_layers=3")
     assert again.returncode == 0, again.stderr[-3000:]
     resumed = json.loads((run_dir / "summary.json").read_text())
     assert resumed["resumed"] and resumed["trials_from_log"] == len(ids)

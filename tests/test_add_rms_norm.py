@@ -198,7 +198,7 @@ def test_kernel_inside_the_model_in_interpret_mode(monkeypatch):
         calls.append(delta is None)
         return norm_mosaic_gpu.add_rms_norm(x, delta, w, eps, prefix=prefix, interpret=plgpu.InterpretGPUParams())
 
-    cfg = tm.target_config(vocab=32, hidden=1024, layers=2, heads=8, kv_heads=2, head_dim=128)
+    cfg = tm.target_config(vocab=32, hidden=512, layers=2, heads=4, kv_heads=2, head_dim=128)
     w, cache = tm.bf16_step_inputs(cfg)
     tokens = jnp.asarray([[3, 7]], jnp.int32)
 
@@ -226,7 +226,7 @@ def test_model_hands_the_o_and_down_splits_to_the_kernel(monkeypatch):
     deltas.append(type(delta).__name__)
     return norm_mosaic_gpu.add_rms_norm(x, delta, w, eps, prefix=prefix, interpret=plgpu.InterpretGPUParams())
 
-  cfg = tm.target_config(vocab=32, hidden=1024, layers=1, heads=8, kv_heads=2, head_dim=128, intermediate=512)
+  cfg = tm.target_config(vocab=32, hidden=512, layers=1, heads=4, kv_heads=2, head_dim=128, intermediate=512)
   w, cache = tm.bf16_step_inputs(cfg)
   tokens = jnp.asarray([[3]], jnp.int32)
 

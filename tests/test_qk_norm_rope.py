@@ -190,7 +190,7 @@ def test_model_runs_the_kernel_on_the_qkv_projection(monkeypatch, t, attention):
     seen.append((type(args[0]).__name__, kwargs["split"]))
     return rope_mosaic_gpu.qk_norm_rope(*args, **kwargs, interpret=INTERPRET)
 
-  cfg = tm.target_config(vocab=32, hidden=1024, layers=1, heads=8, kv_heads=2, head_dim=128, intermediate=512)
+  cfg = tm.target_config(vocab=32, hidden=512, layers=1, heads=4, kv_heads=2, head_dim=128, intermediate=512)
   w, cache = tm.bf16_step_inputs(cfg)
   tokens = jnp.asarray([[3, 7][:t]], jnp.int32)
 

@@ -256,10 +256,11 @@ def test_register_kernel_with_overlapped_wgmma_lowers_for_hopper(monkeypatch):
   assert traced_waits(split_k=8, overlap_decode=True) == [0]  # one step a split
 
 
-def test_register_kernel_hands_a_consumer_few_splits():
+def test_register_kernel_hands_a_consumer_few_splits(monkeypatch):
   """With no split in its config, the register decode hands a consumer at most ``CONSUMER_SPLIT_K`` splits (it reads
   every one in its one block: in the H200's W12 decode loop the auto splits made the 73 add + norm calls 508 us a
-  step), while a reduced result keeps the auto split that fills the SMs."""
+  step), while a reduced result keeps the auto split that fills the SMs. The capped call takes ``CONSUMER_TILE_K`` a
+  step and lowers so for sm_90."""
   w = np.full((1024, 128), 0.5, np.float32)
   w[3, 5] = 1e30  # one escape, corrected in the kernel
   packed = w12.pack(w.astype(BF16), group_k=1024)
@@ -273,6 +274,12 @@ def test_register_kernel_hands_a_consumer_few_splits():
   handed = jax.eval_shape(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config, reduce=False), x, packed)
   assert isinstance(handed, split_k.SplitKPartials) and handed.num_splits == split_k.CONSUMER_SPLIT_K == 2
   assert splits(True) == {8} and splits(False) == {2}  # 2 channel blocks: the auto split takes all 8 K steps
+  steps, call = [], w12_mosaic_gpu._register_decode_call
+  monkeypatch.setattr(w12_mosaic_gpu, "_register_decode_call",
+                      lambda *a, **kw: (steps.append(kw["tile_k"]), call(*a, **kw))[1])
+  fn = jax.jit(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config, reduce=False).halves)
+  assert "mosaic_gpu" in fn.trace(x, packed).lower(lowering_platforms=("cuda",)).as_text()
+  assert steps == [w12_mosaic_gpu.CONSUMER_TILE_K]  # 4 steps of 256, 2 a split
 
 
 @pytest.mark.gpu
@@ -300,17 +307,23 @@ def test_register_kernel_splits_sum_to_the_reduced_result_on_the_gpu(k, n):
   np.testing.assert_allclose(np.asarray(summed, np.float32), want, rtol=2e-2, atol=2e-2 * np.abs(want).max())
 
 
-def test_register_kernel_deepens_its_pipeline_when_a_consumer_caps_its_split():
-  """Capped to ``CONSUMER_SPLIT_K`` splits the register decode runs ~1 block an SM, so it loads ``CONSUMER_DEPTH``
-  steps ahead where shared memory allows; uncapped, or with a deeper config, the config's depth."""
-  depth = w12_mosaic_gpu._register_depth
+def test_register_kernel_widens_or_deepens_its_steps_when_a_consumer_caps_its_split():
+  """Capped to ``CONSUMER_SPLIT_K`` splits the register decode runs ~1 block an SM, so it takes ``CONSUMER_TILE_K`` a
+  step where K, the base-exponent groups and the split allow it, else loads ``CONSUMER_DEPTH`` steps ahead where
+  shared memory allows; a config already deeper keeps its depth."""
+  capped = w12_mosaic_gpu._capped_config
   default = w12_mosaic_gpu.DEFAULT_CONFIG
-  assert default.max_concurrent_steps < w12_mosaic_gpu.CONSUMER_DEPTH
-  assert depth(default, 8, capped=True) == w12_mosaic_gpu.CONSUMER_DEPTH
-  assert depth(default, 8, capped=False) == default.max_concurrent_steps
-  assert depth(w12.TuningConfig(decode="registers", max_concurrent_steps=6), 8, capped=True) == 6
+  wide_k = w12_mosaic_gpu.CONSUMER_TILE_K
+  assert default.tile_k < wide_k and default.max_concurrent_steps < w12_mosaic_gpu.CONSUMER_DEPTH
+  down = capped(default, 8, kp=12288, group_k=4096, split_k=2)  # 48 wide steps, 24 a split
+  assert (down.tile_k, down.max_concurrent_steps) == (wide_k, default.max_concurrent_steps)
+  for kp, group_k, split in [(12288, 128, 2), (896, 896, 2), (12288, 4096, 5)]:  # groups, K, split in the way
+    deep = capped(default, 8, kp=kp, group_k=group_k, split_k=split)
+    assert (deep.tile_k, deep.max_concurrent_steps) == (default.tile_k, w12_mosaic_gpu.CONSUMER_DEPTH), (kp, group_k)
+  six = capped(w12.TuningConfig(decode="registers", tile_k=256, max_concurrent_steps=6), 8, 12288, 4096, 2)
+  assert (six.tile_k, six.max_concurrent_steps) == (256, 6)
   wide = w12.TuningConfig(decode="registers", tile_k=256, tile_m=128, max_concurrent_steps=1)
-  fits = depth(wide, 128, capped=True)  # 128 rows of 256-deep activation tiles: shared memory stops it first
+  fits = capped(wide, 128, 12288, 4096, 2).max_concurrent_steps  # 128 rows of 256-deep tiles: shared memory stops it
   assert 1 <= fits < w12_mosaic_gpu.CONSUMER_DEPTH
   assert w12_mosaic_gpu._register_smem_bytes(wide, 128, fits) <= split_k.SMEM_LIMIT
   assert w12_mosaic_gpu._register_smem_bytes(wide, 128, fits + 1) > split_k.SMEM_LIMIT

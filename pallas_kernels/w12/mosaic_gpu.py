@@ -43,12 +43,14 @@ skinny kernel's tokens-major split halves (``split_k.store_split``), so with eve
 and the o, down and q|k|v projections need no XLA epilogue at all. The decode loop so: 5.100 against bf16's 4.443 ms,
 tokens identical, with the W12 kernels at two splits 0.52 ms a step slower than at the auto split
 (docs/results/2026-12-03-skinny-resident-w12-loop-h200/): one block an SM leaves one warpgroup decoding.
-With the capped splits loading ``CONSUMER_DEPTH`` steps ahead the loop takes 4.806 against 4.434 ms, tokens
-identical (docs/results/2026-12-03-w12-depth-cluster-h200/).
+With the capped splits loading ``CONSUMER_DEPTH`` steps ahead the loop took 4.806 against 4.434 ms, tokens
+identical (docs/results/2026-12-03-w12-depth-cluster-h200/); they now take ``CONSUMER_TILE_K`` a step instead
+(~3 us a call faster on down in the kernel sweep; the loop not timed with it yet).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -112,21 +114,36 @@ H200 (12288x4096, docs/results/2026-12-01-partials-w12v3-h200/) the gathers made
 the sum: 5.8 and 10.0)."""
 
 
+CONSUMER_TILE_K = 256
+"""The register decode's K a step when a consumer's cap (``split_k.CONSUMER_SPLIT_K``) leaves it fewer K splits than
+the auto split. Then it runs about one block an SM (128 blocks for a 4096-wide output at two splits), and each SM's
+one warpgroup decodes alone: Nsight Compute on the H200 showed one warp a scheduler, issuing every 2.6 cycles
+(docs/results/2026-12-03-w12-depth-cluster-h200/). Twice the K a step gives that warp twice the independent decode
+work between waits, in the same summation order. At M = 1 with two splits and the escapes in the kernel, in one
+sweep: 256 at depth 2 took 27.9 us on 12288x4096 and 12.4 on 4096x4096; 128 at depth 4 took 30.9 and 13.1; 128 at
+depth 4 with ``overlap_decode`` took 30.5 and 13.0 (``bench_kernels.py --only w12 --sweep``, ``w12_sweep()[9, 12,
+14]``)."""
+
 CONSUMER_DEPTH = 4
-"""The register decode's least pipeline depth when a consumer's cap (``split_k.CONSUMER_SPLIT_K``) leaves it fewer K
-splits than the auto split: then about one block an SM (128 for a 4096-wide output at two splits), so the bytes in
-flight are the pipeline's. On the H200 at M = 1 with two splits and the escapes in the kernel, depths 2 / 4 / 6 / 8
-took 35.7 / 30.7 / 31.6 / 32.9 us on 12288x4096 and 14.1 / 13.0 / 13.5 / 14.0 on 4096x4096 (``bench_kernels.py
---only w12 --sweep``, docs/results/2026-12-03-skinny-resident-w12-loop-h200/)."""
+"""Where the K a step cannot widen (K or the base-exponent group not a multiple of ``CONSUMER_TILE_K``, or the
+config already at it), a capped split loads at least this many steps ahead instead, as far as shared memory
+allows. At tile_k 128 depths 2 / 4 / 6 / 8 took 35.7 / 30.7 / 31.6 / 32.9 us on 12288x4096 and 14.1 / 13.0 / 13.5 /
+14.0 on 4096x4096 (docs/results/2026-12-03-skinny-resident-w12-loop-h200/)."""
 
 
-def _register_depth(config: TuningConfig, tile_m: int, capped: bool) -> int:
-  """``config.max_concurrent_steps``, raised towards ``CONSUMER_DEPTH`` when the split was ``capped`` as far as
-  shared memory allows (the depth only sets how far the loads run ahead: the sums' order is the same)."""
+def _capped_config(config: TuningConfig, tile_m: int, kp: int, group_k: int, split_k: int) -> TuningConfig:
+  """What the register decode runs when its split was capped for a consumer: ``CONSUMER_TILE_K`` a step where K,
+  the base-exponent groups, the split and shared memory allow it, else the config's tile_k loading
+  ``CONSUMER_DEPTH`` steps ahead as far as shared memory allows. Neither changes the order of the sums."""
+  wide = dataclasses.replace(config, tile_k=CONSUMER_TILE_K)
+  if (config.tile_k < CONSUMER_TILE_K and not kp % CONSUMER_TILE_K and not group_k % CONSUMER_TILE_K
+      and not (kp // CONSUMER_TILE_K) % split_k
+      and _register_smem_bytes(wide, tile_m, config.max_concurrent_steps) <= SMEM_LIMIT):
+    return wide
   depth = config.max_concurrent_steps
-  while capped and depth < CONSUMER_DEPTH and _register_smem_bytes(config, tile_m, depth + 1) <= SMEM_LIMIT:
+  while depth < CONSUMER_DEPTH and _register_smem_bytes(config, tile_m, depth + 1) <= SMEM_LIMIT:
     depth += 1
-  return depth
+  return dataclasses.replace(config, max_concurrent_steps=depth)
 
 
 def _register_smem_bytes(config: TuningConfig, tile_m: int, depth: int) -> int:
@@ -495,10 +512,11 @@ def w12_matmul(
     split_k = consumer_split_k(split_k, k_steps)
   halves = 2 if has_escapes or split_k > 1 else 1  # f32 partial sums, or the bf16 result
   if config.decode == "registers":
+    run = _capped_config(config, tile_m, kp, packed.group_k, split_k) if split_k < auto_split else config
     out = _register_decode_call(
         pad_for_tma(x2, (8, register_decode.CHUNK)), packed.sign_mantissa, packed.exponent_codes,
-        packed.base_exponent, mp=mp, group_k=packed.group_k, tile_m=tile_m, tile_k=config.tile_k,
-        max_concurrent_steps=_register_depth(config, tile_m, split_k < auto_split), split_k=split_k, halves=halves,
+        packed.base_exponent, mp=mp, group_k=packed.group_k, tile_m=tile_m, tile_k=run.tile_k,
+        max_concurrent_steps=run.max_concurrent_steps, split_k=split_k, halves=halves,
         overlap_decode=config.overlap_decode,
         escape_lists=(packed.column_escape_rows, packed.column_escape_bits) if in_kernel else None, m=m)
   else:

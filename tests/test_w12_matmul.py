@@ -260,7 +260,7 @@ def test_register_kernel_hands_a_consumer_few_splits(monkeypatch):
   """With no split in its config, the register decode hands a consumer at most ``CONSUMER_SPLIT_K`` splits (it reads
   every one in its one block: in the H200's W12 decode loop the auto splits made the 73 add + norm calls 508 us a
   step), while a reduced result keeps the auto split that fills the SMs. The capped call takes ``CONSUMER_TILE_K`` a
-  step and lowers so for sm_90."""
+  step, the reduced one the config's, and both lower so for sm_90."""
   w = np.full((1024, 128), 0.5, np.float32)
   w[3, 5] = 1e30  # one escape, corrected in the kernel
   packed = w12.pack(w.astype(BF16), group_k=1024)
@@ -277,9 +277,11 @@ def test_register_kernel_hands_a_consumer_few_splits(monkeypatch):
   steps, call = [], w12_mosaic_gpu._register_decode_call
   monkeypatch.setattr(w12_mosaic_gpu, "_register_decode_call",
                       lambda *a, **kw: (steps.append(kw["tile_k"]), call(*a, **kw))[1])
-  fn = jax.jit(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config, reduce=False).halves)
-  assert "mosaic_gpu" in fn.trace(x, packed).lower(lowering_platforms=("cuda",)).as_text()
-  assert steps == [w12_mosaic_gpu.CONSUMER_TILE_K]  # 4 steps of 256, 2 a split
+  for reduce in (False, True):
+    fn = jax.jit(lambda x, p, reduce=reduce: jax.tree.leaves(w12_mosaic_gpu.w12_matmul(x, p, config=config,
+                                                                                       reduce=reduce)))
+    assert "mosaic_gpu" in fn.trace(x, packed).lower(lowering_platforms=("cuda",)).as_text()
+  assert steps == [w12_mosaic_gpu.CONSUMER_TILE_K, config.tile_k]  # capped: 4 steps of 256, 2 a split; else the config's
 
 
 @pytest.mark.gpu

@@ -512,11 +512,11 @@ def w12_matmul(
     split_k = consumer_split_k(split_k, k_steps)
   halves = 2 if has_escapes or split_k > 1 else 1  # f32 partial sums, or the bf16 result
   if config.decode == "registers":
-    run = _capped_config(config, tile_m, kp, packed.group_k, split_k) if split_k < auto_split else config
+    step_config = _capped_config(config, tile_m, kp, packed.group_k, split_k) if split_k < auto_split else config
     out = _register_decode_call(
         pad_for_tma(x2, (8, register_decode.CHUNK)), packed.sign_mantissa, packed.exponent_codes,
-        packed.base_exponent, mp=mp, group_k=packed.group_k, tile_m=tile_m, tile_k=run.tile_k,
-        max_concurrent_steps=run.max_concurrent_steps, split_k=split_k, halves=halves,
+        packed.base_exponent, mp=mp, group_k=packed.group_k, tile_m=tile_m, tile_k=step_config.tile_k,
+        max_concurrent_steps=step_config.max_concurrent_steps, split_k=split_k, halves=halves,
         overlap_decode=config.overlap_decode,
         escape_lists=(packed.column_escape_rows, packed.column_escape_bits) if in_kernel else None, m=m)
   else:

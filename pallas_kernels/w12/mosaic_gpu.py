@@ -136,22 +136,36 @@ def _capped_config(config: TuningConfig, tile_m: int, kp: int, group_k: int, spl
   the base-exponent groups, the split and shared memory allow it, else the config's tile_k loading
   ``CONSUMER_DEPTH`` steps ahead as far as shared memory allows. Neither changes the order of the sums."""
   wide = dataclasses.replace(config, tile_k=CONSUMER_TILE_K)
+  groups = split_groups(kp // split_k, group_k, -(-kp // group_k))
   if (config.tile_k < CONSUMER_TILE_K and not kp % CONSUMER_TILE_K and not group_k % CONSUMER_TILE_K
       and not (kp // CONSUMER_TILE_K) % split_k
-      and _register_smem_bytes(wide, tile_m, config.max_concurrent_steps) <= SMEM_LIMIT):
+      and _register_smem_bytes(wide, tile_m, config.max_concurrent_steps, groups) <= SMEM_LIMIT):
     return wide
   depth = config.max_concurrent_steps
-  while depth < CONSUMER_DEPTH and _register_smem_bytes(config, tile_m, depth + 1) <= SMEM_LIMIT:
+  while depth < CONSUMER_DEPTH and _register_smem_bytes(config, tile_m, depth + 1, groups) <= SMEM_LIMIT:
     depth += 1
   return dataclasses.replace(config, max_concurrent_steps=depth)
 
 
-def _register_smem_bytes(config: TuningConfig, tile_m: int, depth: int) -> int:
+def split_groups(span: int, group_k: int, total_groups: int) -> int:
+  """Base-exponent groups a K split of ``span`` (a multiple of the step) can touch: whole groups when the split is
+  whole groups, one when it lies inside one (a group is whole steps, so a split starting at a multiple of its span
+  never straddles it then), else one more than it spans."""
+  if span % group_k == 0:
+    count = span // group_k
+  elif group_k % span == 0:
+    count = 1
+  else:
+    count = -(-span // group_k) + 1
+  return min(count, total_groups)
+
+
+def _register_smem_bytes(config: TuningConfig, tile_m: int, depth: int, groups: int = 0) -> int:
   """The register decode's shared memory a block: ``depth`` pipeline stages of both planes (1.5 bytes a weight) and
-  the activation tiles, and the epilogue's f32 halves."""
+  the activation tiles, the epilogue's f32 halves and the staged bases (``groups`` K groups, 1 KB each)."""
   rows = register_decode.ROWS
   stage = rows * config.tile_k * 3 // 2 + tile_m * config.tile_k * 2
-  return depth * stage + 2 * tile_m * rows * 2
+  return depth * stage + 2 * tile_m * rows * 2 + groups * 2 * 128 * 4
 
 
 def _check_supported(x: jax.Array, packed: W12Array, config: TuningConfig, interpret) -> None:
@@ -174,7 +188,8 @@ def _check_supported(x: jax.Array, packed: W12Array, config: TuningConfig, inter
     if config.tile_n != 64 or config.tile_k not in (64, 128, 256):
       raise NotImplementedError(f"decode='registers' needs tile_n=64 and tile_k 64, 128 or 256, got {config}")
     tile_m = token_tile(config.tile_m, math.prod(x.shape[:-1]))
-    smem = _register_smem_bytes(config, tile_m, min(config.max_concurrent_steps, kp // config.tile_k))
+    groups = split_groups(kp // max(config.split_k, 1), packed.group_k, packed.base_exponent.shape[1])  # auto: at most
+    smem = _register_smem_bytes(config, tile_m, min(config.max_concurrent_steps, kp // config.tile_k), groups)
     if smem > SMEM_LIMIT:
       raise NotImplementedError(f"decode='registers' with {config} needs {smem} bytes of shared memory a block at "
                                 f"{tile_m} token rows, over {SMEM_LIMIT}: lower max_concurrent_steps or tile_k")
@@ -300,6 +315,10 @@ class _MlirOps:
   def prmt(self, a, b, selector):
     return mgpu_utils.prmt(self.const(a), self.const(b), self.const(selector))
 
+  def select(self, mask, a, b):
+    return mgpu_utils.inline_ptx("lop3.b32 $0, $1, $2, $3, 0xE4;", self.const(a), self.const(b), self.const(mask),
+                                 result_types=self.i32)
+
   def f32_from_bf16_bits(self, bits):
     return arith.bitcast(ir.F32Type.get(), self.shl(bits, 16))
 
@@ -314,16 +333,48 @@ class _MlirOps:
     return arith.select(nonzero, value, arith.constant(ir.F32Type.get(), 0.0))
 
 
+def _thread():
+  """This thread's index in its warpgroup (inside an ``inline_mgpu`` function)."""
+  return arith.remui(mgpu_utils.thread_idx(), arith.constant(ir.IntegerType.get_signless(32), 128))
+
+
+def _stage_bases(groups: int):
+  """An ``inline_mgpu`` function: (the block's ``[64, groups]`` slice of ``base_exponent`` in GMEM, an int32 SMEM
+  ``[groups, 2, 128]``) -> each thread writes its two rows' bases (``register_decode.thread_rows``), each times
+  0x01010101, into its own words ``[g, half, thread]``. Only that thread reads them back (``_decode_chunk_to_registers``),
+  so no barrier is needed. Why: read from GMEM at every step, the base's L2 latency was the register decode's largest
+  stall at the auto split (12 % of Nsight Compute's warp samples on the H200, 12288x4096, M = 1, 2026-12-03)."""
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType()))
+  def stage(ctx, base_ref, smem_ref):
+    del ctx
+    ops = _MlirOps()
+    i8 = ir.IntegerType.get_signless(8)
+    base_pointer, smem_pointer = mgpu_utils.memref_ptr(base_ref), mgpu_utils.memref_ptr(smem_ref)
+    stride = ir.MemRefType(base_ref.type).get_strides_and_offset()[0][0]
+    thread = _thread()
+    first_row = register_decode.thread_rows(ops, thread)
+    for g in range(groups):
+      for half in range(2):
+        offset = ops.add(ops.mul(ops.add(first_row, 8 * half), stride), g)
+        base = arith.extui(ops.i32, llvm.load(i8, mgpu_utils.getelementptr(base_pointer, [offset], i8)))
+        word = ops.add(ops.mul(thread, 4), 4 * 128 * (2 * g + half))
+        llvm.store(ops.mul(base, 0x01010101), mgpu_utils.getelementptr(smem_pointer, [word], i8))
+
+  return stage
+
+
 def _decode_chunk_to_registers(chunk: int, step_k: int, byte_transforms, nibble_transforms):
-  """An ``inline_mgpu`` function: (byte, nibble, base SMEM refs of one step) -> the bf16 ``[64, 64]``
-  A fragment (WGMMA layout) of stored K chunk ``chunk``, via ``register_decode.decode_chunk``."""
+  """An ``inline_mgpu`` function: (byte, nibble SMEM refs of one step, the step's ``[2, 128]`` words of the staged
+  bases) -> the bf16 ``[64, 64]`` A fragment (WGMMA layout) of stored K chunk ``chunk``, via
+  ``register_decode.decode_chunk``."""
 
   @plgpu.inline_mgpu(
       arg_types=(plgpu.RefType(byte_transforms), plgpu.RefType(nibble_transforms), plgpu.RefType()),
       return_type=plgpu.ShapeDtypeStruct((register_decode.ROWS, register_decode.CHUNK), jnp.bfloat16,
                                          layout=plgpu.Layout.WGMMA),
   )
-  def decode(ctx, byte_ref, nibble_ref, base_ref):  # base_ref: the block's column of base_exponent, in GMEM
+  def decode(ctx, byte_ref, nibble_ref, base_ref):
     del ctx
     ops = _MlirOps()
     i8 = ir.IntegerType.get_signless(8)
@@ -336,13 +387,10 @@ def _decode_chunk_to_registers(chunk: int, step_k: int, byte_transforms, nibble_
       return tuple(vector.extract(words, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([w]))
                    for w in range(2))
 
-    base_stride = ir.MemRefType(base_ref.type).get_strides_and_offset()[0][0]
-
-    def load_base(row):
-      return arith.extui(ops.i32, llvm.load(i8, mgpu_utils.getelementptr(base_pointer, [ops.mul(row, base_stride)], i8)))
-
-    thread = arith.remui(mgpu_utils.thread_idx(), ops.const(128))
-    words = register_decode.decode_chunk(ops, thread, load_words, load_base, chunk, step_k)
+    thread = _thread()
+    base_words = [llvm.load(ops.i32, mgpu_utils.getelementptr(base_pointer, [ops.add(ops.mul(thread, 4), 512 * half)],
+                                                              i8)) for half in range(2)]
+    words = register_decode.decode_chunk(ops, thread, load_words, base_words, chunk, step_k)
     layout = fa.WGMMA_LAYOUT
     registers = np.empty(layout.registers_shape((register_decode.ROWS, register_decode.CHUNK)), dtype=object)
     bf16_pair = ir.VectorType.get((2,), ir.BF16Type.get())
@@ -351,6 +399,15 @@ def _decode_chunk_to_registers(chunk: int, step_k: int, byte_transforms, nibble_
     return mgpu.FragmentedArray(_registers=registers, _layout=layout, _is_signed=None)
 
   return decode
+
+
+@plgpu.inline_mgpu()
+def _warpgroup_barrier(ctx):
+  """Every thread of the warpgroup gets here before any goes on. The register decode's kernel runs without Pallas'
+  automatic barriers (``unsafe_no_auto_barriers``: one before every TMA copy, six a step), so each step ends with
+  this one: the pipeline refills a step's slots after its body, and every thread must have read them first."""
+  del ctx
+  mgpu_utils.warpgroup_barrier()
 
 
 def _escape_correction_in_registers(tile_m: int, capacity: int, m: int):
@@ -381,7 +438,7 @@ def _escape_correction_in_registers(tile_m: int, capacity: int, m: int):
       bits = llvm.load(i16, mgpu_utils.getelementptr(pointers[2], [ops.mul(ops.add(ops.mul(row, x_stride), k), 2)], i8))
       return arith.select(valid, arith.extui(ops.i32, bits), ops.const(0))
 
-    thread = arith.remui(mgpu_utils.thread_idx(), ops.const(128))
+    thread = _thread()
     values = register_decode.escape_correction(ops, thread, load_entry, load_x, capacity, tile_m)
     registers = np.empty(acc.registers.shape, dtype=object)
     f32_pair = ir.VectorType.get((2,), ir.F32Type.get())
@@ -398,13 +455,19 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   ``register_decode`` straight into wgmma's A registers, 64 K at a time, in logical K order (the planes' stored
   order is the order the threads read), against ``x2`` ``[m, K]`` as the caller has it (``pad_for_tma``: decode's
   one to eight rows untouched): TMA fills the activation tiles' rows past ``m`` (up to ``mp``) and columns past
-  ``K`` (up to ``Kp``) with zeros, so no padded or permuted copy of ``x`` is made. Each thread reads its two
-  rows' base exponents for the step straight from ``base_exponent`` ``[N, groups]`` in GMEM (48 KB for a
-  12288x4096 weight: L2-resident), so no per-call XLA op rearranges them. The output is the skinny kernel's,
+  ``K`` (up to ``Kp``) with zeros, so no padded or permuted copy of ``x`` is made. Before its pipeline each thread
+  copies its two rows' base exponents for the split's K groups from ``base_exponent`` ``[N, groups]`` in GMEM into
+  words of its own in SMEM (``_stage_bases``), so no per-call XLA op rearranges them and no step waits on L2 for
+  them. The output is the skinny kernel's,
   tokens-major ``[split_k, halves, Mp, N]`` (``split_k.store_split``): with every escape corrected in the kernel,
   a consumer kernel can add the splits itself (``SplitKPartials``). With ``escape_lists`` (``(column_escape_rows,
   column_escape_bits)``, one token block: ``mp == tile_m``, ``m`` real rows) the first split's blocks add the lists'
   correction to their accumulators (``_escape_correction_in_registers``).
+
+  A step is three TMA copies (both planes and the ``[tile_m, tile_k]`` activation tile, whose 64-wide chunks wgmma
+  reads in place) and one warpgroup barrier (``_warpgroup_barrier``; Pallas' automatic barriers are off). On the H200
+  (2026-12-03, SASS and Nsight Compute's samples) the automatic ones put a barrier before each of the six copies a
+  step (the activations then came in 64-wide chunks), ~16 % of the step's instructions with their address setup.
 
   ``overlap_decode``: async wgmma. Each step ends with ``wgmma_wait(chunks)`` (its own wgmmas may stay in flight, the
   previous step's are done), so step i's decode runs while step i - 1's wgmmas do, and the activation tiles, which
@@ -420,40 +483,46 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   nibble_transforms = smem_transforms(tile_k // 2, jnp.uint8)
   x_transforms = smem_transforms(register_decode.CHUNK, jnp.bfloat16)
   decoders = [_decode_chunk_to_registers(c, tile_k, byte_transforms, nibble_transforms) for c in range(chunks)]
+  total_groups = base_exponent.shape[1]
+  groups = split_groups(steps * tile_k, group_k, total_groups)
+  stage_bases = _stage_bases(groups)
   correct = None
   if escape_lists is not None:
     if mp != tile_m:
       raise ValueError(f"the in-kernel escape correction takes one token block, got Mp={mp}, tile_m={tile_m}")
     correct = _escape_correction_in_registers(tile_m, escape_lists[0].shape[1], m)
 
-  def w12_matmul_body(byte_gmem, nibble_gmem, base_gmem, x_gmem, *refs, out_smem):  # profile name
+  def w12_matmul_body(byte_gmem, nibble_gmem, base_gmem, x_gmem, *refs, out_smem, base_smem):  # profile name
     pdl.begin_kernel(None)  # registers: never interpreted (``_check_supported``)
     rows_gmem, bits_gmem, out_gmem = refs if correct else (None, None, *refs)
     n_slice = pl.ds(lax.axis_index("n") * tile_n, tile_n)
     m_slice = pl.ds(lax.axis_index("m") * tile_m, tile_m)
     split = lax.axis_index("s")
     first = split * steps
+    # the split's groups, the slice kept inside the array (a split can start inside a group)
+    first_group = jnp.minimum(first * tile_k // group_k, total_groups - groups)
+    stage_bases(base_gmem.at[n_slice, pl.ds(first_group, groups)], base_smem)
 
     in_specs = (
-        [plgpu.BlockSpec((tile_n, tile_k), lambda k: (0, first + k), transforms=byte_transforms),
-         plgpu.BlockSpec((tile_n, tile_k // 2), lambda k: (0, first + k), transforms=nibble_transforms)]
-        + [plgpu.BlockSpec((tile_m, register_decode.CHUNK), lambda k, c=c: (0, chunks * (first + k) + c),
-                           transforms=x_transforms, delay_release=1 if overlap else 0) for c in range(chunks)]
+        plgpu.BlockSpec((tile_n, tile_k), lambda k: (0, first + k), transforms=byte_transforms),
+        plgpu.BlockSpec((tile_n, tile_k // 2), lambda k: (0, first + k), transforms=nibble_transforms),
+        plgpu.BlockSpec((tile_m, tile_k), lambda k: (0, first + k), transforms=x_transforms,
+                        delay_release=1 if overlap else 0),
     )
 
     def accumulate(acc_ref):
-      def step(idx, byte_smem, nibble_smem, *x_smem):
-        group = (first + idx[0]) * tile_k // group_k
-        base_column = base_gmem.at[n_slice, pl.ds(group, 1)]
+      def step(idx, byte_smem, nibble_smem, x_smem):
+        step_bases = base_smem.at[(first + idx[0]) * tile_k // group_k - first_group]
         for c in range(chunks):
-          weights = decoders[c](byte_smem, nibble_smem, base_column)
-          plgpu.wgmma(acc_ref, weights, x_smem[c].T)
+          weights = decoders[c](byte_smem, nibble_smem, step_bases)
+          plgpu.wgmma(acc_ref, weights, x_smem.at[:, pl.ds(c * register_decode.CHUNK, register_decode.CHUNK)].T)
         # each wgmma call is one group and groups retire in order: leaving this step's `chunks` in flight means the
         # previous step's are done, so its activation tiles (released a step late) are free
         plgpu.wgmma_wait(chunks if overlap else 0)
+        _warpgroup_barrier()
 
       pipeline = plgpu.emit_pipeline(step, grid=(steps,), in_specs=in_specs, max_concurrent_steps=depth)
-      pipeline(byte_gmem.at[n_slice], nibble_gmem.at[n_slice], *[x_gmem.at[m_slice]] * chunks)
+      pipeline(byte_gmem.at[n_slice], nibble_gmem.at[n_slice], x_gmem.at[m_slice])
       if overlap:
         plgpu.wgmma_wait(0)
       if correct is not None:
@@ -468,7 +537,9 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   call = plgpu.kernel(
       w12_matmul_body, out_type=jax.ShapeDtypeStruct((split_k, halves, mp, n), jnp.bfloat16),
       grid=(n // tile_n, mp // tile_m, split_k), grid_names=("n", "m", "s"),
-      scratch_types={"out_smem": halves_scratch(halves, tile_m, tile_n)},
+      scratch_types={"out_smem": halves_scratch(halves, tile_m, tile_n),
+                     "base_smem": plgpu.SMEM((groups, 2, 128), jnp.int32)},
+      compiler_params=plgpu.CompilerParams(unsafe_no_auto_barriers=True),
   )
   return call(byte_plane, nibble_plane, base_exponent, x2, *(escape_lists or ()))
 

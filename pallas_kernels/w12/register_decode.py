@@ -4,7 +4,7 @@ The SMEM-decode kernel (``mosaic_gpu._smem_decode_call``) decodes 16-bit element
 writes bf16 tiles back to SMEM and lets wgmma read them: on the H200 each SM decoded ~9 GB/s of W12
 bytes where the read ceiling needs ~25-33 (docs/results/2026-11-30-kernels-h200-splitk/). Here each
 thread loads whole 32-bit words of the byte and nibble planes from swizzled SMEM and turns a word of
-4 weights into two bf16x2 registers with ~11 integer instructions (bytewise SIMD within a word: adds
+4 weights into two bf16x2 registers with 11 integer instructions (bytewise SIMD within a word: adds
 that cannot carry across bytes, ``prmt`` for byte masks and byte interleaving), which go to wgmma as
 its A fragment. The same code runs on numpy arrays (``NUMPY_OPS``, every thread at once, for the
 CPU tests) and emits MLIR (``MlirOps``) inside the kernel: one decode, two backends.
@@ -75,6 +75,11 @@ class NumpyOps:
     return np.uint32(a) >> np.uint32(s)
 
   @staticmethod
+  def select(mask, a, b):
+    """Bitwise ``mask ? a : b``: PTX ``lop3.b32`` with LUT 0xE4 (one instruction)."""
+    return (np.uint32(a) & np.uint32(mask)) | (np.uint32(b) & ~np.uint32(mask))
+
+  @staticmethod
   def prmt(a, b, selector):
     """PTX ``prmt.b32 d, a, b, selector``: byte ``i`` of ``d`` is byte ``s & 7`` of ``b:a`` (``a``
     the low word), or that byte's sign bit replicated when ``s & 8``; ``s`` is nibble ``i``."""
@@ -119,8 +124,10 @@ def decode_word(ops, byte_word, nibble_word, base_word, high_nibbles: bool):
   ``byte_word``: 4 bytes of the sign/mantissa plane; ``nibble_word``: the 4 nibble-plane bytes whose
   low (or high, ``high_nibbles``) nibbles are their codes; ``base_word``: the block's base exponent
   ``b`` in every byte (``b * 0x01010101``). Codes 0..14 give exponent ``b + code``, code 15 exponent 0;
-  ``b + 15 <= 255`` (format version 3), so the bytewise add never carries. ~11 integer operations (ptxas fuses
-  the and-not into one LOP3); version 2's window test (codes 0 and 15 special) took ~15.
+  ``b + 15 <= 255`` (format version 3), so the bytewise add never carries. 11 integer instructions (12 for the
+  high nibbles): the and-not and each byte half's two masks are one LOP3 each (``select``: ptxas made two of
+  ``(a & m) | (b & ~m)`` when the masks came as two constants, H200 SASS of 2026-12-03); version 2's window
+  test took ~15.
   """
   codes = ops.and_(ops.shr(nibble_word, 4) if high_nibbles else nibble_word, 0x0F0F0F0F)
   escape = ops.add(codes, 0x71717171)  # bit 7 of each byte: code == 15
@@ -128,8 +135,8 @@ def decode_word(ops, byte_word, nibble_word, base_word, high_nibbles: bool):
   exponent = ops.and_(ops.add(codes, base_word), ops.not_(escape))
   # bf16 = sign(1) exponent(8) mantissa(7): high byte = sign | exponent >> 1,
   # low byte = (exponent & 1) << 7 | mantissa
-  high = ops.or_(ops.and_(byte_word, 0x80808080), ops.and_(ops.shr(exponent, 1), 0x7F7F7F7F))
-  low = ops.or_(ops.and_(ops.shl(exponent, 7), 0x80808080), ops.and_(byte_word, 0x7F7F7F7F))
+  high = ops.select(0x80808080, byte_word, ops.shr(exponent, 1))
+  low = ops.select(0x80808080, ops.shl(exponent, 7), byte_word)
   return ops.prmt(low, high, 0x5140), ops.prmt(low, high, 0x7362)
 
 
@@ -178,23 +185,28 @@ def chunk_offset(ops, parts, half: int, col: int, row_bytes: int):
   return ops.add(a, ops.add(ops.xor(x, low) if low else x, 8 * row_bytes * half + (col >> log_swizzle) * 8 * swizzle))
 
 
-def decode_chunk(ops, thread, load_words, load_base, chunk: int, step_k: int):
+def thread_rows(ops, thread):
+  """The first of the two rows (``row``, ``row + 8``) that wgmma's A fragment and accumulator give ``thread``."""
+  return ops.add(ops.mul(ops.shr(thread, 5), 16), ops.shr(ops.and_(thread, 31), 2))
+
+
+def decode_chunk(ops, thread, load_words, base_words, chunk: int, step_k: int):
   """One thread's A fragment of stored K chunk ``chunk`` (64 wide) of a ``[64, step_k]`` step.
 
   ``load_words(plane, offset)`` returns the two uint32 words at byte ``offset`` of the byte plane
   (``plane == "bytes"``, rows ``step_k`` bytes wide) or the nibble plane (``"nibbles"``, rows
-  ``step_k // 2``); ``load_base(row)`` the row's base exponent. Returns ``{(col_tile, half): word}``:
+  ``step_k // 2``); ``base_words`` the step's base exponents of the thread's two rows (``thread_rows``), each
+  in every byte (``b * 0x01010101``). Returns ``{(col_tile, half): word}``:
   the bf16x2 register of wgmma's A fragment for column tile ``col_tile`` (8 positions) of the chunk
   and row ``half`` (row, row + 8).
   """
-  warp, lane = ops.shr(thread, 5), ops.and_(thread, 31)
-  first_row = ops.add(ops.mul(warp, 16), ops.shr(lane, 2))
-  quad = ops.and_(lane, 3)
+  first_row = thread_rows(ops, thread)
+  quad = ops.and_(thread, 3)
   planes = {"bytes": step_k, "nibbles": step_k // 2}
   parts = {plane: swizzle_parts(ops, first_row, quad, row_bytes) for plane, row_bytes in planes.items()}
   registers = {}
   for half in range(2):
-    base_word = ops.mul(load_base(ops.add(first_row, 8 * half)), 0x01010101)
+    base_word = base_words[half]
     nibbles = load_words("nibbles", chunk_offset(ops, parts["nibbles"], half, 32 * chunk, planes["nibbles"]))
     for high in range(2):
       words = load_words("bytes", chunk_offset(ops, parts["bytes"], half, CHUNK * chunk + 32 * high, planes["bytes"]))
@@ -222,7 +234,9 @@ def simulate_chunk(byte_tile: np.ndarray, nibble_tile: np.ndarray, bases: np.nda
     return tuple(memory[offset // 4 + w] for w in range(2))
 
   thread = np.arange(128, dtype=np.uint32)
-  registers = decode_chunk(NUMPY_OPS, thread, load_words, lambda row: bases[row].astype(np.uint32), chunk, step_k)
+  rows = thread_rows(NUMPY_OPS, thread)
+  base_words = [bases[rows + 8 * half].astype(np.uint32) * np.uint32(0x01010101) for half in range(2)]
+  registers = decode_chunk(NUMPY_OPS, thread, load_words, base_words, chunk, step_k)
   out = np.zeros((ROWS, CHUNK), np.uint16)
   warp, lane = thread // 32, thread % 32
   for (col_tile, half), word in registers.items():
@@ -255,9 +269,8 @@ def escape_correction(ops, thread, load_entry, load_x, capacity: int, tile_m: in
   ``{(col_tile, half): (value_col0, value_col1)}``. The entries are added in list order; an unused one adds +0.0
   whatever ``x`` is (no ``0 * inf``).
   """
-  warp, lane = ops.shr(thread, 5), ops.and_(thread, 31)
-  first_row = ops.add(ops.mul(warp, 16), ops.shr(lane, 2))
-  first_col = ops.mul(ops.and_(lane, 3), 2)
+  first_row = thread_rows(ops, thread)
+  first_col = ops.mul(ops.and_(thread, 3), 2)
   out = {}
   for half in range(2):
     entries = [load_entry(ops.add(first_row, 8 * half), c) for c in range(capacity)]

@@ -87,16 +87,33 @@ def test_every_thread_decodes_its_fragment_through_swizzled_smem(step_k):
       np.testing.assert_array_equal(rd.simulate_chunk(byte_tile, nibble_tile, step_bases, chunk), want)
 
 
-@pytest.mark.parametrize("m,k,tile_k", [(1, 512, 128), (64, 512, 64), (5, 512, 256), (20, 120, 64), (14, 512, 128)])
-def test_register_kernel_lowers_for_hopper_on_cpu(m, k, tile_k):
+@pytest.mark.parametrize("m,k,tile_k,group_k,split", [
+    (1, 512, 128, 1024, 0), (64, 512, 64, 1024, 0), (5, 512, 256, 1024, 0), (20, 120, 64, 1024, 0),
+    (14, 512, 128, 1024, 0),
+    (1, 512, 128, 128, 1),  # four K groups a split: the step picks its bases among four
+    (1, 768, 128, 384, 3),  # splits of 256 starting inside 384-wide groups: two groups each, the last slice clamped
+])
+def test_register_kernel_lowers_for_hopper_on_cpu(m, k, tile_k, group_k, split):
   """Mosaic GPU's Python lowering (layouts, the inline decode, wgmma from registers, TMA tiling of an unpadded
-  ``x``: 20 x 120 failed on the H200 before ``pad_for_tma``) runs without a GPU."""
-  packed = w12.pack((np.random.default_rng(0).normal(size=(k, 128)) * 0.02).astype(BF16))
-  config = w12.TuningConfig(decode="registers", tile_m=64, tile_k=tile_k)
+  ``x``: 20 x 120 failed on the H200 before ``pad_for_tma``; the bases of several K groups held in registers) runs
+  without a GPU."""
+  packed = w12.pack((np.random.default_rng(0).normal(size=(k, 128)) * 0.02).astype(BF16), group_k=group_k)
+  config = w12.TuningConfig(decode="registers", tile_m=64, tile_k=tile_k, split_k=split)
   x = jnp.ones((m, k), jnp.bfloat16)
   lowered = jax.jit(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config)).trace(x, packed).lower(
       lowering_platforms=("cuda",))
   assert "mosaic_gpu" in lowered.as_text()
+
+
+def test_split_groups_counts_every_group_a_split_touches():
+  """``split_groups`` against a brute force over every split start: the most groups any split of ``span`` touches."""
+  for group_k in (64, 128, 384, 1024):
+    for span in (64, 128, 256, 512, 768, 2048):
+      kp = 12 * max(span, group_k)
+      total = -(-kp // group_k)
+      touched = max(len({k // group_k for k in range(start, start + span)}) for start in range(0, kp, span))
+      assert w12_mosaic_gpu.split_groups(span, group_k, total) >= touched, (span, group_k)
+      assert w12_mosaic_gpu.split_groups(span, group_k, total) <= touched + 1, (span, group_k)
 
 
 @pytest.mark.parametrize("overflow,m", [(False, 1), (True, 1), (False, 16)])

@@ -136,13 +136,12 @@ def _capped_config(config: TuningConfig, tile_m: int, kp: int, group_k: int, spl
   the base-exponent groups, the split and shared memory allow it, else the config's tile_k loading
   ``CONSUMER_DEPTH`` steps ahead as far as shared memory allows. Neither changes the order of the sums."""
   wide = dataclasses.replace(config, tile_k=CONSUMER_TILE_K)
-  groups = split_groups(kp // split_k, group_k, -(-kp // group_k))
   if (config.tile_k < CONSUMER_TILE_K and not kp % CONSUMER_TILE_K and not group_k % CONSUMER_TILE_K
       and not (kp // CONSUMER_TILE_K) % split_k
-      and _register_smem_bytes(wide, tile_m, config.max_concurrent_steps, groups) <= SMEM_LIMIT):
+      and _register_smem_bytes(wide, tile_m, config.max_concurrent_steps) <= SMEM_LIMIT):
     return wide
   depth = config.max_concurrent_steps
-  while depth < CONSUMER_DEPTH and _register_smem_bytes(config, tile_m, depth + 1, groups) <= SMEM_LIMIT:
+  while depth < CONSUMER_DEPTH and _register_smem_bytes(config, tile_m, depth + 1) <= SMEM_LIMIT:
     depth += 1
   return dataclasses.replace(config, max_concurrent_steps=depth)
 
@@ -160,12 +159,12 @@ def split_groups(span: int, group_k: int, total_groups: int) -> int:
   return min(count, total_groups)
 
 
-def _register_smem_bytes(config: TuningConfig, tile_m: int, depth: int, groups: int = 0) -> int:
+def _register_smem_bytes(config: TuningConfig, tile_m: int, depth: int) -> int:
   """The register decode's shared memory a block: ``depth`` pipeline stages of both planes (1.5 bytes a weight) and
-  the activation tiles, the epilogue's f32 halves and the staged bases (``groups`` K groups, 1 KB each)."""
+  the activation tiles, and the epilogue's f32 halves."""
   rows = register_decode.ROWS
   stage = rows * config.tile_k * 3 // 2 + tile_m * config.tile_k * 2
-  return depth * stage + 2 * tile_m * rows * 2 + groups * 2 * 128 * 4
+  return depth * stage + 2 * tile_m * rows * 2
 
 
 def _check_supported(x: jax.Array, packed: W12Array, config: TuningConfig, interpret) -> None:
@@ -188,8 +187,7 @@ def _check_supported(x: jax.Array, packed: W12Array, config: TuningConfig, inter
     if config.tile_n != 64 or config.tile_k not in (64, 128, 256):
       raise NotImplementedError(f"decode='registers' needs tile_n=64 and tile_k 64, 128 or 256, got {config}")
     tile_m = token_tile(config.tile_m, math.prod(x.shape[:-1]))
-    groups = split_groups(kp // max(config.split_k, 1), packed.group_k, packed.base_exponent.shape[1])  # auto: at most
-    smem = _register_smem_bytes(config, tile_m, min(config.max_concurrent_steps, kp // config.tile_k), groups)
+    smem = _register_smem_bytes(config, tile_m, min(config.max_concurrent_steps, kp // config.tile_k))
     if smem > SMEM_LIMIT:
       raise NotImplementedError(f"decode='registers' with {config} needs {smem} bytes of shared memory a block at "
                                 f"{tile_m} token rows, over {SMEM_LIMIT}: lower max_concurrent_steps or tile_k")
@@ -338,49 +336,59 @@ def _thread():
   return arith.remui(mgpu_utils.thread_idx(), arith.constant(ir.IntegerType.get_signless(32), 128))
 
 
-def _stage_bases(groups: int):
-  """An ``inline_mgpu`` function: (the block's ``[64, groups]`` slice of ``base_exponent`` in GMEM, an int32 SMEM
-  ``[groups, 2, 128]``) -> each thread writes its two rows' bases (``register_decode.thread_rows``), each times
-  0x01010101, into its own words ``[g, half, thread]``. Only that thread reads them back (``_decode_chunk_to_registers``),
-  so no barrier is needed. Why: read from GMEM at every step, the base's L2 latency was the register decode's largest
-  stall at the auto split (12 % of Nsight Compute's warp samples on the H200, 12288x4096, M = 1, 2026-12-03)."""
+_BASES_LAYOUT = plgpu.Layout.WG_STRIDED((2 * 128,), vec_size=1)
+"""A step's base exponents as a Pallas array: thread ``t`` holds elements ``t`` and ``t + 128``, its two rows' (``half``
+0 and 1, ``register_decode.thread_rows``) bases, each times 0x01010101."""
 
-  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType()))
-  def stage(ctx, base_ref, smem_ref):
+
+def _load_bases(groups: int):
+  """An ``inline_mgpu`` function: the block's ``[64, groups]`` slice of ``base_exponent`` in GMEM -> ``groups`` arrays
+  in ``_BASES_LAYOUT``, one a K group, in registers for the whole pipeline. Issued before the pipeline's first copies
+  and first used in its first step, so their L2 latency hides under the first TMA's. Why: read from GMEM at every
+  step, the base's latency was the register decode's largest stall at the auto split (12 % of Nsight Compute's warp
+  samples on the H200, 12288x4096, M = 1, 2026-12-03); staged into SMEM before the pipeline it delayed the first
+  copies by one L2 round trip (~1 us a call)."""
+
+  @plgpu.inline_mgpu(
+      arg_types=(plgpu.RefType(),),
+      return_type=tuple(plgpu.ShapeDtypeStruct((2 * 128,), jnp.uint32, layout=_BASES_LAYOUT) for _ in range(groups)),
+  )
+  def load(ctx, base_ref):
     del ctx
     ops = _MlirOps()
     i8 = ir.IntegerType.get_signless(8)
-    base_pointer, smem_pointer = mgpu_utils.memref_ptr(base_ref), mgpu_utils.memref_ptr(smem_ref)
+    base_pointer = mgpu_utils.memref_ptr(base_ref)
     stride = ir.MemRefType(base_ref.type).get_strides_and_offset()[0][0]
-    thread = _thread()
-    first_row = register_decode.thread_rows(ops, thread)
+    first_row = register_decode.thread_rows(ops, _thread())
+    word = ir.VectorType.get((1,), ops.i32)
+    arrays = []
     for g in range(groups):
+      registers = np.empty((2,), dtype=object)
       for half in range(2):
         offset = ops.add(ops.mul(ops.add(first_row, 8 * half), stride), g)
         base = arith.extui(ops.i32, llvm.load(i8, mgpu_utils.getelementptr(base_pointer, [offset], i8)))
-        word = ops.add(ops.mul(thread, 4), 4 * 128 * (2 * g + half))
-        llvm.store(ops.mul(base, 0x01010101), mgpu_utils.getelementptr(smem_pointer, [word], i8))
+        registers[half] = vector.from_elements(word, [ops.mul(base, 0x01010101)])
+      arrays.append(mgpu.FragmentedArray(_registers=registers, _layout=_BASES_LAYOUT.to_mgpu(), _is_signed=False))
+    return tuple(arrays)
 
-  return stage
+  return load
 
 
 def _decode_chunk_to_registers(chunk: int, step_k: int, byte_transforms, nibble_transforms):
-  """An ``inline_mgpu`` function: (byte, nibble SMEM refs of one step, the step's ``[2, 128]`` words of the staged
-  bases) -> the bf16 ``[64, 64]`` A fragment (WGMMA layout) of stored K chunk ``chunk``, via
-  ``register_decode.decode_chunk``."""
+  """An ``inline_mgpu`` function: (byte, nibble SMEM refs of one step, the step's bases in ``_BASES_LAYOUT``) -> the
+  bf16 ``[64, 64]`` A fragment (WGMMA layout) of stored K chunk ``chunk``, via ``register_decode.decode_chunk``."""
 
   @plgpu.inline_mgpu(
-      arg_types=(plgpu.RefType(byte_transforms), plgpu.RefType(nibble_transforms), plgpu.RefType()),
+      arg_types=(plgpu.RefType(byte_transforms), plgpu.RefType(nibble_transforms), _BASES_LAYOUT),
       return_type=plgpu.ShapeDtypeStruct((register_decode.ROWS, register_decode.CHUNK), jnp.bfloat16,
                                          layout=plgpu.Layout.WGMMA),
   )
-  def decode(ctx, byte_ref, nibble_ref, base_ref):
+  def decode(ctx, byte_ref, nibble_ref, bases):
     del ctx
     ops = _MlirOps()
     i8 = ir.IntegerType.get_signless(8)
     pair = ir.VectorType.get((2,), ops.i32)
     pointers = {"bytes": mgpu_utils.memref_ptr(byte_ref), "nibbles": mgpu_utils.memref_ptr(nibble_ref)}
-    base_pointer = mgpu_utils.memref_ptr(base_ref)
 
     def load_words(plane, offset):
       words = llvm.load(pair, mgpu_utils.getelementptr(pointers[plane], [offset], i8))
@@ -388,8 +396,8 @@ def _decode_chunk_to_registers(chunk: int, step_k: int, byte_transforms, nibble_
                    for w in range(2))
 
     thread = _thread()
-    base_words = [llvm.load(ops.i32, mgpu_utils.getelementptr(base_pointer, [ops.add(ops.mul(thread, 4), 512 * half)],
-                                                              i8)) for half in range(2)]
+    base_words = [vector.extract(bases.registers[half], dynamic_position=[],
+                                 static_position=ir.DenseI64ArrayAttr.get([0])) for half in range(2)]
     words = register_decode.decode_chunk(ops, thread, load_words, base_words, chunk, step_k)
     layout = fa.WGMMA_LAYOUT
     registers = np.empty(layout.registers_shape((register_decode.ROWS, register_decode.CHUNK)), dtype=object)
@@ -456,9 +464,8 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   order is the order the threads read), against ``x2`` ``[m, K]`` as the caller has it (``pad_for_tma``: decode's
   one to eight rows untouched): TMA fills the activation tiles' rows past ``m`` (up to ``mp``) and columns past
   ``K`` (up to ``Kp``) with zeros, so no padded or permuted copy of ``x`` is made. Before its pipeline each thread
-  copies its two rows' base exponents for the split's K groups from ``base_exponent`` ``[N, groups]`` in GMEM into
-  words of its own in SMEM (``_stage_bases``), so no per-call XLA op rearranges them and no step waits on L2 for
-  them. The output is the skinny kernel's,
+  loads its two rows' base exponents for the split's K groups from ``base_exponent`` ``[N, groups]`` in GMEM into
+  registers (``_load_bases``), so no per-call XLA op rearranges them and no step waits on L2 for them. The output is the skinny kernel's,
   tokens-major ``[split_k, halves, Mp, N]`` (``split_k.store_split``): with every escape corrected in the kernel,
   a consumer kernel can add the splits itself (``SplitKPartials``). With ``escape_lists`` (``(column_escape_rows,
   column_escape_bits)``, one token block: ``mp == tile_m``, ``m`` real rows) the first split's blocks add the lists'
@@ -485,14 +492,14 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   decoders = [_decode_chunk_to_registers(c, tile_k, byte_transforms, nibble_transforms) for c in range(chunks)]
   total_groups = base_exponent.shape[1]
   groups = split_groups(steps * tile_k, group_k, total_groups)
-  stage_bases = _stage_bases(groups)
+  load_bases = _load_bases(groups)
   correct = None
   if escape_lists is not None:
     if mp != tile_m:
       raise ValueError(f"the in-kernel escape correction takes one token block, got Mp={mp}, tile_m={tile_m}")
     correct = _escape_correction_in_registers(tile_m, escape_lists[0].shape[1], m)
 
-  def w12_matmul_body(byte_gmem, nibble_gmem, base_gmem, x_gmem, *refs, out_smem, base_smem):  # profile name
+  def w12_matmul_body(byte_gmem, nibble_gmem, base_gmem, x_gmem, *refs, out_smem):  # profile name
     pdl.begin_kernel(None)  # registers: never interpreted (``_check_supported``)
     rows_gmem, bits_gmem, out_gmem = refs if correct else (None, None, *refs)
     n_slice = pl.ds(lax.axis_index("n") * tile_n, tile_n)
@@ -501,7 +508,7 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
     first = split * steps
     # the split's groups, the slice kept inside the array (a split can start inside a group)
     first_group = jnp.minimum(first * tile_k // group_k, total_groups - groups)
-    stage_bases(base_gmem.at[n_slice, pl.ds(first_group, groups)], base_smem)
+    bases = load_bases(base_gmem.at[n_slice, pl.ds(first_group, groups)])
 
     in_specs = (
         plgpu.BlockSpec((tile_n, tile_k), lambda k: (0, first + k), transforms=byte_transforms),
@@ -512,7 +519,10 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
 
     def accumulate(acc_ref):
       def step(idx, byte_smem, nibble_smem, x_smem):
-        step_bases = base_smem.at[(first + idx[0]) * tile_k // group_k - first_group]
+        group = (first + idx[0]) * tile_k // group_k - first_group
+        step_bases = bases[0]
+        for g in range(1, groups):
+          step_bases = jnp.where(jnp.broadcast_to(group == g, step_bases.shape), bases[g], step_bases)
         for c in range(chunks):
           weights = decoders[c](byte_smem, nibble_smem, step_bases)
           plgpu.wgmma(acc_ref, weights, x_smem.at[:, pl.ds(c * register_decode.CHUNK, register_decode.CHUNK)].T)
@@ -537,8 +547,7 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   call = plgpu.kernel(
       w12_matmul_body, out_type=jax.ShapeDtypeStruct((split_k, halves, mp, n), jnp.bfloat16),
       grid=(n // tile_n, mp // tile_m, split_k), grid_names=("n", "m", "s"),
-      scratch_types={"out_smem": halves_scratch(halves, tile_m, tile_n),
-                     "base_smem": plgpu.SMEM((groups, 2, 128), jnp.int32)},
+      scratch_types={"out_smem": halves_scratch(halves, tile_m, tile_n)},
       compiler_params=plgpu.CompilerParams(unsafe_no_auto_barriers=True),
   )
   return call(byte_plane, nibble_plane, base_exponent, x2, *(escape_lists or ()))

@@ -1,7 +1,8 @@
 """One W12 matmul on the GPU, taken apart: CUPTI time per kernel of the jitted call (the fused
 kernel, and the XLA ops around it: x padding/permutation, split-K sum, escape patch), and, with
-MOSAIC_GPU_DUMP_PTXAS=1, ptxas's register and spill report (issue #4; on the H200 on 2026-11-30
-MOSAIC_GPU_DUMP_SASS=1 printed no SASS beside it).
+MOSAIC_GPU_DUMP_PTXAS=1, ptxas's register and spill report (issue #4; for the SASS and per-instruction stall
+samples see w12_sass_profile.sh). With ``--copies N`` each timed call runs over N copies of the weight in turn
+(beyond L2), and ``--bf16`` times the skinny bf16 kernel and XLA's dot on bf16 copies of the same weight beside it.
 
     MOSAIC_GPU_DUMP_PTXAS=1 PYTHONPATH=$PWD \\
       python3 scripts/h200/w12_probe.py --k 12288 --n 4096 --m 1 --config decode=registers,blocks_per_sm=4 > $OUT/probe.txt
@@ -15,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.mosaic.gpu import profiler
 
-from pallas_kernels import w12
+from pallas_kernels import skinny_matmul, w12
 from pallas_kernels.config_fields import parse_fields
 from pallas_kernels.w12 import mosaic_gpu
 
@@ -33,34 +34,44 @@ def main():
   ap.add_argument("--n", type=int, default=4096)
   ap.add_argument("--m", type=int, nargs="+", default=[1])
   ap.add_argument("--config", nargs="+", default=["decode=registers"], help="TuningConfig fields, k=v,k=v")
+  ap.add_argument("--copies", type=int, default=1, help="weight copies a timed call runs over in turn (beyond L2)")
+  ap.add_argument("--bf16", action="store_true", help="also time the skinny bf16 kernel and XLA's dot")
   ap.add_argument("--plain", action="store_true",
                   help="no CUPTI: just run each call a few times (for Nsight Compute, which needs CUPTI itself)")
   args = ap.parse_args()
   rng = np.random.default_rng(0)
   w = (rng.normal(0, 0.02, (args.k, args.n)) * np.exp(rng.uniform(-1.4, 1.4, args.n))).astype(jnp.bfloat16)
   packed = jax.device_put(w12.pack(w))
-  print(f"K x N {args.k}x{args.n}, escapes {packed.num_escapes} (one weight copy: partly L2-resident)", flush=True)
+  copies = [packed] + [jax.tree.map(jnp.copy, packed) for _ in range(args.copies - 1)]
+  w_bf16 = [jnp.asarray(w) for _ in range(args.copies)] if args.bf16 else []
+  print(f"K x N {args.k}x{args.n}, escapes {packed.num_escapes}, {args.copies} weight copies", flush=True)
   for m in args.m:
     x = jnp.asarray(rng.normal(size=(m, args.k)), jnp.bfloat16)
     ref = w12.matmul(x, packed, implementation="reference").astype(jnp.float32)
-    for text in args.config:
-      config = parse_config(text)
-      fn = jax.jit(lambda x, p, config=config: mosaic_gpu.w12_matmul(x, p, config=config))
-      y = fn(x, packed).astype(jnp.float32)
+    runs = [(text, jax.jit(lambda x, ps, config=parse_config(text): [mosaic_gpu.w12_matmul(x, p, config=config)
+                                                                    for p in ps]), copies)
+            for text in args.config]
+    if args.bf16:
+      runs += [(f"bf16 {impl}", jax.jit(lambda x, ws, impl=impl: [skinny_matmul.matmul(x, w, implementation=impl)
+                                                                   for w in ws]), w_bf16)
+               for impl in ("mosaic_gpu", "xla")]
+    for text, fn, weights in runs:
+      y = fn(x, weights)[0].astype(jnp.float32)
       err = float(jnp.abs(y - ref).max() / jnp.abs(ref).max())
       if args.plain:
         for _ in range(3):
-          fn(x, packed).block_until_ready()
+          jax.block_until_ready(fn(x, weights))
         print(f"M={m} {text}: rel err {err:.1e}", flush=True)
         continue
-      _, runs = profiler.measure(fn, aggregate=False, iterations=9)(x, packed)
-      per_kernel = {}
-      for run in runs:
-        for i, (name, ms) in enumerate(run):
-          per_kernel.setdefault(f"{i}:{name}", []).append(ms * 1e3)
-      total = sum(statistics.median(v) for v in per_kernel.values())
-      print(f"M={m} {text}: rel err {err:.1e}, device {total:.1f} us = "
-            + " + ".join(f"{name[:40]} {statistics.median(v):.1f}" for name, v in per_kernel.items()), flush=True)
+      _, timed = profiler.measure(fn, aggregate=False, iterations=9)(x, weights)
+      per_kernel = {}  # kernel name -> its times over the copies and iterations
+      for run in timed:
+        for name, ms in run:
+          per_kernel.setdefault(name, []).append(ms * 1e3)
+      total = sum(statistics.median(v) * len(v) for v in per_kernel.values()) / (len(timed) * len(weights))
+      print(f"M={m} {text}: rel err {err:.1e}, device {total:.1f} us a call = "
+            + " + ".join(f"{name[:40]} {statistics.median(v):.1f} (x{len(v) // (len(timed) * len(weights))})"
+                         for name, v in per_kernel.items()), flush=True)
 
 
 if __name__ == "__main__":

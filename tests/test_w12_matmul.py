@@ -311,21 +311,32 @@ def test_register_kernel_splits_sum_to_the_reduced_result_on_the_gpu(k, n):
 
 def test_register_kernel_widens_or_deepens_its_steps_when_a_consumer_caps_its_split():
   """Capped to ``CONSUMER_SPLIT_K`` splits the register decode runs ~1 block an SM, so it takes ``CONSUMER_TILE_K`` a
-  step where K, the base-exponent groups and the split allow it, else loads ``CONSUMER_DEPTH`` steps ahead where
+  step where K, the base-exponent groups and the split allow it, and loads ``CONSUMER_DEPTH`` steps ahead where
   shared memory allows; a config already deeper keeps its depth."""
   capped = w12_mosaic_gpu._capped_config
-  default = w12_mosaic_gpu.DEFAULT_CONFIG
-  wide_k = w12_mosaic_gpu.CONSUMER_TILE_K
-  assert default.tile_k < wide_k and default.max_concurrent_steps < w12_mosaic_gpu.CONSUMER_DEPTH
-  down = capped(default, 8, kp=12288, group_k=4096, split_k=2)  # 48 wide steps, 24 a split
-  assert (down.tile_k, down.max_concurrent_steps) == (wide_k, default.max_concurrent_steps)
+  narrow = w12.TuningConfig(decode="registers", tile_k=128, blocks_per_sm=4, max_concurrent_steps=2)
+  wide_k, deep = w12_mosaic_gpu.CONSUMER_TILE_K, w12_mosaic_gpu.CONSUMER_DEPTH
+  assert narrow.tile_k < wide_k and narrow.max_concurrent_steps < deep
+  down = capped(narrow, 8, kp=12288, group_k=4096, split_k=2)  # 48 wide steps, 24 a split
+  assert (down.tile_k, down.max_concurrent_steps) == (wide_k, deep)
+  default = capped(w12_mosaic_gpu.DEFAULT_CONFIG, 8, kp=12288, group_k=1024, split_k=2)  # already wide: deepened
+  assert (default.tile_k, default.max_concurrent_steps) == (wide_k, deep)
   for kp, group_k, split in [(12288, 128, 2), (896, 896, 2), (12288, 4096, 5)]:  # groups, K, split in the way
-    deep = capped(default, 8, kp=kp, group_k=group_k, split_k=split)
-    assert (deep.tile_k, deep.max_concurrent_steps) == (default.tile_k, w12_mosaic_gpu.CONSUMER_DEPTH), (kp, group_k)
+    kept = capped(narrow, 8, kp=kp, group_k=group_k, split_k=split)
+    assert (kept.tile_k, kept.max_concurrent_steps) == (narrow.tile_k, deep), (kp, group_k)
   six = capped(w12.TuningConfig(decode="registers", tile_k=256, max_concurrent_steps=6), 8, 12288, 4096, 2)
   assert (six.tile_k, six.max_concurrent_steps) == (256, 6)
-  wide = w12.TuningConfig(decode="registers", tile_k=256, tile_m=128, max_concurrent_steps=1)
-  fits = capped(wide, 128, 12288, 4096, 2).max_concurrent_steps  # 128 rows of 256-deep tiles: shared memory stops it
-  assert 1 <= fits < w12_mosaic_gpu.CONSUMER_DEPTH
-  assert w12_mosaic_gpu._register_smem_bytes(wide, 128, fits) <= split_k.SMEM_LIMIT
-  assert w12_mosaic_gpu._register_smem_bytes(wide, 128, fits + 1) > split_k.SMEM_LIMIT
+  wide = w12.TuningConfig(decode="registers", tile_k=256, tile_m=256, max_concurrent_steps=1)
+  fits = capped(wide, 256, 12288, 4096, 2).max_concurrent_steps  # 256 rows of 256-deep tiles: shared memory stops it
+  assert 1 <= fits < deep
+  assert w12_mosaic_gpu._register_smem_bytes(wide, 256, fits) <= split_k.SMEM_LIMIT
+  assert w12_mosaic_gpu._register_smem_bytes(wide, 256, fits + 1) > split_k.SMEM_LIMIT
+
+
+def test_default_step_narrows_to_what_k_and_the_groups_allow():
+  """The default's 256 K a step halves where the padded K or the base-exponent groups are not multiples of it."""
+  widest = w12_mosaic_gpu._widest_step
+  default = w12_mosaic_gpu.DEFAULT_CONFIG
+  assert default.tile_k == 256 and widest(default, 12288, 1024) == default
+  assert widest(default, 640, 1024).tile_k == 128 and widest(default, 576, 1024).tile_k == 64
+  assert widest(default, 4096, 128).tile_k == 128

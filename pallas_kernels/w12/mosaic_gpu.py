@@ -100,11 +100,21 @@ _BASE_DTYPE = jnp.uint16
 """Bases widened for the kernel: a 1-D uint8 SMEM row faults (misaligned) on H200."""
 
 
-DEFAULT_CONFIG = TuningConfig(decode="registers", blocks_per_sm=4, max_concurrent_steps=2)
-"""What ``w12_matmul`` runs on a GPU without a config: the register decode aiming at 4 resident blocks per
-SM. In the H200 sweeps (docs/results/2026-11-30-w12-registers-h200/) no setting won everywhere; this one
-was within 13 % of the best at every shape and M timed. Interpret mode runs ``TuningConfig()`` (SMEM
-decode)."""
+DEFAULT_CONFIG = TuningConfig(decode="registers", blocks_per_sm=4, max_concurrent_steps=2, tile_k=256)
+"""What ``w12_matmul`` runs on a GPU without a config: the register decode aiming at 4 resident blocks per SM, 256 K a
+step (narrowed to 128 or 64 where K or the base-exponent groups need it: ``_widest_step``). On the H200 at M = 1
+(2026-12-03, weights rotated beyond L2, docs/results/2026-12-03-w12-sass-h200/) 256 a step against 128: 22.5 against
+24.3 us on 12288x4096, 9.0 / 9.6 on 4096x4096, 41.7 / 47.8 on 4096x24576, 13.0 / 12.8 on 4096x6144. Interpret mode
+runs ``TuningConfig()`` (SMEM decode)."""
+
+
+def _widest_step(config: TuningConfig, kp: int, group_k: int) -> TuningConfig:
+  """``config`` with its K a step narrowed (halved down to 64) until it divides both the padded K and the
+  base-exponent groups."""
+  tile_k = config.tile_k
+  while tile_k > 64 and (kp % tile_k or group_k % tile_k):
+    tile_k //= 2
+  return dataclasses.replace(config, tile_k=tile_k)
 
 
 GATHER_ROWS = 8
@@ -124,26 +134,28 @@ sweep: 256 at depth 2 took 27.9 us on 12288x4096 and 12.4 on 4096x4096; 128 at d
 depth 4 with ``overlap_decode`` took 30.5 and 13.0 (``bench_kernels.py --only w12 --sweep``, ``w12_sweep()[9, 12,
 14]``)."""
 
-CONSUMER_DEPTH = 4
-"""Where the K a step cannot widen (K or the base-exponent group not a multiple of ``CONSUMER_TILE_K``, or the
-config already at it), a capped split loads at least this many steps ahead instead, as far as shared memory
-allows. At tile_k 128 depths 2 / 4 / 6 / 8 took 35.7 / 30.7 / 31.6 / 32.9 us on 12288x4096 and 14.1 / 13.0 / 13.5 /
-14.0 on 4096x4096 (docs/results/2026-12-03-skinny-resident-w12-loop-h200/)."""
+CONSUMER_DEPTH = 3
+"""A capped split (wide or not) loads at least this many steps ahead, as far as shared memory allows. With 256 a step
+at M = 1 on the H200 (2026-12-03, weights beyond L2, docs/results/2026-12-03-w12-sass-h200/), depths 2 / 3 / 4 took
+24.5 / 22.4 / 21.8 us on 12288x4096, 10.4 / 9.8 / 10.3 on 4096x4096 and 13.6 / 13.4 / 17.1 on 4096x6144. (Before the
+decode's 2026-12-03 rework, at 128 a step, 2 / 4 / 6 / 8 took 35.7 / 30.7 / 31.6 / 32.9 us on 12288x4096,
+docs/results/2026-12-03-skinny-resident-w12-loop-h200/.)"""
 
 
 def _capped_config(config: TuningConfig, tile_m: int, kp: int, group_k: int, split_k: int) -> TuningConfig:
   """What the register decode runs when its split was capped for a consumer: ``CONSUMER_TILE_K`` a step where K,
-  the base-exponent groups, the split and shared memory allow it, else the config's tile_k loading
-  ``CONSUMER_DEPTH`` steps ahead as far as shared memory allows. Neither changes the order of the sums."""
+  the base-exponent groups, the split and shared memory allow it, loading at least ``CONSUMER_DEPTH`` steps ahead
+  as far as shared memory allows. Neither changes the order of the sums."""
+  step = config
   wide = dataclasses.replace(config, tile_k=CONSUMER_TILE_K)
   if (config.tile_k < CONSUMER_TILE_K and not kp % CONSUMER_TILE_K and not group_k % CONSUMER_TILE_K
       and not (kp // CONSUMER_TILE_K) % split_k
       and _register_smem_bytes(wide, tile_m, config.max_concurrent_steps) <= SMEM_LIMIT):
-    return wide
-  depth = config.max_concurrent_steps
-  while depth < CONSUMER_DEPTH and _register_smem_bytes(config, tile_m, depth + 1) <= SMEM_LIMIT:
+    step = wide
+  depth = step.max_concurrent_steps
+  while depth < CONSUMER_DEPTH and _register_smem_bytes(step, tile_m, depth + 1) <= SMEM_LIMIT:
     depth += 1
-  return dataclasses.replace(config, max_concurrent_steps=depth)
+  return dataclasses.replace(step, max_concurrent_steps=depth)
 
 
 def split_groups(span: int, group_k: int, total_groups: int) -> int:
@@ -570,7 +582,9 @@ def w12_matmul(
   ``interpret=plgpu.InterpretGPUParams()`` runs it on CPU for tests. Unsupported
   shapes raise NotImplementedError so ``w12.matmul`` can fall back loudly.
   """
-  config = config or (TuningConfig() if interpret is not None else DEFAULT_CONFIG)
+  if config is None and interpret is None:
+    config = _widest_step(DEFAULT_CONFIG, packed.sign_mantissa.shape[1], packed.group_k)
+  config = config or TuningConfig()
   _check_supported(x, packed, config, interpret)
   k, n = packed.shape
   kp = packed.sign_mantissa.shape[1]

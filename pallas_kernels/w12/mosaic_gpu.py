@@ -29,7 +29,7 @@ Two decodes (``TuningConfig.decode``):
 
 Learned on the H200: Mosaic GPU has no 8-bit arithmetic (widen before shifts), and
 a 1-D uint8 SMEM row (the per-step bases) faults with a misaligned shared address,
-hence ``_BASE_DTYPE`` for the SMEM decode (the register decode reads bases from GMEM).
+hence ``_BASE_DTYPE`` for the SMEM decode (the register decode loads its bases from GMEM into registers).
 
 Where it stands (format version 3, docs/results/2026-12-01-partials-w12v3-h200/): 0.98-0.99x the best
 bf16 matmul at M = 1 on the layer shapes, the kernel alone ~3.2 TB/s of stored bytes. Four fewer decode
@@ -44,8 +44,13 @@ and the o, down and q|k|v projections need no XLA epilogue at all. The decode lo
 tokens identical, with the W12 kernels at two splits 0.52 ms a step slower than at the auto split
 (docs/results/2026-12-03-skinny-resident-w12-loop-h200/): one block an SM leaves one warpgroup decoding.
 With the capped splits loading ``CONSUMER_DEPTH`` steps ahead the loop took 4.806 against 4.434 ms, tokens
-identical (docs/results/2026-12-03-w12-depth-cluster-h200/); they now take ``CONSUMER_TILE_K`` a step instead
-(~3 us a call faster on down in the kernel sweep; the loop not timed with it yet).
+identical (docs/results/2026-12-03-w12-depth-cluster-h200/).
+
+The SASS with Nsight Compute's per-instruction samples (2026-12-03, docs/results/2026-12-03-w12-sass-h200/) then showed
+a step's overhead, not the decode, as the waste: six TMA copies a step each behind a warpgroup barrier, the bases
+reloaded from L2 per 64-wide chunk, and two LOP3 where one select does. With one activation copy a step, one barrier,
+the bases in registers and 256 K a step the kernel is 0.86-0.91x the bf16 skinny kernel at M = 1 (weights beyond L2),
+3.5-3.6 TB/s of stored bytes where the bf16 kernel streams 4.0-4.3.
 """
 
 from __future__ import annotations

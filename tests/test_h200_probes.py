@@ -1,7 +1,7 @@
 """The H200 probes run here, so a broken script fails on the CPU, not in device minutes: ``fusion_flag_probe.py`` end
 to end on the tiny model, ``prefetch_probe.py``'s chain lowered for Hopper, ``swiglu_matmul_probe.py``'s configs,
 ``attention_ablation_probe.py``'s ablations, ``grid_barrier_probe.py``'s and ``cluster_merge_probe.py``'s kernels
-lowered for Hopper."""
+lowered for Hopper, ``stall_table.py`` on a recorded Nsight Compute page."""
 
 import importlib.util
 import re
@@ -142,3 +142,20 @@ def test_cluster_merge_probe_lowers_for_hopper(monkeypatch):
           "custom_call @mosaic_gpu") == 1, (fn.__name__, splits)
   with pytest.raises(SystemExit, match="needs a Hopper GPU; this backend is 'cpu'"):
     probe.main([])
+
+
+def test_stall_table_sums_a_recorded_source_page(monkeypatch, capsys):
+  """``stall_table.py`` on the twenty-second session's Nsight Compute source page of the capped W12 kernel: the stall
+  reasons it sums are the page's, and the TMA wait it names first is the one the results README reports (20 %)."""
+  table = load_probe("stall_table", monkeypatch)
+  page = REPO / "docs" / "results" / "2026-12-03-w12-sass-h200" / "call3.cap.source.csv.gz"
+  header, rows = table.read_rows(str(page))
+  samples = sum(int(r[header.index("Warp Stall Sampling (All Samples)")] or 0) for r in rows)
+  monkeypatch.setattr("sys.argv", ["stall_table.py", str(page), "--top", "3"])
+  table.main()
+  out = capsys.readouterr().out
+  total = int(re.search(r"warp-stall samples: (\d+)", out).group(1))
+  assert abs(total - samples) <= samples // 20  # the reasons add up to the sampled total (~3 % unattributed)
+  assert re.search(r"stall_long_sb\s+\d+\s+21\.\d %", out)
+  most_stalled = out.split("most stalled instructions")[1].splitlines()[1]
+  assert "BRA" in most_stalled and "long_sb" in most_stalled  # the pipeline's wait for its TMA data

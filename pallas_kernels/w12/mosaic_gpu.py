@@ -482,11 +482,11 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   one to eight rows untouched): TMA fills the activation tiles' rows past ``m`` (up to ``mp``) and columns past
   ``K`` (up to ``Kp``) with zeros, so no padded or permuted copy of ``x`` is made. Before its pipeline each thread
   loads its two rows' base exponents for the split's K groups from ``base_exponent`` ``[N, groups]`` in GMEM into
-  registers (``_load_bases``), so no per-call XLA op rearranges them and no step waits on L2 for them. The output is the skinny kernel's,
-  tokens-major ``[split_k, halves, Mp, N]`` (``split_k.store_split``): with every escape corrected in the kernel,
-  a consumer kernel can add the splits itself (``SplitKPartials``). With ``escape_lists`` (``(column_escape_rows,
-  column_escape_bits)``, one token block: ``mp == tile_m``, ``m`` real rows) the first split's blocks add the lists'
-  correction to their accumulators (``_escape_correction_in_registers``).
+  registers (``_load_bases``), so no per-call XLA op rearranges them and no step waits on L2 for them. The output
+  is the skinny kernel's, tokens-major ``[split_k, halves, Mp, N]`` (``split_k.store_split``): with every escape
+  corrected in the kernel, a consumer kernel can add the splits itself (``SplitKPartials``). With ``escape_lists``
+  (``(column_escape_rows, column_escape_bits)``, one token block: ``mp == tile_m``, ``m`` real rows) the first split's
+  blocks add the lists' correction to their accumulators (``_escape_correction_in_registers``).
 
   A step is three TMA copies (both planes and the ``[tile_m, tile_k]`` activation tile, whose 64-wide chunks wgmma
   reads in place) and one warpgroup barrier (``_warpgroup_barrier``; Pallas' automatic barriers are off). On the H200

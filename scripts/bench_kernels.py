@@ -109,25 +109,30 @@ def w12_sweep():
     from pallas_kernels.w12 import TuningConfig
     from pallas_kernels.w12.mosaic_gpu import DEFAULT_CONFIG
 
+    # 128 a step, the default before 2026-12-03: the split-K rows [8..14] keep it, as their recorded times had it
+    # (docs/results/2026-12-03-w12-depth-cluster-h200/)
+    at_128 = dataclasses.replace(DEFAULT_CONFIG, tile_k=128)
     return (
         DEFAULT_CONFIG,  # what w12.matmul runs on a Hopper: decode into wgmma's A registers (register_decode.py)
         dataclasses.replace(DEFAULT_CONFIG, blocks_per_sm=8),
         dataclasses.replace(DEFAULT_CONFIG, blocks_per_sm=2),
-        dataclasses.replace(DEFAULT_CONFIG, tile_k=256, blocks_per_sm=2),  # half the pipeline steps
-        dataclasses.replace(DEFAULT_CONFIG, tile_k=256),
+        dataclasses.replace(at_128, blocks_per_sm=2),  # twice the pipeline steps
+        at_128,
         TuningConfig(),  # SMEM decode, split_k auto: every SM gets a block
         dataclasses.replace(DEFAULT_CONFIG, escapes_in_kernel=True),  # the escape lists' correction in the kernel
         # step i's decode beside step i - 1's wgmma
         dataclasses.replace(DEFAULT_CONFIG, escapes_in_kernel=True, overlap_decode=True),
         # two K splits, what the decode loop's o and down projections hand their consumer (split_k.CONSUMER_SPLIT_K):
         # ~1 block an SM, so the pipeline depth is the bytes in flight
-        *(dataclasses.replace(DEFAULT_CONFIG, escapes_in_kernel=True, split_k=2, max_concurrent_steps=d)
+        *(dataclasses.replace(at_128, escapes_in_kernel=True, split_k=2, max_concurrent_steps=d)
           for d in (2, 4, 6, 8)),
         # at two splits one warpgroup an SM decodes alone (Nsight Compute: one warp a scheduler, an issue every 2.6
         # cycles): step i's decode beside step i - 1's wgmma, or twice the K a step, gives that warp more to issue
-        *(dataclasses.replace(DEFAULT_CONFIG, escapes_in_kernel=True, split_k=2, max_concurrent_steps=d,
+        *(dataclasses.replace(at_128, escapes_in_kernel=True, split_k=2, max_concurrent_steps=d,
                               overlap_decode=True) for d in (4, 6)),
         dataclasses.replace(DEFAULT_CONFIG, escapes_in_kernel=True, split_k=2, tile_k=256, max_concurrent_steps=2),
+        # the capped split as w12_matmul runs it now: 256 a step, CONSUMER_DEPTH (3) ahead
+        dataclasses.replace(DEFAULT_CONFIG, escapes_in_kernel=True, split_k=2, max_concurrent_steps=3),
     )
 
 

@@ -44,7 +44,9 @@ def main():
   packed = jax.device_put(w12.pack(w))
   copies = [packed] + [jax.tree.map(jnp.copy, packed) for _ in range(args.copies - 1)]
   w_bf16 = [jnp.asarray(w) for _ in range(args.copies)] if args.bf16 else []
-  print(f"K x N {args.k}x{args.n}, escapes {packed.num_escapes}, {args.copies} weight copies", flush=True)
+  print(f"K x N {args.k}x{args.n}, escapes {packed.num_escapes}, {args.copies} weight copies"
+        + (" (partly L2-resident: --copies)" if args.copies * packed.sign_mantissa.size * 1.5 < 100e6 else ""),
+        flush=True)
   for m in args.m:
     x = jnp.asarray(rng.normal(size=(m, args.k)), jnp.bfloat16)
     ref = w12.matmul(x, packed, implementation="reference").astype(jnp.float32)
@@ -70,7 +72,7 @@ def main():
           per_kernel.setdefault(name, []).append(ms * 1e3)
       total = sum(statistics.median(v) * len(v) for v in per_kernel.values()) / (len(timed) * len(weights))
       print(f"M={m} {text}: rel err {err:.1e}, device {total:.1f} us a call = "
-            + " + ".join(f"{name[:40]} {statistics.median(v):.1f} (x{len(v) // (len(timed) * len(weights))})"
+            + " + ".join(f"{name[:40]} {statistics.median(v):.1f} (x{len(v) / (len(timed) * len(weights)):.2g})"
                          for name, v in per_kernel.items()), flush=True)
 
 

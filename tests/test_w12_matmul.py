@@ -77,15 +77,6 @@ class W12MatmulSuite:
                                                escapes_in_kernel=True, overlap_decode=True)),
           (512, 64, 1, 128, w12.TuningConfig(tile_m=8, tile_k=128, split_k=4, decode="registers",
                                              overlap_decode=True)),
-          # the planes' slots refilled before the decode: padded K, several token blocks, a split with the escapes
-          # in the kernel, K groups narrower than a split, one step a split
-          (120, 64, 20, 128, w12.TuningConfig(tile_m=8, tile_k=64, decode="registers", early_release=True)),
-          (1024, 128, 3, 512, w12.TuningConfig(tile_m=8, tile_k=256, split_k=2, max_concurrent_steps=2,
-                                               decode="registers", escapes_in_kernel=True, early_release=True)),
-          (1024, 64, 1, 128, w12.TuningConfig(tile_m=8, tile_k=128, split_k=2, max_concurrent_steps=3,
-                                              decode="registers", early_release=True)),
-          (512, 64, 2, 128, w12.TuningConfig(tile_m=8, tile_k=128, split_k=4, decode="registers",
-                                             early_release=True)),
       ],
   )
   def test_matches_f32_matmul(self, k, n, m, group_k, config):
@@ -316,28 +307,6 @@ def test_register_kernel_splits_sum_to_the_reduced_result_on_the_gpu(k, n):
                                 np.asarray(summed, np.float32))
   want = np.asarray(w12.matmul(x, packed, implementation="reference"), np.float32)
   np.testing.assert_allclose(np.asarray(summed, np.float32), want, rtol=2e-2, atol=2e-2 * np.abs(want).max())
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not w12_ops._on_hopper(), reason="needs an H100/H200")
-@pytest.mark.parametrize("k,n,m,split", [(4096, 4096, 1, 2), (4096, 12288, 1, 0), (12288, 4096, 16, 0),
-                                         (4096, 6144, 64, 0)])
-def test_early_release_gives_the_pipelines_bits_on_the_gpu(k, n, m, split):
-  """The K loop that refills the planes' slots before the decode sums in the order ``emit_pipeline``'s does: the
-  same bits, at the loop's capped and auto splits and at 1, 16 and 64 token rows."""
-  import dataclasses
-
-  packed = w12.pack(weights_with_escapes(k, n, seed=n))
-  x = jnp.asarray(np.random.default_rng(m).normal(size=(m, k)).astype(BF16))
-  outs = []
-  for early in (False, True):
-    config = dataclasses.replace(w12_mosaic_gpu.DEFAULT_CONFIG, escapes_in_kernel=True, split_k=split,
-                                 early_release=early)
-    outs.append(np.asarray(jax.jit(lambda x, p, c=config: w12.matmul(x, p, implementation="mosaic_gpu", config=c))(
-        x, packed), np.float32))
-  np.testing.assert_array_equal(outs[1], outs[0])
-  want = np.asarray(w12.matmul(x, packed, implementation="reference"), np.float32)
-  np.testing.assert_allclose(outs[1], want, rtol=2e-2, atol=2e-2 * np.abs(want).max())
 
 
 def test_register_kernel_widens_or_deepens_its_steps_when_a_consumer_caps_its_split():

@@ -93,13 +93,12 @@ def test_every_thread_decodes_its_fragment_through_swizzled_smem(step_k):
     (1, 512, 128, 128, 1),  # four K groups a split: the step picks its bases among four
     (1, 768, 128, 384, 3),  # splits of 256 starting inside 384-wide groups: two groups each, the last slice clamped
 ])
-@pytest.mark.parametrize("early_release", [False, True])
-def test_register_kernel_lowers_for_hopper_on_cpu(m, k, tile_k, group_k, split, early_release):
+def test_register_kernel_lowers_for_hopper_on_cpu(m, k, tile_k, group_k, split):
   """Mosaic GPU's Python lowering (layouts, the inline decode, wgmma from registers, TMA tiling of an unpadded
   ``x``: 20 x 120 failed on the H200 before ``pad_for_tma``; the bases of several K groups held in registers) runs
   without a GPU."""
   packed = w12.pack((np.random.default_rng(0).normal(size=(k, 128)) * 0.02).astype(BF16), group_k=group_k)
-  config = w12.TuningConfig(decode="registers", tile_m=64, tile_k=tile_k, split_k=split, early_release=early_release)
+  config = w12.TuningConfig(decode="registers", tile_m=64, tile_k=tile_k, split_k=split)
   x = jnp.ones((m, k), jnp.bfloat16)
   lowered = jax.jit(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config)).trace(x, packed).lower(
       lowering_platforms=("cuda",))

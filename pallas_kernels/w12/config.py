@@ -29,11 +29,6 @@ class TuningConfig:
     late): the SMEM decode into one of two SMEM slots, the register decode into fresh registers. Off: with the
     register decode it was 0.2-1.8 us a call slower on the H200 (``scripts/h200/w12_probe.py``,
     docs/results/2026-12-02-verify-skinny-barrier-h200/).
-  early_release: the register decode's K loop refills a step's plane slots as soon as the step's words are in
-    registers, before its decode and wgmma (a loop of its own in place of ``plgpu.emit_pipeline``, which refills a
-    step's slots only after its body): the next weights' loads start a decode earlier. Why: on the H200 the pipeline's
-    wait for its data was 36 % of the warp samples of the default form on gate|up (4096x24576, M = 1; Nsight
-    Compute, docs/results/2026-12-03-w12-pipeline-h200/), with 2 slots of 256 K a block and 3 blocks an SM.
   escapes_in_kernel: the register decode's first K split adds the channel lists' escape correction to its
     accumulators (``register_decode.escape_correction``), for one token block (M <= tile_m); XLA then only adds the
     splits (and scatters an overflow, if any). Why: in the H200's decode loop the split-K sums carrying the escape
@@ -53,7 +48,6 @@ class TuningConfig:
   blocks_per_sm: int = 1
   decode: str = "smem"
   escapes_in_kernel: bool = False
-  early_release: bool = False
 
   def __post_init__(self):
     if self.tile_n % 64:
@@ -64,8 +58,6 @@ class TuningConfig:
       raise ValueError(f"tile_k must be a multiple of 64 (a W12 nibble chunk), got {self.tile_k}")
     if self.decode not in ("smem", "registers"):
       raise ValueError(f"decode must be 'smem' or 'registers', got {self.decode!r}")
-    if self.early_release and self.decode != "registers":
-      raise ValueError("early_release needs decode='registers'")
     if self.escapes_in_kernel and self.decode != "registers":
       raise ValueError("escapes_in_kernel needs decode='registers'")
     if self.max_concurrent_steps < 1 or self.split_k < 0 or self.blocks_per_sm < 1:

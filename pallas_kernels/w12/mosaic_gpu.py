@@ -415,83 +415,15 @@ def _decode_chunk_to_registers(chunk: int, step_k: int, byte_transforms, nibble_
     thread = _thread()
     base_words = [vector.extract(bases.registers[half], dynamic_position=[],
                                  static_position=ir.DenseI64ArrayAttr.get([0])) for half in range(2)]
-    return _wgmma_fragment(register_decode.decode_chunk(ops, thread, load_words, base_words, chunk, step_k))
+    words = register_decode.decode_chunk(ops, thread, load_words, base_words, chunk, step_k)
+    layout = fa.WGMMA_LAYOUT
+    registers = np.empty(layout.registers_shape((register_decode.ROWS, register_decode.CHUNK)), dtype=object)
+    bf16_pair = ir.VectorType.get((2,), ir.BF16Type.get())
+    for (col_tile, half), word in words.items():
+      registers[0, col_tile, 0, 0, half, 0, 0, 0, 0] = mgpu_utils.bitcast(word, bf16_pair)
+    return mgpu.FragmentedArray(_registers=registers, _layout=layout, _is_signed=None)
 
   return decode
-
-
-def _step_words_shape(chunks: int) -> tuple[int]:
-  return (register_decode.WORDS_PER_CHUNK * chunks * 128,)
-
-
-def _step_words_layout(chunks: int):
-  """A step's loaded plane words as a Pallas array: ``register_decode.WORDS_PER_CHUNK`` a chunk for each thread
-  (thread ``t`` holds elements ``t + 128 i``, its ``i``-th word)."""
-  return plgpu.Layout.WG_STRIDED(_step_words_shape(chunks), vec_size=1)
-
-
-def _load_step_words(chunks: int, step_k: int, byte_transforms, nibble_transforms):
-  """An ``inline_mgpu`` function: (byte, nibble SMEM refs of one step) -> every word of the step's planes this thread
-  decodes (``register_decode.chunk_loads`` for each chunk), in registers, so the step's SMEM slots can be refilled
-  before its decode (``TuningConfig.early_release``)."""
-  layout = _step_words_layout(chunks)
-
-  @plgpu.inline_mgpu(
-      arg_types=(plgpu.RefType(byte_transforms), plgpu.RefType(nibble_transforms)),
-      return_type=plgpu.ShapeDtypeStruct(_step_words_shape(chunks), jnp.uint32, layout=layout),
-  )
-  def load(ctx, byte_ref, nibble_ref):
-    del ctx
-    ops = _MlirOps()
-    i8 = ir.IntegerType.get_signless(8)
-    pair, word = ir.VectorType.get((2,), ops.i32), ir.VectorType.get((1,), ops.i32)
-    pointers = {"bytes": mgpu_utils.memref_ptr(byte_ref), "nibbles": mgpu_utils.memref_ptr(nibble_ref)}
-    thread = _thread()
-    words = []
-    for c in range(chunks):
-      for plane, offset in register_decode.chunk_loads(ops, thread, c, step_k):
-        loaded = llvm.load(pair, mgpu_utils.getelementptr(pointers[plane], [offset], i8))
-        words += [vector.from_elements(word, [vector.extract(loaded, dynamic_position=[],
-                                                             static_position=ir.DenseI64ArrayAttr.get([w]))])
-                  for w in range(2)]
-    registers = np.empty((len(words),), dtype=object)
-    registers[:] = words
-    return mgpu.FragmentedArray(_registers=registers, _layout=layout.to_mgpu(), _is_signed=False)
-
-  return load
-
-
-def _decode_step_words(chunk: int, chunks: int):
-  """An ``inline_mgpu`` function: (a step's words from ``_load_step_words``, the step's bases in ``_BASES_LAYOUT``)
-  -> the bf16 ``[64, 64]`` A fragment (WGMMA layout) of stored K chunk ``chunk``."""
-  per_chunk = register_decode.WORDS_PER_CHUNK
-
-  @plgpu.inline_mgpu(
-      arg_types=(_step_words_layout(chunks), _BASES_LAYOUT),
-      return_type=plgpu.ShapeDtypeStruct((register_decode.ROWS, register_decode.CHUNK), jnp.bfloat16,
-                                         layout=plgpu.Layout.WGMMA),
-  )
-  def decode(ctx, words, bases):
-    del ctx
-    ops = _MlirOps()
-    scalar = lambda register: vector.extract(register, dynamic_position=[],
-                                              static_position=ir.DenseI64ArrayAttr.get([0]))
-    chunk_words = [scalar(r) for r in words.registers[per_chunk * chunk:per_chunk * (chunk + 1)]]
-    base_words = [scalar(bases.registers[half]) for half in range(2)]
-    return _wgmma_fragment(register_decode.decode_loaded(ops, chunk_words, base_words))
-
-  return decode
-
-
-def _wgmma_fragment(words) -> mgpu.FragmentedArray:
-  """``register_decode``'s ``{(col_tile, half): bf16x2 word}`` of one chunk as the bf16 ``[64, 64]`` WGMMA-layout
-  array wgmma takes as its A operand."""
-  layout = fa.WGMMA_LAYOUT
-  registers = np.empty(layout.registers_shape((register_decode.ROWS, register_decode.CHUNK)), dtype=object)
-  bf16_pair = ir.VectorType.get((2,), ir.BF16Type.get())
-  for (col_tile, half), word in words.items():
-    registers[0, col_tile, 0, 0, half, 0, 0, 0, 0] = mgpu_utils.bitcast(word, bf16_pair)
-  return mgpu.FragmentedArray(_registers=registers, _layout=layout, _is_signed=None)
 
 
 @plgpu.inline_mgpu()
@@ -543,8 +475,7 @@ def _escape_correction_in_registers(tile_m: int, capacity: int, m: int):
 
 
 def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, group_k, tile_m, tile_k,
-                          max_concurrent_steps, split_k, halves, overlap_decode=False, early_release=False,
-                          escape_lists=None, m=None):
+                          max_concurrent_steps, split_k, halves, overlap_decode=False, escape_lists=None, m=None):
   """One warpgroup per (64 channels, tile_m tokens, K split); each step's W12 tiles are decoded by
   ``register_decode`` straight into wgmma's A registers, 64 K at a time, in logical K order (the planes' stored
   order is the order the threads read), against ``x2`` ``[m, K]`` as the caller has it (``pad_for_tma``: decode's
@@ -572,8 +503,6 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   steps = kp // tile_k // split_k
   depth = min(max_concurrent_steps, steps)
   overlap = overlap_decode and depth > 1  # delay_release needs a deeper pipeline than 1
-  if overlap and early_release:
-    raise NotImplementedError("overlap_decode and early_release are two pipelines; pick one")
   byte_transforms = smem_transforms(tile_k, jnp.uint8)
   nibble_transforms = smem_transforms(tile_k // 2, jnp.uint8)
   x_transforms = smem_transforms(register_decode.CHUNK, jnp.bfloat16)
@@ -586,55 +515,6 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
     if mp != tile_m:
       raise ValueError(f"the in-kernel escape correction takes one token block, got Mp={mp}, tile_m={tile_m}")
     correct = _escape_correction_in_registers(tile_m, escape_lists[0].shape[1], m)
-
-  load_step = _load_step_words(chunks, tile_k, byte_transforms, nibble_transforms)
-  step_decoders = [_decode_step_words(c, chunks) for c in range(chunks)]
-
-  def _early_release_pipeline(acc_ref, byte_rows, nibble_rows, x_rows, *, bases_of, chunk_of, first):
-    """The K loop with the planes' slots refilled as soon as their words are in registers, before the step's decode
-    and wgmma; the activation slots, which wgmma reads, after the step's wgmma (``TuningConfig.early_release``)."""
-
-    def scoped(byte_slots, nibble_slots, x_slots, plane_barriers, x_barriers):
-      def fetch_planes(k_step, slot):
-        window = pl.ds((first + k_step) * tile_k, tile_k)
-        half_window = pl.ds((first + k_step) * (tile_k // 2), tile_k // 2)
-        plgpu.copy_gmem_to_smem(byte_rows.at[:, window], byte_slots.at[slot], plane_barriers.at[slot])
-        plgpu.copy_gmem_to_smem(nibble_rows.at[:, half_window], nibble_slots.at[slot], plane_barriers.at[slot])
-
-      def fetch_x(k_step, slot):
-        window = pl.ds((first + k_step) * tile_k, tile_k)
-        plgpu.copy_gmem_to_smem(x_rows.at[:, window], x_slots.at[slot], x_barriers.at[slot])
-
-      for k_step in range(depth):
-        fetch_planes(k_step, k_step)
-        fetch_x(k_step, k_step)
-
-      def body(k_step, carry):
-        slot = lax.rem(k_step, depth)
-        refill = k_step + depth < steps
-        plgpu.barrier_wait(plane_barriers.at[slot])
-        words = load_step(byte_slots.at[slot], nibble_slots.at[slot])
-        _warpgroup_barrier()  # every thread's words are in registers: the slot may be overwritten
-        jax.lax.cond(refill, lambda: fetch_planes(k_step + depth, slot), lambda: None)
-        step_bases = bases_of(k_step)
-        plgpu.barrier_wait(x_barriers.at[slot])
-        for c in range(chunks):
-          plgpu.wgmma(acc_ref, step_decoders[c](words, step_bases), chunk_of(x_slots.at[slot], c))
-        plgpu.wgmma_wait(0)
-        _warpgroup_barrier()
-        jax.lax.cond(refill, lambda: fetch_x(k_step + depth, slot), lambda: None)
-        return carry
-
-      lax.fori_loop(0, steps, body, None)
-
-    pl.run_scoped(
-        scoped,
-        plgpu.SMEM((depth, tile_n, tile_k), jnp.uint8, transforms=byte_transforms),
-        plgpu.SMEM((depth, tile_n, tile_k // 2), jnp.uint8, transforms=nibble_transforms),
-        plgpu.SMEM((depth, x_rows.shape[0], tile_k), jnp.bfloat16, transforms=x_transforms),
-        plgpu.Barrier(num_arrivals=2, num_barriers=depth),
-        plgpu.Barrier(num_arrivals=1, num_barriers=depth),
-    )
 
   def w12_matmul_body(byte_gmem, nibble_gmem, base_gmem, x_gmem, *refs, out_smem):  # profile name
     pdl.begin_kernel(None)  # registers: never interpreted (``_check_supported``)
@@ -654,32 +534,22 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
                         delay_release=1 if overlap else 0),
     )
 
-    def bases_of(k_step):
-      group = (first + k_step) * tile_k // group_k - first_group
-      step_bases = bases[0]
-      for g in range(1, groups):
-        step_bases = jnp.where(jnp.broadcast_to(group == g, step_bases.shape), bases[g], step_bases)
-      return step_bases
-
-    def chunk_of(x_smem, c):
-      return x_smem.at[:, pl.ds(c * register_decode.CHUNK, register_decode.CHUNK)].T
-
     def accumulate(acc_ref):
       def step(idx, byte_smem, nibble_smem, x_smem):
-        step_bases = bases_of(idx[0])
+        group = (first + idx[0]) * tile_k // group_k - first_group
+        step_bases = bases[0]
+        for g in range(1, groups):
+          step_bases = jnp.where(jnp.broadcast_to(group == g, step_bases.shape), bases[g], step_bases)
         for c in range(chunks):
-          plgpu.wgmma(acc_ref, decoders[c](byte_smem, nibble_smem, step_bases), chunk_of(x_smem, c))
+          weights = decoders[c](byte_smem, nibble_smem, step_bases)
+          plgpu.wgmma(acc_ref, weights, x_smem.at[:, pl.ds(c * register_decode.CHUNK, register_decode.CHUNK)].T)
         # each wgmma call is one group and groups retire in order: leaving this step's `chunks` in flight means the
         # previous step's are done, so its activation tiles (released a step late) are free
         plgpu.wgmma_wait(chunks if overlap else 0)
         _warpgroup_barrier()
 
-      if early_release:
-        _early_release_pipeline(acc_ref, byte_gmem.at[n_slice], nibble_gmem.at[n_slice], x_gmem.at[m_slice],
-                                bases_of=bases_of, chunk_of=chunk_of, first=first)
-      else:
-        pipeline = plgpu.emit_pipeline(step, grid=(steps,), in_specs=in_specs, max_concurrent_steps=depth)
-        pipeline(byte_gmem.at[n_slice], nibble_gmem.at[n_slice], x_gmem.at[m_slice])
+      pipeline = plgpu.emit_pipeline(step, grid=(steps,), in_specs=in_specs, max_concurrent_steps=depth)
+      pipeline(byte_gmem.at[n_slice], nibble_gmem.at[n_slice], x_gmem.at[m_slice])
       if overlap:
         plgpu.wgmma_wait(0)
       if correct is not None:
@@ -746,7 +616,7 @@ def w12_matmul(
         pad_for_tma(x2, (8, register_decode.CHUNK)), packed.sign_mantissa, packed.exponent_codes,
         packed.base_exponent, mp=mp, group_k=packed.group_k, tile_m=tile_m, tile_k=step_config.tile_k,
         max_concurrent_steps=step_config.max_concurrent_steps, split_k=split_k, halves=halves,
-        overlap_decode=config.overlap_decode, early_release=config.early_release,
+        overlap_decode=config.overlap_decode,
         escape_lists=(packed.column_escape_rows, packed.column_escape_bits) if in_kernel else None, m=m)
   else:
     # one base row per K step, [Kp / tile_k, N]: one small TMA box per step

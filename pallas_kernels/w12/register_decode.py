@@ -190,50 +190,32 @@ def thread_rows(ops, thread):
   return ops.add(ops.mul(ops.shr(thread, 5), 16), ops.shr(ops.and_(thread, 31), 2))
 
 
-def chunk_loads(ops, thread, chunk: int, step_k: int):
-  """The six 8-byte SMEM loads of one thread's A fragment of stored K chunk ``chunk`` (64 wide) of a ``[64, step_k]``
-  step, as ``(plane, byte offset)`` in the order ``decode_loaded`` takes their words: for each row ``half`` (row,
-  row + 8; ``thread_rows``) the nibble-plane pair (rows ``step_k // 2`` bytes wide), then the byte-plane pairs
-  (rows ``step_k`` wide) of the chunk's low and high 32."""
+def decode_chunk(ops, thread, load_words, base_words, chunk: int, step_k: int):
+  """One thread's A fragment of stored K chunk ``chunk`` (64 wide) of a ``[64, step_k]`` step.
+
+  ``load_words(plane, offset)`` returns the two uint32 words at byte ``offset`` of the byte plane
+  (``plane == "bytes"``, rows ``step_k`` bytes wide) or the nibble plane (``"nibbles"``, rows
+  ``step_k // 2``); ``base_words`` the step's base exponents of the thread's two rows (``thread_rows``), each
+  in every byte (``b * 0x01010101``). Returns ``{(col_tile, half): word}``:
+  the bf16x2 register of wgmma's A fragment for column tile ``col_tile`` (8 positions) of the chunk
+  and row ``half`` (row, row + 8).
+  """
   first_row = thread_rows(ops, thread)
   quad = ops.and_(thread, 3)
   planes = {"bytes": step_k, "nibbles": step_k // 2}
   parts = {plane: swizzle_parts(ops, first_row, quad, row_bytes) for plane, row_bytes in planes.items()}
-  loads = []
-  for half in range(2):
-    loads.append(("nibbles", chunk_offset(ops, parts["nibbles"], half, 32 * chunk, planes["nibbles"])))
-    for high in range(2):
-      loads.append(("bytes", chunk_offset(ops, parts["bytes"], half, CHUNK * chunk + 32 * high, planes["bytes"])))
-  return loads
-
-
-WORDS_PER_CHUNK = 12
-"""uint32 words a thread loads for one chunk's A fragment: six 8-byte loads (``chunk_loads``)."""
-
-
-def decode_loaded(ops, words, base_words):
-  """A thread's A fragment of one chunk from its ``WORDS_PER_CHUNK`` loaded words (``chunk_loads``' order, two a
-  load) and the step's base exponents of its two rows, each in every byte (``b * 0x01010101``). Returns
-  ``{(col_tile, half): word}``: the bf16x2 register of wgmma's A fragment for column tile ``col_tile`` (8 positions)
-  of the chunk and row ``half`` (row, row + 8)."""
   registers = {}
   for half in range(2):
-    nibbles = words[6 * half:6 * half + 2]
+    base_word = base_words[half]
+    nibbles = load_words("nibbles", chunk_offset(ops, parts["nibbles"], half, 32 * chunk, planes["nibbles"]))
     for high in range(2):
-      byte_words = words[6 * half + 2 + 2 * high:6 * half + 4 + 2 * high]
+      words = load_words("bytes", chunk_offset(ops, parts["bytes"], half, CHUNK * chunk + 32 * high, planes["bytes"]))
       for w in range(2):
         tile = 2 * high + w  # 16-wide K tile of the chunk
-        pair01, pair23 = decode_word(ops, byte_words[w], nibbles[w], base_words[half], bool(high))
+        pair01, pair23 = decode_word(ops, words[w], nibbles[w], base_word, bool(high))
         registers[(2 * tile, half)] = pair01
         registers[(2 * tile + 1, half)] = pair23
   return registers
-
-
-def decode_chunk(ops, thread, load_words, base_words, chunk: int, step_k: int):
-  """``decode_loaded`` of ``chunk_loads``: ``load_words(plane, offset)`` returns the two uint32 words at byte
-  ``offset`` of the byte plane (``plane == "bytes"``) or the nibble plane (``"nibbles"``) of the step."""
-  words = [word for plane, offset in chunk_loads(ops, thread, chunk, step_k) for word in load_words(plane, offset)]
-  return decode_loaded(ops, words, base_words)
 
 
 def simulate_chunk(byte_tile: np.ndarray, nibble_tile: np.ndarray, bases: np.ndarray, chunk: int) -> np.ndarray:

@@ -157,7 +157,8 @@ class TestLayout:
     assert nib[32 + 2] == (code_one + 1) << 4 | w12_format.ESCAPE_CODE  # stored position 2: a zero, code 15
     assert np.count_nonzero(nib != 0xFF) == 2  # every other element is a zero
     byte = np.asarray(packed.sign_mantissa[0])
-    assert byte[64 + 17] == 0x80 and np.count_nonzero(byte) == 1  # sign of -1.0; the mantissas are 0
+    # the mantissas are 0; -1.0's sign (stored at 64 + 17) sits in its pair partner's byte, stored at 64 + 16
+    assert byte[64 + 16] == 1 and np.count_nonzero(byte) == 1
 
   def test_escapes_decode_to_zero_in_the_hot_loop(self):
     w = bits_to_bf16(np.arange(2**16, dtype=np.uint32).astype(np.uint16).reshape(256, 256))

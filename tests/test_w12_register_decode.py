@@ -24,8 +24,9 @@ def _bytes_of(word):
 
 @pytest.mark.parametrize("high_nibbles", [False, True])
 def test_decode_word_is_format_decode_for_every_byte_code_and_base(high_nibbles):
-  """All 256 bytes x 16 codes x every base, four lanes of a word at once with different codes (so
-  a carry or a mask leaking between bytes shows), and junk in the other nibble."""
+  """All 256 bytes x 16 codes x every base, four lanes of a word at once with different codes and bytes (so
+  a carry or a mask leaking between bytes, or a sign taken from the wrong partner, shows), and junk in the other
+  nibble."""
   byte = np.arange(256, dtype=np.uint32)
   code = np.arange(16, dtype=np.uint32)
   base = np.arange(MAX_BASE + 1, dtype=np.uint32)
@@ -40,9 +41,10 @@ def test_decode_word_is_format_decode_for_every_byte_code_and_base(high_nibbles)
   pair01, pair23 = rd.decode_word(rd.NUMPY_OPS, byte_word, nibble_word.astype(np.uint32),
                                   (e * 0x01010101).astype(np.uint32), high_nibbles)
   got = [pair01 & 0xFFFF, pair01 >> 16, pair23 & 0xFFFF, pair23 >> 16]
-  for lane in range(4):
-    want = decode_bits(jnp.asarray(lanes_bytes[lane].astype(np.uint8)), jnp.asarray(lanes_codes[lane].astype(np.uint8)),
-                       jnp.asarray(e.astype(np.uint8)))
+  for lane in range(4):  # lanes 0, 1 and 2, 3 are pair partners: each holds the other's sign
+    want = decode_bits(jnp.asarray(lanes_bytes[lane].astype(np.uint8)),
+                       jnp.asarray(lanes_bytes[lane ^ 1].astype(np.uint8)),
+                       jnp.asarray(lanes_codes[lane].astype(np.uint8)), jnp.asarray(e.astype(np.uint8)))
     np.testing.assert_array_equal(got[lane], np.asarray(want), err_msg=f"lane {lane}")
 
 

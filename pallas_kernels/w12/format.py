@@ -24,8 +24,11 @@ weights per 32-bit word into wgmma's A fragment (``register_decode``): stored th
 kernel multiplies by ``x`` as it is, where the natural order needed a permuted copy of ``x``
 per call (one more XLA kernel per matmul).
 
-``sign_mantissa``   uint8 ``[N, Kp]``     ``s << 7 | m`` of each weight, in stored order
-                    (0 for escaped elements).
+``sign_mantissa``   uint8 ``[N, Kp]``     ``m << 1 | s'`` of each weight, in stored order: its mantissa, and in bit 0
+                    the sign of its *pair partner*, the weight at stored position ``j ^ 1`` (an escaped element
+                    counts as ``m = s = 0``). Why: the register decode builds a pair's bf16x2 word as
+                    ``e << 8 | byte`` per 16-bit half, each half the bf16 rotated left by one bit with the other
+                    half's sign, and one 32-bit funnel rotate right (``shf.r.wrap``) turns the pair into both bf16s.
 ``exponent_codes``  uint8 ``[N, Kp // 2]``  one 4-bit code per element, two per byte.
                     Nibble order: stored K is cut into chunks of ``PAIR_SPAN`` = 64; stored
                     position ``64 c + j`` lives in byte ``32 c + (j % 32)``, in the low
@@ -62,10 +65,10 @@ Base choice: per block, ``b`` (0..240) maximises the number of elements whose ex
 ``b``. ``b + 15 <= 255``, so a bytewise ``code + b`` never carries into the next byte, even for code 15 (whose sum
 the decode then masks); exponent field 255 (+-inf, NaN) is always escaped.
 
-Decode (what the hot loop computes, per element)::
+Decode (what the hot loop computes, per element at stored position ``j``)::
 
-    e = 0 if code == 15 else b + code
-    u = (byte & 0x80) << 8 | e << 7 | (byte & 0x7F)
+    e = 0 if code[j] == 15 else b + code[j]
+    u = (byte[j ^ 1] & 1) << 15 | e << 7 | byte[j] >> 1
 
 Cost: 12 bits + 8 / group_k per weight for the base + 48 bits per side-table entry (``C`` per channel, and the
 overflow). Normal weights with per-channel scales escape only values more than 2**14 below their block's largest
@@ -81,10 +84,11 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 """Version of the layout above (2: the stored K order; 3: code 15 is exponent field 0 (zeros and subnormals exact,
-escapes decode to +0.0), codes 0..14 the window, per-channel escape lists); bump it on any change, so stored packed
-weights (e.g. the W12 weight cache of ``specpilot/models/hf.py``) are rebuilt rather than misread."""
+escapes decode to +0.0), codes 0..14 the window, per-channel escape lists; 4: the byte is ``m << 1`` and the pair
+partner's sign); bump it on any change, so stored packed weights (e.g. the W12 weight cache of
+``specpilot/models/hf.py``) are rebuilt rather than misread."""
 
 PAIR_SPAN = 64
 """K chunk whose two 32-wide halves share the bytes of the nibble plane."""
@@ -226,7 +230,7 @@ def pack(w, group_k: int = DEFAULT_GROUP_K) -> W12Array:
   bits_t = np.zeros((n, kp), np.uint16)  # zero padding: code 15 with byte 0, +0.0 with no side-table entry
   bits_t[:, :k] = bits.T
   exponent = ((bits_t >> 7) & 0xFF).astype(np.uint8)
-  byte = (((bits_t >> 8) & 0x80) | (bits_t & 0x7F)).astype(np.uint8)
+  sign, mantissa = (bits_t >> 15).astype(np.uint8), (bits_t & 0x7F).astype(np.uint8)
 
   bases = _choose_bases(exponent, num_groups, group_k)
   base_per_col = np.repeat(bases, group_k, axis=1)[:, :kp].astype(np.int16)
@@ -235,8 +239,9 @@ def pack(w, group_k: int = DEFAULT_GROUP_K) -> W12Array:
   in_window = (offset >= 0) & (offset < NUM_WINDOW_CODES) & ~is_zero_field
   escaped = ~(in_window | is_zero_field)
   code = np.where(in_window, offset, ESCAPE_CODE).astype(np.uint8)
-  byte = np.where(escaped, np.uint8(0), byte)
-  code, byte = to_stored_order(code), to_stored_order(byte)
+  sign, mantissa = (np.where(escaped, np.uint8(0), a) for a in (sign, mantissa))
+  code, sign, mantissa = map(to_stored_order, (code, sign, mantissa))
+  byte = (mantissa << 1) | pair_partner(sign)
 
   # nibble order: within each 64-chunk, j < 32 -> low nibble, j >= 32 -> high nibble
   chunks = code.reshape(n, kp // PAIR_SPAN, 2, PAIR_SPAN // 2)
@@ -284,6 +289,12 @@ def to_logical_order(a):
   return a.reshape(*a.shape[:-1], -1, PAIR_SPAN)[..., STORED_POSITION].reshape(a.shape)
 
 
+def pair_partner(a):
+  """``a`` with stored positions ``j`` and ``j ^ 1`` swapped along its last axis (even length); numpy or jax arrays.
+  Its own inverse."""
+  return a.reshape(*a.shape[:-1], -1, 2)[..., ::-1].reshape(a.shape)
+
+
 def decode_codes(exponent_codes: jax.Array) -> jax.Array:
   """Nibble plane ``[..., Kp // 2]`` -> one code per element ``[..., Kp]`` (uint8)."""
   lead = exponent_codes.shape[:-1]
@@ -292,16 +303,17 @@ def decode_codes(exponent_codes: jax.Array) -> jax.Array:
   return codes.reshape(*lead, -1)
 
 
-def decode_bits(sign_mantissa: jax.Array, codes: jax.Array, base: jax.Array) -> jax.Array:
-  """The hot-loop decode: bf16 bits from the byte, the code and the block base.
+def decode_bits(byte: jax.Array, partner: jax.Array, codes: jax.Array, base: jax.Array) -> jax.Array:
+  """The hot-loop decode: bf16 bits from the element's byte, its pair partner's byte (``pair_partner`` of the byte
+  plane: bit 0 is this element's sign), its code and its block's base.
 
   Shapes broadcast; ``base`` is the per-element (already expanded) base. Escapes
   come out as +0.0, which is what lets kernels patch them with a sparse add.
   """
-  byte = sign_mantissa.astype(jnp.uint16)
+  byte, partner = byte.astype(jnp.uint16), partner.astype(jnp.uint16)
   codes = codes.astype(jnp.uint16)
   exponent = jnp.where(codes == ESCAPE_CODE, jnp.uint16(0), base.astype(jnp.uint16) + codes)
-  return ((byte & 0x80) << 8) | (exponent << 7) | (byte & 0x7F)
+  return ((partner & 1) << 15) | (exponent << 7) | (byte >> 1)
 
 
 def unpack_transposed_bits(packed: W12Array) -> jax.Array:
@@ -309,7 +321,8 @@ def unpack_transposed_bits(packed: W12Array) -> jax.Array:
   n, kp = packed.sign_mantissa.shape
   codes = decode_codes(packed.exponent_codes)
   base = jnp.repeat(packed.base_exponent, packed.group_k, axis=1)[:, :kp]  # a base spans whole chunks
-  return to_logical_order(decode_bits(packed.sign_mantissa, codes, base))
+  byte = packed.sign_mantissa
+  return to_logical_order(decode_bits(byte, pair_partner(byte), codes, base))
 
 
 def column_escape_correction_t(x2: jax.Array, packed: W12Array, m_pad: int) -> jax.Array:

@@ -96,6 +96,7 @@ from pallas_kernels.w12.format import (
   W12Array,
   column_escape_correction_t,
   decode_bits,
+  pair_partner,
   scatter_escapes_t,
   to_stored_order,
 )
@@ -212,10 +213,13 @@ def _check_supported(x: jax.Array, packed: W12Array, config: TuningConfig, inter
     raise NotImplementedError(f"split_k={config.split_k} does not divide the {kp // config.tile_k} K steps")
 
 
-def _smem_decode_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_m, tile_k,
+def _smem_decode_call(x2, byte_plane, partner_plane, nibble_plane, base_tiles, *, tile_n, tile_m, tile_k,
                       max_concurrent_steps, split_k, overlap_decode, out_dtype, interpret):
   """One block per (tile_n channels, tile_m tokens, K split); a TMA pipeline over its K steps.
-  With ``split_k`` > 1 each split writes its own f32 partial sum, ``[split_k, N, Mp]``.
+  With ``split_k`` > 1 each split writes its own f32 partial sum, ``[split_k, N, Mp]``. ``partner_plane`` is
+  ``format.pair_partner`` of the byte plane (each element's sign sits in its partner's byte): an element-wise decode
+  of SMEM tiles cannot swap neighbours, so it reads a swapped copy (made by XLA each call: this decode is the
+  interpretable one, not the fast one).
 
   ``overlap_decode``: two decoded-weight slots and async wgmma. Step i decodes into slot i % 2 while
   step i - 1's wgmma still runs (each step ends with ``wgmma_wait(pieces)``: its own groups may stay in
@@ -241,7 +245,8 @@ def _smem_decode_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_
   overlap = overlap_decode and depth > 1  # delay_release needs a deeper pipeline than 1
   slots = 2 if overlap else 1
 
-  def w12_matmul_body(byte_gmem, nibble_gmem, base_gmem, x_gmem, out_gmem, w_smem, out_smem):  # profile name
+  def w12_matmul_body(byte_gmem, partner_gmem, nibble_gmem, base_gmem, x_gmem, out_gmem, w_smem,
+                      out_smem):  # profile name
     pdl.begin_kernel(interpret)
     n_slice = pl.ds(lax.axis_index("n") * tile_n, tile_n)
     m_slice = pl.ds(lax.axis_index("m") * tile_m, tile_m)
@@ -253,7 +258,7 @@ def _smem_decode_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_
                              delay_release=delay)
 
     in_specs = (
-        [piece_spec(tile_n, pieces, j, byte_transforms) for j in range(pieces)]
+        [piece_spec(tile_n, pieces, j, byte_transforms) for j in range(pieces)] * 2  # bytes, partners' bytes
         + [piece_spec(tile_n, chunks, c, byte_transforms) for c in range(chunks)]
         + [plgpu.BlockSpec((1, tile_n), lambda k: (first + k, 0))]
         + [piece_spec(tile_m, pieces, j, x_transforms, delay=1 if overlap else 0) for j in range(pieces)]
@@ -261,10 +266,10 @@ def _smem_decode_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_
 
     def accumulate(acc_ref):
       def step(idx, *refs):
-        byte_smem = refs[:pieces]
-        nibble_smem = refs[pieces:pieces + chunks]
-        base_smem = refs[pieces + chunks]
-        x_smem = refs[pieces + chunks + 1:]
+        byte_smem, partner_smem = refs[:pieces], refs[pieces:2 * pieces]
+        nibble_smem = refs[2 * pieces:2 * pieces + chunks]
+        base_smem = refs[2 * pieces + chunks]
+        x_smem = refs[2 * pieces + chunks + 1:]
         w_slot = w_smem.at[idx[0] % slots]
         base = lax.broadcast_in_dim(base_smem[0].astype(jnp.uint16), (tile_n, _HALF), (0,))
         for c in range(chunks):
@@ -272,7 +277,7 @@ def _smem_decode_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_
           nibbles = nibble_smem[c][...].astype(jnp.uint16)
           for half, codes in enumerate((nibbles & 0xF, nibbles >> 4)):
             j = 2 * c + half
-            bits = decode_bits(byte_smem[j][...], codes, base)
+            bits = decode_bits(byte_smem[j][...], partner_smem[j][...], codes, base)
             w_slot[j] = lax.bitcast_convert_type(bits, jnp.bfloat16)
         plgpu.commit_smem()
         for j in range(pieces):
@@ -282,10 +287,10 @@ def _smem_decode_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_
         plgpu.wgmma_wait(pieces if overlap else 0)
 
       pipeline = plgpu.emit_pipeline(step, grid=(steps,), in_specs=in_specs, max_concurrent_steps=depth)
-      byte_rows = byte_gmem.at[n_slice]
+      byte_rows, partner_rows = byte_gmem.at[n_slice], partner_gmem.at[n_slice]
       nibble_rows = nibble_gmem.at[n_slice]
       x_rows = x_gmem.at[m_slice]
-      pipeline(*[byte_rows] * pieces, *[nibble_rows] * chunks, base_gmem.at[:, n_slice],
+      pipeline(*[byte_rows] * pieces, *[partner_rows] * pieces, *[nibble_rows] * chunks, base_gmem.at[:, n_slice],
                *[x_rows] * pieces)
       if overlap:
         plgpu.wgmma_wait(0)
@@ -302,7 +307,7 @@ def _smem_decode_call(x2, byte_plane, nibble_plane, base_tiles, *, tile_n, tile_
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
       interpret=interpret,
   )
-  return call(byte_plane, nibble_plane, base_tiles, x2)
+  return call(byte_plane, partner_plane, nibble_plane, base_tiles, x2)
 
 
 class _MlirOps:
@@ -330,9 +335,8 @@ class _MlirOps:
   def prmt(self, a, b, selector):
     return mgpu_utils.prmt(self.const(a), self.const(b), self.const(selector))
 
-  def select(self, mask, a, b):
-    return mgpu_utils.inline_ptx("lop3.b32 $0, $1, $2, $3, 0xE4;", self.const(a), self.const(b), self.const(mask),
-                                 result_types=self.i32)
+  def rotate_right_1(self, a):
+    return mgpu_utils.inline_ptx("shf.r.wrap.b32 $0, $1, $1, 1;", self.const(a), result_types=self.i32)
 
   def f32_from_bf16_bits(self, bits):
     return arith.bitcast(ir.F32Type.get(), self.shl(bits, 16))
@@ -625,7 +629,8 @@ def w12_matmul(
     # this kernel decodes the planes in their stored K order: x follows it (a padded, permuted copy)
     x_stored = to_stored_order(jnp.pad(x2, ((0, mp - m), (0, kp - k))))
     y_t = _smem_decode_call(
-        x_stored, packed.sign_mantissa, packed.exponent_codes, base_tiles.astype(_BASE_DTYPE),
+        x_stored, packed.sign_mantissa, pair_partner(packed.sign_mantissa), packed.exponent_codes,
+        base_tiles.astype(_BASE_DTYPE),
         tile_n=config.tile_n, tile_m=tile_m, tile_k=config.tile_k,
         max_concurrent_steps=config.max_concurrent_steps, split_k=split_k, overlap_decode=config.overlap_decode,
         out_dtype=jnp.float32 if halves == 2 else x.dtype, interpret=interpret)

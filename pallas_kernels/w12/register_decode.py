@@ -4,8 +4,8 @@ The SMEM-decode kernel (``mosaic_gpu._smem_decode_call``) decodes 16-bit element
 writes bf16 tiles back to SMEM and lets wgmma read them: on the H200 each SM decoded ~9 GB/s of W12
 bytes where the read ceiling needs ~25-33 (docs/results/2026-11-30-kernels-h200-splitk/). Here each
 thread loads whole 32-bit words of the byte and nibble planes from swizzled SMEM and turns a word of
-4 weights into two bf16x2 registers with 11 integer instructions (bytewise SIMD within a word: adds
-that cannot carry across bytes, ``prmt`` for byte masks and byte interleaving), which go to wgmma as
+4 weights into two bf16x2 registers with 9 integer instructions (bytewise SIMD within a word: adds
+that cannot carry across bytes, ``prmt`` for byte masks and byte interleaving, a funnel rotate), which go to wgmma as
 its A fragment. The same code runs on numpy arrays (``NUMPY_OPS``, every thread at once, for the
 CPU tests) and emits MLIR (``MlirOps``) inside the kernel: one decode, two backends.
 
@@ -75,9 +75,9 @@ class NumpyOps:
     return np.uint32(a) >> np.uint32(s)
 
   @staticmethod
-  def select(mask, a, b):
-    """Bitwise ``mask ? a : b``: PTX ``lop3.b32`` with LUT 0xE4 (one instruction)."""
-    return (np.uint32(a) & np.uint32(mask)) | (np.uint32(b) & ~np.uint32(mask))
+  def rotate_right_1(a):
+    """32-bit rotate right by one: PTX ``shf.r.wrap.b32 d, a, a, 1`` (one instruction)."""
+    return (np.uint32(a) >> np.uint32(1)) | (np.uint32(a) << np.uint32(31))
 
   @staticmethod
   def prmt(a, b, selector):
@@ -121,23 +121,21 @@ NUMPY_OPS = NumpyOps()
 def decode_word(ops, byte_word, nibble_word, base_word, high_nibbles: bool):
   """Four W12 weights -> two bf16x2 words (weights 0, 1 and 2, 3), bit-exact (format.py's decode).
 
-  ``byte_word``: 4 bytes of the sign/mantissa plane; ``nibble_word``: the 4 nibble-plane bytes whose
-  low (or high, ``high_nibbles``) nibbles are their codes; ``base_word``: the block's base exponent
-  ``b`` in every byte (``b * 0x01010101``). Codes 0..14 give exponent ``b + code``, code 15 exponent 0;
-  ``b + 15 <= 255`` (format version 3), so the bytewise add never carries. 11 integer instructions (12 for the
-  high nibbles): the and-not and each byte half's two masks are one LOP3 each (``select``: ptxas made two of
-  ``(a & m) | (b & ~m)`` when the masks came as two constants, H200 SASS of 2026-12-03); version 2's window
-  test took ~15.
+  ``byte_word``: 4 bytes of the byte plane (``m << 1`` | the pair partner's sign: weights 0 and 1 are partners, and
+  2 and 3); ``nibble_word``: the 4 nibble-plane bytes whose low (or high, ``high_nibbles``) nibbles are their codes;
+  ``base_word``: the block's base exponent ``b`` in every byte (``b * 0x01010101``). Codes 0..14 give exponent
+  ``b + code``, code 15 exponent 0; ``b + 15 <= 255``, so the bytewise add never carries. Each ``prmt`` puts a pair's
+  exponents above its bytes: per 16-bit half ``e << 8 | m << 1 | s'``, the bf16 rotated left by one with its
+  partner's sign at the bottom, so one 32-bit rotate right by one gives both bf16s with their own signs. 9 integer
+  instructions (10 for the high nibbles); format version 3's byte (``s << 7 | m``) took 11 (12): a shift and a
+  select for each byte half.
   """
   codes = ops.and_(ops.shr(nibble_word, 4) if high_nibbles else nibble_word, 0x0F0F0F0F)
   escape = ops.add(codes, 0x71717171)  # bit 7 of each byte: code == 15
   escape = ops.prmt(escape, escape, 0xBA98)  # each byte: its bit 7 replicated
   exponent = ops.and_(ops.add(codes, base_word), ops.not_(escape))
-  # bf16 = sign(1) exponent(8) mantissa(7): high byte = sign | exponent >> 1,
-  # low byte = (exponent & 1) << 7 | mantissa
-  high = ops.select(0x80808080, byte_word, ops.shr(exponent, 1))
-  low = ops.select(0x80808080, ops.shl(exponent, 7), byte_word)
-  return ops.prmt(low, high, 0x5140), ops.prmt(low, high, 0x7362)
+  return (ops.rotate_right_1(ops.prmt(byte_word, exponent, 0x5140)),
+          ops.rotate_right_1(ops.prmt(byte_word, exponent, 0x7362)))
 
 
 def swizzled_offset(ops, row, col, row_bytes: int):

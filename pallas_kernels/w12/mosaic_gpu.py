@@ -15,8 +15,8 @@ first split itself), a weight's overflow escapes, if any, as a scatter into the 
 
 Two decodes (``TuningConfig.decode``):
 - ``"registers"`` (``DEFAULT_CONFIG``, ``_register_decode_call``): ``register_decode.py``
-  turns 32-bit words of the planes into wgmma's register A fragment, 4 weights per ~11
-  integer instructions (~15 before format version 3). On the H200 (docs/results/2026-11-30-w12-registers-h200/): 1.0-1.06x
+  turns 32-bit words of the planes into wgmma's register A fragment, 4 weights per 9
+  integer instructions (~15 before format version 3, 11 before 4). On the H200 (docs/results/2026-11-30-w12-registers-h200/): 1.0-1.06x
   a bf16 dot at M = 1 (0.73x on 4096x12288, where XLA's dot is slow), 1.1-1.3x at M = 16
   and 64; the kernel alone is 0.84x at M = 1 and the XLA ops around it (then: x padding and
   permutation, escape scatter, split-K sum and transpose) are the rest. Since format version 2
@@ -50,7 +50,11 @@ The SASS with Nsight Compute's per-instruction samples (2026-12-03, docs/results
 a step's overhead, not the decode, as the waste: six TMA copies a step each behind a warpgroup barrier, the bases
 reloaded from L2 per 64-wide chunk, and two LOP3 where one select does. With one activation copy a step, one barrier,
 the bases in registers and 256 K a step the kernel is 0.86-0.91x the bf16 skinny kernel at M = 1 (weights beyond L2),
-3.5-3.6 TB/s of stored bytes where the bf16 kernel streams 4.0-4.3.
+3.5-3.6 TB/s of stored bytes where the bf16 kernel streams 4.0-4.3. Format version 4 (9 decode instructions a word,
+was 11) and refilling the planes' slots before a step's decode (instead of after it) each moved it by less than a
+microsecond (docs/results/2026-12-03-w12-pipeline-h200/). On gate|up, 36 % of the warp samples wait for a step's
+TMA data, though DRAM is only 71 % busy. The blocks of a wave seem to step in near lockstep, so that HBM idles while
+they decode.
 """
 
 from __future__ import annotations

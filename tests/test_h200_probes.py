@@ -1,7 +1,7 @@
 """The H200 probes run here, so a broken script fails on the CPU, not in device minutes: ``fusion_flag_probe.py`` end
 to end on the tiny model, ``prefetch_probe.py``'s chain lowered for Hopper, ``swiglu_matmul_probe.py``'s configs,
-``attention_ablation_probe.py``'s ablations, ``grid_barrier_probe.py``'s and ``cluster_merge_probe.py``'s kernels
-lowered for Hopper, ``stall_table.py`` on a recorded Nsight Compute page."""
+``attention_ablation_probe.py``'s ablations, ``w12_probe.py``'s stand-in decode, ``grid_barrier_probe.py``'s and
+``cluster_merge_probe.py``'s kernels lowered for Hopper, ``stall_table.py`` on a recorded Nsight Compute page."""
 
 import importlib.util
 import re
@@ -159,3 +159,30 @@ def test_stall_table_sums_a_recorded_source_page(monkeypatch, capsys):
   assert re.search(r"stall_long_sb\s+\d+\s+21\.\d %", out)
   most_stalled = out.split("most stalled instructions")[1].splitlines()[1]
   assert "BRA" in most_stalled and "long_sb" in most_stalled  # the pipeline's wait for its TMA data
+
+
+def test_w12_probe_stand_in_decode_reaches_the_kernel_and_is_undone(monkeypatch):
+  """``w12_probe.py --ablate-decode``: inside ``stand_in_decode`` the threads' fragments are the stand-in's (not the
+  weights), the kernel lowers for Hopper with it, and the real decode is back afterwards."""
+  import ml_dtypes
+  import numpy as np
+
+  from pallas_kernels import w12
+  from pallas_kernels.w12 import mosaic_gpu
+  from pallas_kernels.w12 import register_decode as rd
+
+  probe = load_probe("w12_probe", monkeypatch)
+  rng = np.random.default_rng(0)
+  byte_tile = rng.integers(0, 256, (64, 128), dtype=np.uint8)
+  nibble_tile = rng.integers(0, 256, (64, 64), dtype=np.uint8)
+  bases = rng.integers(100, 120, 64).astype(np.uint8)
+  real = rd.simulate_chunk(byte_tile, nibble_tile, bases, 1)
+  packed = w12.pack((rng.normal(size=(512, 128)) * 0.02).astype(ml_dtypes.bfloat16))
+  config = w12.TuningConfig(decode="registers", tile_k=256, escapes_in_kernel=True)
+  with probe.stand_in_decode():
+    stand_in = rd.simulate_chunk(byte_tile, nibble_tile, bases, 1)
+    lowered = jax.jit(lambda x, p: mosaic_gpu.w12_matmul(x, p, config=config)).trace(
+        jnp.ones((1, 512), jnp.bfloat16), packed).lower(lowering_platforms=("cuda",))
+  assert "mosaic_gpu" in lowered.as_text()
+  assert (stand_in != real).any()
+  np.testing.assert_array_equal(rd.simulate_chunk(byte_tile, nibble_tile, bases, 1), real)

@@ -3,12 +3,15 @@ kernel, and the XLA ops around it: x padding/permutation, split-K sum, escape pa
 MOSAIC_GPU_DUMP_PTXAS=1, ptxas's register and spill report (issue #4; for the SASS and per-instruction stall
 samples see w12_sass_profile.sh). With ``--copies N`` each timed call runs over N copies of the weight in turn
 (beyond L2), and ``--bf16`` times the skinny bf16 kernel and XLA's dot on bf16 copies of the same weight beside it.
+``--ablate-decode`` runs the W12 kernels with a stand-in word decode of 3 instructions (wrong values, the same loads):
+what the kernel's pipeline streams when the decode costs next to nothing.
 
     MOSAIC_GPU_DUMP_PTXAS=1 PYTHONPATH=$PWD \\
       python3 scripts/h200/w12_probe.py --k 12288 --n 4096 --m 1 --config decode=registers,blocks_per_sm=4 > $OUT/probe.txt
 """
 
 import argparse
+import contextlib
 import statistics
 
 import jax
@@ -18,7 +21,7 @@ from jax.experimental.mosaic.gpu import profiler
 
 from pallas_kernels import skinny_matmul, w12
 from pallas_kernels.config_fields import parse_fields
-from pallas_kernels.w12 import mosaic_gpu
+from pallas_kernels.w12 import mosaic_gpu, register_decode
 
 
 def parse_config(text: str) -> w12.TuningConfig:
@@ -26,6 +29,26 @@ def parse_config(text: str) -> w12.TuningConfig:
     return w12.TuningConfig(**parse_fields(text, w12.TuningConfig))
   except ValueError as e:
     raise SystemExit(f"--config: {e}") from e
+
+
+def stand_in_decode_word(ops, byte_word, nibble_word, base_word, high_nibbles):
+  """3 instructions in place of ``register_decode.decode_word``'s 9-10: wrong values, but every loaded word (both
+  planes' and the bases) still feeds wgmma, so no load is dead code."""
+  del high_nibbles
+  mixed = ops.xor(nibble_word, base_word)
+  return ops.prmt(byte_word, mixed, 0x5140), ops.prmt(byte_word, mixed, 0x7362)
+
+
+@contextlib.contextmanager
+def stand_in_decode():
+  """The W12 kernels traced inside this use ``stand_in_decode_word`` (``decode_chunk`` looks the word decode up at
+  trace time)."""
+  real = register_decode.decode_word
+  register_decode.decode_word = stand_in_decode_word
+  try:
+    yield
+  finally:
+    register_decode.decode_word = real
 
 
 def main():
@@ -36,16 +59,24 @@ def main():
   ap.add_argument("--config", nargs="+", default=["decode=registers"], help="TuningConfig fields, k=v,k=v")
   ap.add_argument("--copies", type=int, default=1, help="weight copies a timed call runs over in turn (beyond L2)")
   ap.add_argument("--bf16", action="store_true", help="also time the skinny bf16 kernel and XLA's dot")
+  ap.add_argument("--ablate-decode", action="store_true",
+                  help="W12 kernels with a 3-instruction stand-in decode (wrong values, the same loads)")
   ap.add_argument("--plain", action="store_true",
                   help="no CUPTI: just run each call a few times (for Nsight Compute, which needs CUPTI itself)")
   args = ap.parse_args()
+  with stand_in_decode() if args.ablate_decode else contextlib.nullcontext():
+    run(args)
+
+
+def run(args):
   rng = np.random.default_rng(0)
   w = (rng.normal(0, 0.02, (args.k, args.n)) * np.exp(rng.uniform(-1.4, 1.4, args.n))).astype(jnp.bfloat16)
   packed = jax.device_put(w12.pack(w))
   copies = [packed] + [jax.tree.map(jnp.copy, packed) for _ in range(args.copies - 1)]
   w_bf16 = [jnp.asarray(w) for _ in range(args.copies)] if args.bf16 else []
   print(f"K x N {args.k}x{args.n}, escapes {packed.num_escapes}, {args.copies} weight copies"
-        + (" (partly L2-resident: --copies)" if args.copies * packed.sign_mantissa.size * 1.5 < 100e6 else ""),
+        + (" (partly L2-resident: --copies)" if args.copies * packed.sign_mantissa.size * 1.5 < 100e6 else "")
+        + (" (stand-in decode: W12 errors are meaningless)" if args.ablate_decode else ""),
         flush=True)
   for m in args.m:
     x = jnp.asarray(rng.normal(size=(m, args.k)), jnp.bfloat16)

@@ -53,8 +53,8 @@ the bases in registers and 256 K a step the kernel is 0.86-0.91x the bf16 skinny
 3.5-3.6 TB/s of stored bytes where the bf16 kernel streams 4.0-4.3. Format version 4 (9 decode instructions a word,
 was 11) and refilling the planes' slots before a step's decode (instead of after it) each moved it by less than a
 microsecond (docs/results/2026-12-03-w12-pipeline-h200/). On gate|up, 36 % of the warp samples wait for a step's
-TMA data, though DRAM is only 71 % busy. The blocks of a wave seem to step in near lockstep, so that HBM idles while
-they decode.
+TMA data, though DRAM is only 71 % busy; what holds it there is open (``scripts/h200/w12_probe.py --ablate-decode``
+times the same pipeline with a stand-in decode).
 """
 
 from __future__ import annotations

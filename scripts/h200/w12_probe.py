@@ -24,11 +24,11 @@ from pallas_kernels.config_fields import parse_fields
 from pallas_kernels.w12 import mosaic_gpu, register_decode
 
 
-def parse_config(text: str) -> w12.TuningConfig:
+def parse_config(text: str, config_type=w12.TuningConfig, flag="--config"):
   try:
-    return w12.TuningConfig(**parse_fields(text, w12.TuningConfig))
+    return config_type(**parse_fields(text, config_type))
   except ValueError as e:
-    raise SystemExit(f"--config: {e}") from e
+    raise SystemExit(f"{flag}: {e}") from e
 
 
 def stand_in_decode_word(ops, byte_word, nibble_word, base_word, high_nibbles):
@@ -59,6 +59,8 @@ def main():
   ap.add_argument("--config", nargs="+", default=["decode=registers"], help="TuningConfig fields, k=v,k=v")
   ap.add_argument("--copies", type=int, default=1, help="weight copies a timed call runs over in turn (beyond L2)")
   ap.add_argument("--bf16", action="store_true", help="also time the skinny bf16 kernel and XLA's dot")
+  ap.add_argument("--bf16-config", nargs="+", default=[],
+                  help="with --bf16, also the skinny kernel with these skinny_matmul.TuningConfig fields, k=v,k=v")
   ap.add_argument("--ablate-decode", action="store_true",
                   help="W12 kernels with a 3-instruction stand-in decode (wrong values, the same loads)")
   ap.add_argument("--plain", action="store_true",
@@ -88,6 +90,10 @@ def run(args):
       runs += [(f"bf16 {impl}", jax.jit(lambda x, ws, impl=impl: [skinny_matmul.matmul(x, w, implementation=impl)
                                                                    for w in ws]), w_bf16)
                for impl in ("mosaic_gpu", "xla")]
+      runs += [(f"bf16 skinny {text}",
+                jax.jit(lambda x, ws, config=parse_config(text, skinny_matmul.TuningConfig, "--bf16-config"):
+                        [skinny_matmul.matmul(x, w, implementation="mosaic_gpu", config=config) for w in ws]), w_bf16)
+               for text in args.bf16_config]
     for text, fn, weights in runs:
       y = fn(x, weights)[0].astype(jnp.float32)
       err = float(jnp.abs(y - ref).max() / jnp.abs(ref).max())

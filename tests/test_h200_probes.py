@@ -1,7 +1,7 @@
 """The H200 probes run here, so a broken script fails on the CPU, not in device minutes: ``fusion_flag_probe.py`` end
 to end on the tiny model, ``prefetch_probe.py``'s chain lowered for Hopper, ``swiglu_matmul_probe.py``'s configs,
-``attention_ablation_probe.py``'s ablations, ``w12_probe.py``'s stand-in decode, ``grid_barrier_probe.py``'s and
-``cluster_merge_probe.py``'s kernels lowered for Hopper, ``stall_table.py`` on a recorded Nsight Compute page."""
+``attention_ablation_probe.py``'s ablations, ``w12_probe.py``'s stand-in decode and bf16 configs,
+``stream_probe.py``'s layouts, ``grid_barrier_probe.py``'s and ``cluster_merge_probe.py``'s kernels lowered for Hopper, ``stall_table.py`` on a recorded Nsight Compute page."""
 
 import importlib.util
 import re
@@ -186,3 +186,34 @@ def test_w12_probe_stand_in_decode_reaches_the_kernel_and_is_undone(monkeypatch)
   assert "mosaic_gpu" in lowered.as_text()
   assert (stand_in != real).any()
   np.testing.assert_array_equal(rd.simulate_chunk(byte_tile, nibble_tile, bases, 1), real)
+
+
+def test_stream_probe_layouts_run_interpreted_and_lower_for_hopper(monkeypatch):
+  """``stream_probe.py``: each layout's empty pipeline runs in GPU interpret mode and lowers for sm_90 as one Mosaic
+  GPU kernel; both W12 layouts hold 1.5 bytes a weight and bf16 two; the tile layout refuses a step narrower than
+  its tile."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  probe = load_probe("stream_probe", monkeypatch)
+  k, n = 512, 128
+  x = jnp.zeros((8, k), jnp.bfloat16)
+  for layout, bytes_per_weight in (("w12_rows", 1.5), ("w12_tiles", 1.5), ("bf16_kn", 2)):
+    weights = probe.arrays(layout, k, n, jax.random.key(0))
+    assert sum(a.nbytes for a in weights) == bytes_per_weight * k * n, layout
+    out = probe.stream_call(layout, k, n, 2, 256, 2, interpret=plgpu.InterpretGPUParams())([weights], x)
+    assert out[0].shape == (2, 8, n)
+    lowered = probe.stream_call(layout, k, n, 2, 128, 4).trace([weights], x).lower(lowering_platforms=("cuda",))
+    assert lowered.as_text().count("custom_call @mosaic_gpu") == 1, layout
+  with pytest.raises(ValueError, match="w12_tiles reads whole 128-wide tiles, not tile_k=64"):
+    probe.stream_call("w12_tiles", k, n, 2, 64, 2)
+
+
+def test_w12_probe_bf16_configs_parse_as_skinny_configs(monkeypatch):
+  """``w12_probe.py --bf16-config`` takes the skinny kernel's fields, and a bad one is named with its flag."""
+  from pallas_kernels import skinny_matmul
+
+  probe = load_probe("w12_probe", monkeypatch)
+  config = probe.parse_config("tile_k=256,max_concurrent_steps=2", skinny_matmul.TuningConfig, "--bf16-config")
+  assert config == skinny_matmul.TuningConfig(tile_k=256, max_concurrent_steps=2)
+  with pytest.raises(SystemExit, match="--bf16-config: 'decode=registers' is not FIELD=VALUE"):
+    probe.parse_config("decode=registers", skinny_matmul.TuningConfig, "--bf16-config")

@@ -10,14 +10,15 @@ what its access pattern lets HBM deliver, the ceiling for any kernel that reads 
   * 64, 128]`` and ``[.., 64]``): a step reads one contiguous run of ``64 * tile_k`` (and half that) bytes.
 - ``bf16_kn``: the bf16 weight as the model stores it, ``[K, N]``, ``[tile_k, 64]`` boxes (the skinny kernel's).
 
-Every form also loads the ``[8, tile_k]`` activation tile a step, as the kernels do. ``--work`` holds each step's slot
-for a chain of integer ops, a stand-in for a kernel's compute. Prints kernel us a call and the weight bytes a second.
+Every form also loads the ``[8, tile_k]`` activation tile a step, as the kernels do. Prints kernel us a call and the
+weight bytes a second. (A ``--work`` option that held each step's slot for a chain of integer multiply-adds was tried
+at commit ``f41876a`` and removed: 4096 dependent multiply-adds a step added only ~1.3 us a call, so the compiler had
+folded the chain, docs/results/2026-12-04-w12-ablate-sweep-h200/.)
 
     PYTHONPATH=$PWD python3 scripts/h200/stream_probe.py --k 4096 --n 24576 --split 2 --tile-k 256 128 --depth 2 4
 """
 
 import argparse
-import itertools
 import statistics
 
 import jax
@@ -33,12 +34,9 @@ ROWS = 64
 TILE = 128  # the tile-major layout's K a tile
 
 
-def stream_call(layout: str, k: int, n: int, split: int, tile_k: int, depth: int, work: int = 0, interpret=None):
+def stream_call(layout: str, k: int, n: int, split: int, tile_k: int, depth: int, interpret=None):
   """A jitted ``f(weights, x)`` streaming ``weights`` (the layout's arrays) and ``x`` ``[8, K]`` bf16 once. Each block
-  writes an ``[8, 64]`` tile of the ``[split, 8, N]`` output (the chain's last value), so the call has a result XLA keeps.
-
-  ``work``: a step's body runs a chain of ``work * tile_k / 64`` dependent integer multiply-adds before it lets the
-  pipeline refill its slot, a stand-in for a kernel's compute holding the slot (the decode and wgmma)."""
+  writes an ``[8, 64]`` zero tile of the ``[split, 8, N]`` output, so the call has a result XLA keeps."""
   steps = k // tile_k // split
   depth = min(depth, steps)
   per_tile = tile_k // TILE
@@ -68,14 +66,11 @@ def stream_call(layout: str, k: int, n: int, split: int, tile_k: int, depth: int
     in_specs = [plgpu.BlockSpec(shape, index(nb, s), transforms=smem_transforms(*minor))
                 for shape, index, minor in specs]  # (block shape, index map of the block's indices, SMEM minor dim)
 
-    def step(idx, *refs):
-      *_, carry = refs
-      return lax.fori_loop(0, work * tile_k // 64, lambda i, c: c * 1664525 + 1013904223, carry)
+    def step(idx, *smem):
+      del idx, smem
 
-    carry = plgpu.emit_pipeline(step, grid=(steps,), in_specs=in_specs, max_concurrent_steps=depth,
-                                init_carry=nb)(*gmem)
-    # every bit of the chain feeds the output, so the compiler cannot drop any of its multiplies
-    out_smem[...] = jnp.broadcast_to(carry.astype(jnp.float32).astype(jnp.bfloat16), (8, ROWS))
+    plgpu.emit_pipeline(step, grid=(steps,), in_specs=in_specs, max_concurrent_steps=depth)(*gmem)
+    out_smem[...] = jnp.zeros((8, ROWS), jnp.bfloat16)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(out_smem, out_gmem.at[s, :, pl.ds(nb * ROWS, ROWS)])
     plgpu.wait_smem_to_gmem(0)
@@ -110,8 +105,6 @@ def main():
   ap.add_argument("--tile-k", type=int, nargs="+", default=[256, 128])
   ap.add_argument("--depth", type=int, nargs="+", default=[2, 4])
   ap.add_argument("--layouts", nargs="+", default=["w12_rows", "w12_tiles", "bf16_kn"])
-  ap.add_argument("--work", type=int, nargs="+", default=[0],
-                  help="dependent multiply-adds a step holds its slot for, per 64 K (stream_call)")
   ap.add_argument("--copies", type=int, default=1, help="weight copies a timed call runs over in turn (beyond L2)")
   args = ap.parse_args()
   x = jnp.zeros((8, args.k), jnp.bfloat16)
@@ -121,10 +114,10 @@ def main():
     nbytes = sum(a.nbytes for a in weights[0])
     for split in args.split:
       for tile_k in args.tile_k:
-        for depth, work in itertools.product(args.depth, args.work):
-          name = f"{layout} split={split} tile_k={tile_k} depth={depth} work={work}"
+        for depth in args.depth:
+          name = f"{layout} split={split} tile_k={tile_k} depth={depth}"
           try:
-            fn = stream_call(layout, args.k, args.n, split, tile_k, depth, work)
+            fn = stream_call(layout, args.k, args.n, split, tile_k, depth)
             _, timed = profiler.measure(fn, aggregate=False, iterations=9)(weights, x)
           except Exception as e:  # one shape's lowering error must not end the sweep
             print(f"{name}: failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)

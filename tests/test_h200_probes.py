@@ -1,7 +1,8 @@
 """The H200 probes run here, so a broken script fails on the CPU, not in device minutes: ``fusion_flag_probe.py`` end
 to end on the tiny model, ``prefetch_probe.py``'s chain lowered for Hopper, ``swiglu_matmul_probe.py``'s configs,
 ``attention_ablation_probe.py``'s ablations, ``w12_probe.py``'s stand-in decode and bf16 configs,
-``stream_probe.py``'s layouts, ``grid_barrier_probe.py``'s and ``cluster_merge_probe.py``'s kernels lowered for Hopper, ``stall_table.py`` on a recorded Nsight Compute page."""
+``stream_probe.py``'s layouts, ``grid_barrier_probe.py``'s and ``cluster_merge_probe.py``'s kernels lowered for Hopper,
+``stall_table.py`` on a recorded Nsight Compute page."""
 
 import importlib.util
 import re

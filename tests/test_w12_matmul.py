@@ -69,6 +69,9 @@ class W12MatmulSuite:
           (1024, 128, 3, 512, w12.TuningConfig(tile_m=8, tile_k=128, split_k=2, decode="registers",
                                                escapes_in_kernel=True)),
           (1024, 64, 1, 1024, w12.TuningConfig(tile_m=8, tile_k=128, decode="registers", escapes_in_kernel=True)),
+          # ... with the lists' entries loaded before the pipeline
+          (1024, 128, 3, 512, w12.TuningConfig(tile_m=8, tile_k=128, split_k=2, decode="registers",
+                                               escapes_in_kernel=True, escape_loads_early=True)),
           # the register decode overlapped with the previous step's wgmma: a split, the escapes in the kernel, and
           # one step a split (no overlap: the pipeline is one step deep)
           (512, 64, 3, 128, w12.TuningConfig(tile_m=8, tile_k=64, split_k=2, max_concurrent_steps=2,
@@ -232,6 +235,38 @@ def test_register_kernel_hands_its_splits_on_when_it_corrects_every_escape(overf
     assert out.halves.shape == (2, 2, 8, 128) and out.shape == (1, 128)
 
 
+@pytest.mark.parametrize("early", [False, True])
+def test_register_kernel_loads_the_escape_lists_before_its_pipeline_when_asked(monkeypatch, early):
+  """``escape_loads_early`` (traced and lowered for sm_90 on the CPU, K = 3072: three-entry lists): the lists'
+  entries are loaded before the pipeline's first decode, once a block; without it after the last one. Either way the
+  correction is one ``escape_correction`` with the lists' ``capacity`` entries a row."""
+  from pallas_kernels.w12 import register_decode
+
+  w = np.full((3072, 128), 0.5, np.float32)
+  w[[3, 700, 2000], 5] = 1e30
+  packed = w12.pack(w.astype(BF16), group_k=1024)
+  assert packed.column_capacity == 3 and not packed.escape_index.shape[0]
+  events = []
+  for name in ("escape_entries", "decode_chunk", "escape_correction"):
+    real = getattr(register_decode, name)
+    monkeypatch.setattr(register_decode, name, lambda *a, real=real, name=name: (events.append(name), real(*a))[1])
+  config = w12.TuningConfig(decode="registers", tile_m=8, tile_k=128, split_k=2, escapes_in_kernel=True,
+                            escape_loads_early=early)
+  fn = jax.jit(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config))
+  assert "mosaic_gpu" in fn.trace(jax.ShapeDtypeStruct((1, 3072), jnp.bfloat16), packed).lower(
+      lowering_platforms=("cuda",)).as_text()
+  decodes = [i for i, e in enumerate(events) if e == "decode_chunk"]
+  assert events.count("escape_entries") == 1 and events.count("escape_correction") == 1
+  entries, correction = events.index("escape_entries"), events.index("escape_correction")
+  if early:
+    assert entries < decodes[0]
+  else:
+    assert entries > decodes[-1]
+  assert correction > decodes[-1]
+  with pytest.raises(ValueError, match="escape_loads_early needs escapes_in_kernel=True"):
+    w12.TuningConfig(decode="registers", escape_loads_early=True)
+
+
 def test_register_kernel_with_overlapped_wgmma_lowers_for_hopper(monkeypatch):
   """``overlap_decode`` on the register decode lowers for sm_90 on the CPU, each step leaving its own wgmmas in
   flight (``wgmma_wait(chunks)``) and the last ones awaited after the pipeline; a split of one step stays synchronous
@@ -340,3 +375,23 @@ def test_default_step_narrows_to_what_k_and_the_groups_allow():
   assert default.tile_k == 256 and widest(default, 12288, 1024) == default
   assert widest(default, 640, 1024).tile_k == 128 and widest(default, 576, 1024).tile_k == 64
   assert widest(default, 4096, 128).tile_k == 128
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not w12_ops._on_hopper(), reason="needs an H100/H200")
+@pytest.mark.parametrize("k,n,m", [(4096, 4096, 1), (12288, 4096, 1), (4096, 24576, 1), (4096, 4096, 8)])
+def test_early_escape_loads_change_no_bit_on_the_gpu(k, n, m):
+  """``escape_loads_early`` moves loads, not arithmetic: the default config's output with it equals the output
+  without it bit for bit, at the layer shapes (lists of 5 and 11 entries) and a full 8-row token block."""
+  import dataclasses
+
+  w = weights_with_escapes(k, n, seed=k + n)
+  packed = w12.pack(w)
+  x = jnp.asarray(np.random.default_rng(m).normal(size=(m, k)).astype(BF16))
+  late = dataclasses.replace(w12_mosaic_gpu.DEFAULT_CONFIG, escapes_in_kernel=True)
+  early = dataclasses.replace(late, escape_loads_early=True)
+  run = jax.jit(lambda x, p, config: w12_mosaic_gpu.w12_matmul(x, p, config=config), static_argnums=2)
+  want = np.asarray(run(x, packed, late), np.float32)
+  np.testing.assert_array_equal(np.asarray(run(x, packed, early), np.float32), want)
+  reference = np.asarray(w12.matmul(x, packed, implementation="reference"), np.float32)
+  np.testing.assert_allclose(want, reference, rtol=2e-2, atol=2e-2 * np.abs(reference).max())

@@ -34,6 +34,12 @@ class TuningConfig:
     splits (and scatters an overflow, if any). Why: in the H200's decode loop the split-K sums carrying the escape
     gathers took 5-18 us each, ~0.85 ms a step (docs/results/2026-12-01-partials-w12v3-h200/). Opt-in until timed
     on a GPU.
+  escape_loads_early: with ``escapes_in_kernel``, each block loads its channel lists' entries before its pipeline
+    (into registers: four a list entry a thread) instead of after it, so only the ``x`` loads wait when the first split
+    adds the correction; the output is bit-identical (the same sums in the same order). Why: on the H200 the
+    correction after the pipeline (two dependent rounds of global loads with no copy in flight) cost 2.1 us of
+    gate|up's 40.5 us kernel at M = 1 and 0.6 of down's 21.7 (docs/results/2026-12-04-w12-ablate-sweep-h200/).
+    Opt-in until its GPU tests and timing have run.
   A warp-specialised form (blocks of 128 channels: two compute warpgroups and a TMA warpgroup) was built and measured
   slower on the H200 (35.8 against 23.3 us at 4096x12288, M = 1; docs/results/2026-12-02-verify-skinny-barrier-h200/);
   its code is at commit 854cbfd.
@@ -48,6 +54,7 @@ class TuningConfig:
   blocks_per_sm: int = 1
   decode: str = "smem"
   escapes_in_kernel: bool = False
+  escape_loads_early: bool = False
 
   def __post_init__(self):
     if self.tile_n % 64:
@@ -60,6 +67,8 @@ class TuningConfig:
       raise ValueError(f"decode must be 'smem' or 'registers', got {self.decode!r}")
     if self.escapes_in_kernel and self.decode != "registers":
       raise ValueError("escapes_in_kernel needs decode='registers'")
+    if self.escape_loads_early and not self.escapes_in_kernel:
+      raise ValueError("escape_loads_early needs escapes_in_kernel=True")
     if self.max_concurrent_steps < 1 or self.split_k < 0 or self.blocks_per_sm < 1:
       raise ValueError(
           f"max_concurrent_steps and blocks_per_sm must be >= 1 and split_k >= 0, got "

@@ -443,36 +443,84 @@ def _warpgroup_barrier(ctx):
   mgpu_utils.warpgroup_barrier()
 
 
-def _escape_correction_in_registers(tile_m: int, capacity: int, m: int):
-  """An ``inline_mgpu`` function: (the f32 ``[64, tile_m]`` accumulator, the block's ``[64, C]`` escape lists in
-  GMEM, ``x`` ``[m, K]`` in GMEM) -> the accumulator plus ``register_decode.escape_correction``. For one token block
-  (``m <= tile_m``): a thread's columns past ``m`` add nothing."""
+def _entries_layout(capacity: int):
+  """``escape_entries``' values as a Pallas array: thread ``t`` holds elements ``t + 128 i``, its ``(k, bits)`` pairs
+  in ``[half][c]`` order."""
+  return plgpu.Layout.WG_STRIDED((4 * capacity * 128,), vec_size=1)
+
+
+def _entry_loader(ops, rows_ref, bits_ref):
+  """``load_entry(row, c)`` for ``register_decode.escape_entries``: the block's ``[64, C]`` lists read from GMEM."""
+  i8, i16 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(16)
+  rows_pointer, bits_pointer = mgpu_utils.memref_ptr(rows_ref), mgpu_utils.memref_ptr(bits_ref)
+  list_stride = ir.MemRefType(rows_ref.type).get_strides_and_offset()[0][0]
+
+  def load_entry(row, c):
+    entry = ops.add(ops.mul(row, list_stride), c)
+    k = llvm.load(ops.i32, mgpu_utils.getelementptr(rows_pointer, [ops.mul(entry, 4)], i8))
+    bits = arith.extui(ops.i32, llvm.load(i16, mgpu_utils.getelementptr(bits_pointer, [ops.mul(entry, 2)], i8)))
+    return k, bits
+
+  return load_entry
+
+
+def _load_escape_entries(capacity: int):
+  """An ``inline_mgpu`` function: the block's ``[64, C]`` escape lists in GMEM -> this thread's entries in
+  ``_entries_layout``, for ``_escape_correction_in_registers(..., early=True)``. Issued before the pipeline, the
+  loads' latency hides under it (``TuningConfig.escape_loads_early``)."""
 
   @plgpu.inline_mgpu(
-      arg_types=(plgpu.Layout.WGMMA, plgpu.RefType(), plgpu.RefType(), plgpu.RefType()),
-      return_type=plgpu.ShapeDtypeStruct((register_decode.ROWS, tile_m), jnp.float32, layout=plgpu.Layout.WGMMA),
+      arg_types=(plgpu.RefType(), plgpu.RefType()),
+      return_type=plgpu.ShapeDtypeStruct((4 * capacity * 128,), jnp.uint32, layout=_entries_layout(capacity)),
   )
-  def correct(ctx, acc, rows_ref, bits_ref, x_ref):
+  def load(ctx, rows_ref, bits_ref):
     del ctx
     ops = _MlirOps()
-    i8, i16 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(16)
-    pointers = [mgpu_utils.memref_ptr(r) for r in (rows_ref, bits_ref, x_ref)]
-    (list_stride, _), (x_stride, _) = (ir.MemRefType(r.type).get_strides_and_offset()[0] for r in (rows_ref, x_ref))
+    entries = register_decode.escape_entries(ops, _thread(), _entry_loader(ops, rows_ref, bits_ref), capacity)
+    word = ir.VectorType.get((1,), ops.i32)
+    values = [value for half in entries for entry in half for value in entry]
+    registers = np.empty((len(values),), dtype=object)
+    for i, value in enumerate(values):
+      registers[i] = vector.from_elements(word, [value])
+    return mgpu.FragmentedArray(_registers=registers, _layout=_entries_layout(capacity).to_mgpu(), _is_signed=False)
 
-    def load_entry(row, c):
-      entry = ops.add(ops.mul(row, list_stride), c)
-      k = llvm.load(ops.i32, mgpu_utils.getelementptr(pointers[0], [ops.mul(entry, 4)], i8))
-      bits = arith.extui(ops.i32, llvm.load(i16, mgpu_utils.getelementptr(pointers[1], [ops.mul(entry, 2)], i8)))
-      return k, bits
+  return load
+
+
+def _escape_correction_in_registers(tile_m: int, capacity: int, m: int, early: bool = False):
+  """An ``inline_mgpu`` function: (the f32 ``[64, tile_m]`` accumulator, the block's ``[64, C]`` escape lists in
+  GMEM, ``x`` ``[m, K]`` in GMEM) -> the accumulator plus ``register_decode.escape_correction``; with ``early``
+  the lists' entries come loaded already (``_load_escape_entries``' array in place of the two list refs), so only
+  the ``x`` loads wait here. For one token block (``m <= tile_m``): a thread's columns past ``m`` add nothing."""
+  lists = (_entries_layout(capacity),) if early else (plgpu.RefType(), plgpu.RefType())
+
+  @plgpu.inline_mgpu(
+      arg_types=(plgpu.Layout.WGMMA, *lists, plgpu.RefType()),
+      return_type=plgpu.ShapeDtypeStruct((register_decode.ROWS, tile_m), jnp.float32, layout=plgpu.Layout.WGMMA),
+  )
+  def correct(ctx, acc, *refs):
+    del ctx
+    *lists, x_ref = refs
+    ops = _MlirOps()
+    i8, i16 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(16)
+    x_pointer = mgpu_utils.memref_ptr(x_ref)
+    x_stride = ir.MemRefType(x_ref.type).get_strides_and_offset()[0][0]
 
     def load_x(col, k):
       valid = arith.cmpi(arith.CmpIPredicate.ult, col, ops.const(m))
       row = arith.select(valid, col, ops.const(0))
-      bits = llvm.load(i16, mgpu_utils.getelementptr(pointers[2], [ops.mul(ops.add(ops.mul(row, x_stride), k), 2)], i8))
+      bits = llvm.load(i16, mgpu_utils.getelementptr(x_pointer, [ops.mul(ops.add(ops.mul(row, x_stride), k), 2)], i8))
       return arith.select(valid, arith.extui(ops.i32, bits), ops.const(0))
 
     thread = _thread()
-    values = register_decode.escape_correction(ops, thread, load_entry, load_x, capacity, tile_m)
+    if early:
+      values = [vector.extract(r, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([0]))
+                for r in lists[0].registers]
+      entries = [[(values[2 * (half * capacity + c)], values[2 * (half * capacity + c) + 1]) for c in range(capacity)]
+                 for half in range(2)]
+    else:
+      entries = register_decode.escape_entries(ops, thread, _entry_loader(ops, *lists), capacity)
+    values = register_decode.escape_correction(ops, thread, entries, load_x, tile_m)
     registers = np.empty(acc.registers.shape, dtype=object)
     f32_pair = ir.VectorType.get((2,), ir.F32Type.get())
     for (col_tile, half), pair in values.items():
@@ -483,7 +531,8 @@ def _escape_correction_in_registers(tile_m: int, capacity: int, m: int):
 
 
 def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, group_k, tile_m, tile_k,
-                          max_concurrent_steps, split_k, halves, overlap_decode=False, escape_lists=None, m=None):
+                          max_concurrent_steps, split_k, halves, overlap_decode=False, escape_lists=None, m=None,
+                          escape_loads_early=False):
   """One warpgroup per (64 channels, tile_m tokens, K split); each step's W12 tiles are decoded by
   ``register_decode`` straight into wgmma's A registers, 64 K at a time, in logical K order (the planes' stored
   order is the order the threads read), against ``x2`` ``[m, K]`` as the caller has it (``pad_for_tma``: decode's
@@ -518,11 +567,14 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   total_groups = base_exponent.shape[1]
   groups = split_groups(steps * tile_k, group_k, total_groups)
   load_bases = _load_bases(groups)
-  correct = None
+  correct = load_entries = None
+  early = escape_loads_early and escape_lists is not None
   if escape_lists is not None:
     if mp != tile_m:
       raise ValueError(f"the in-kernel escape correction takes one token block, got Mp={mp}, tile_m={tile_m}")
-    correct = _escape_correction_in_registers(tile_m, escape_lists[0].shape[1], m)
+    capacity = escape_lists[0].shape[1]
+    correct = _escape_correction_in_registers(tile_m, capacity, m, early)
+    load_entries = _load_escape_entries(capacity) if early else None
 
   def w12_matmul_body(byte_gmem, nibble_gmem, base_gmem, x_gmem, *refs, out_smem):  # profile name
     pdl.begin_kernel(None)  # registers: never interpreted (``_check_supported``)
@@ -534,6 +586,9 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
     # the split's groups, the slice kept inside the array (a split can start inside a group)
     first_group = jnp.minimum(first * tile_k // group_k, total_groups - groups)
     bases = load_bases(base_gmem.at[n_slice, pl.ds(first_group, groups)])
+    if early:  # every split loads (the other splits channel block 0's lists, L2 hits) and only the first adds them
+      entries = load_entries(*(g.at[pl.ds(jnp.where(split == 0, lax.axis_index("n") * tile_n, 0), tile_n)]
+                               for g in (rows_gmem, bits_gmem)))
 
     in_specs = (
         plgpu.BlockSpec((tile_n, tile_k), lambda k: (0, first + k), transforms=byte_transforms),
@@ -563,7 +618,8 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
       if correct is not None:
         @pl.when(split == 0)
         def _():
-          acc_ref[...] = correct(acc_ref[...], rows_gmem.at[n_slice], bits_gmem.at[n_slice], x_gmem)
+          lists = (entries,) if early else (rows_gmem.at[n_slice], bits_gmem.at[n_slice])
+          acc_ref[...] = correct(acc_ref[...], *lists, x_gmem)
       return acc_ref[...]
 
     acc = pl.run_scoped(accumulate, plgpu.ACC((tile_n, tile_m), jnp.float32))
@@ -625,7 +681,8 @@ def w12_matmul(
         packed.base_exponent, mp=mp, group_k=packed.group_k, tile_m=tile_m, tile_k=step_config.tile_k,
         max_concurrent_steps=step_config.max_concurrent_steps, split_k=split_k, halves=halves,
         overlap_decode=config.overlap_decode,
-        escape_lists=(packed.column_escape_rows, packed.column_escape_bits) if in_kernel else None, m=m)
+        escape_lists=(packed.column_escape_rows, packed.column_escape_bits) if in_kernel else None, m=m,
+        escape_loads_early=config.escape_loads_early)
   else:
     # one base row per K step, [Kp / tile_k, N]: one small TMA box per step
     steps_per_group = packed.group_k // config.tile_k

@@ -255,29 +255,35 @@ def _swizzle_as_tma(tile: np.ndarray) -> np.ndarray:
   return memory.view("<u4")
 
 
-def escape_correction(ops, thread, load_entry, load_x, capacity: int, tile_m: int):
+def escape_entries(ops, thread, load_entry, capacity: int):
+  """One thread's list entries for ``escape_correction``: ``[half][c] = load_entry(row, c)`` for its two accumulator
+  rows (``thread_rows`` and that + 8). Apart so a kernel can issue these loads long before it adds the sums
+  (``TuningConfig.escape_loads_early``): they depend on nothing the kernel computes."""
+  first_row = thread_rows(ops, thread)
+  return [[load_entry(ops.add(first_row, 8 * half), c) for c in range(capacity)] for half in range(2)]
+
+
+def escape_correction(ops, thread, entries, load_x, tile_m: int):
   """One thread's share of the channel lists' escape correction, in wgmma's accumulator layout: the f32 values
   ``sum_c x[col, rows[n, c]] * W[rows[n, c], n]`` to add to its accumulator registers, so a kernel can patch its
   own output instead of leaving a gather or a scatter to XLA (``TuningConfig.escapes_in_kernel``).
 
   The accumulator fragment of ``[64, tile_m]`` gives thread ``t`` rows ``16 (t // 32) + (t % 32) // 4`` and that
-  + 8 (``half``), and in every 8-wide column tile the columns ``2 (t % 4)`` and that + 1. ``load_entry(row, c)``
-  returns the list entry ``(k, bits)`` of the block's row ``row`` (``bits``: the raw bf16 in a uint32, 0 for an
-  unused entry); ``load_x(col, k)`` the raw bf16 bits of ``x[col, k]`` (0 for a column past ``x``'s rows). Returns
-  ``{(col_tile, half): (value_col0, value_col1)}``. The entries are added in list order; an unused one adds +0.0
-  whatever ``x`` is (no ``0 * inf``).
+  + 8 (``half``), and in every 8-wide column tile the columns ``2 (t % 4)`` and that + 1. ``entries`` is
+  ``escape_entries``' (a list entry ``(k, bits)`` of each row and position; ``bits``: the raw bf16 in a uint32, 0 for
+  an unused entry); ``load_x(col, k)`` returns the raw bf16 bits of ``x[col, k]`` (0 for a column past ``x``'s
+  rows). Returns ``{(col_tile, half): (value_col0, value_col1)}``. The entries are added in list order; an unused one
+  adds +0.0 whatever ``x`` is (no ``0 * inf``).
   """
-  first_row = thread_rows(ops, thread)
   first_col = ops.mul(ops.and_(thread, 3), 2)
   out = {}
   for half in range(2):
-    entries = [load_entry(ops.add(first_row, 8 * half), c) for c in range(capacity)]
     for col_tile in range(tile_m // 8):
       pair = []
       for e in range(2):
         col = ops.add(first_col, 8 * col_tile + e)
         total = None
-        for k, bits in entries:
+        for k, bits in entries[half]:
           term = ops.select_nonzero(bits, ops.fmul(ops.f32_from_bf16_bits(load_x(col, k)),
                                                    ops.f32_from_bf16_bits(bits)))
           total = term if total is None else ops.fadd(total, term)
@@ -300,7 +306,8 @@ def simulate_escape_correction(rows: np.ndarray, bits: np.ndarray, x: np.ndarray
     valid = col < x_bits.shape[0]
     return np.where(valid, x_bits[np.minimum(col, x_bits.shape[0] - 1), k], 0).astype(np.uint32)
 
-  values = escape_correction(NUMPY_OPS, thread, load_entry, load_x, rows.shape[1], tile_m)
+  entries = escape_entries(NUMPY_OPS, thread, load_entry, rows.shape[1])
+  values = escape_correction(NUMPY_OPS, thread, entries, load_x, tile_m)
   out = np.zeros((ROWS, tile_m), np.float32)
   warp, lane = thread // 32, thread % 32
   for (col_tile, half), pair in values.items():

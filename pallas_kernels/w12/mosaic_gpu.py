@@ -53,8 +53,15 @@ the bases in registers and 256 K a step the kernel is 0.86-0.91x the bf16 skinny
 3.5-3.6 TB/s of stored bytes where the bf16 kernel streams 4.0-4.3. Format version 4 (9 decode instructions a word,
 was 11) and refilling the planes' slots before a step's decode (instead of after it) each moved it by less than a
 microsecond (docs/results/2026-12-03-w12-pipeline-h200/). On gate|up, 36 % of the warp samples wait for a step's
-TMA data, though DRAM is only 71 % busy; what holds it there is open (``scripts/h200/w12_probe.py --ablate-decode``
-times the same pipeline with a stand-in decode).
+TMA data, though DRAM is only 71 % busy.
+
+What bounds it (2026-12-04, docs/results/2026-12-04-w12-ablate-sweep-h200/). With a 2-instruction stand-in decode
+(``scripts/h200/w12_probe.py --ablate-decode``) the kernel is only 0.5-1.8 us faster, so the decode is not the bound.
+The split-K grid with an empty pipeline body (``scripts/h200/stream_probe.py``) copies W12's bytes in 0.76-0.79x the
+bf16 kernel's time on the layer shapes, because a call's fixed costs do not shrink with its bytes. This kernel is ~4 us
+a call over that copy, and ~2 of them on gate|up are the escape correction after the pipeline
+(``TuningConfig.escape_loads_early`` moves its list loads before it). The ``[N, Kp]`` planes are why narrow steps are
+slow: each row gives one run of ``tile_k`` bytes a step. Tile-major planes would stream as fast at 128 a step as at 256.
 """
 
 from __future__ import annotations

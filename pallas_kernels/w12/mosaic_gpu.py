@@ -55,7 +55,7 @@ was 11) and refilling the planes' slots before a step's decode (instead of after
 microsecond (docs/results/2026-12-03-w12-pipeline-h200/). On gate|up, 36 % of the warp samples wait for a step's
 TMA data, though DRAM is only 71 % busy.
 
-What bounds it (2026-12-04, docs/results/2026-12-04-w12-ablate-sweep-h200/). With a 2-instruction stand-in decode
+What bounds it (2026-12-04, docs/results/2026-12-04-w12-ablate-sweep-h200/). With a 3-instruction stand-in decode
 (``scripts/h200/w12_probe.py --ablate-decode``) the kernel is only 0.5-1.8 us faster, so the decode is not the bound.
 The split-K grid with an empty pipeline body (``scripts/h200/stream_probe.py``) copies W12's bytes in 0.76-0.79x the
 bf16 kernel's time on the layer shapes, because a call's fixed costs do not shrink with its bytes. This kernel is ~4 us

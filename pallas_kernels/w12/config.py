@@ -35,7 +35,8 @@ class TuningConfig:
     gathers took 5-18 us each, ~0.85 ms a step (docs/results/2026-12-01-partials-w12v3-h200/). Opt-in until timed
     on a GPU.
   escape_loads_early: with ``escapes_in_kernel``, each block loads its channel lists' entries before its pipeline
-    (into registers: four a list entry a thread) instead of after it, so only the ``x`` loads wait when the first split
+    (into registers: 4 a thread per entry a list holds, up to 24 at K = 4096 and 80 at 12288, ``format.column_capacity``;
+    above ~168 registers in all only two blocks fit an SM) instead of after it, so only the ``x`` loads wait when the first split
     adds the correction; the output is bit-identical (the same sums in the same order). Why: on the H200 the
     correction after the pipeline (two dependent rounds of global loads with no copy in flight) cost 2.1 us of
     gate|up's 40.5 us kernel at M = 1 and 0.6 of down's 21.7 (docs/results/2026-12-04-w12-ablate-sweep-h200/).

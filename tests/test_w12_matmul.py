@@ -246,17 +246,19 @@ def test_register_kernel_loads_the_escape_lists_before_its_pipeline_when_asked(m
   w[[3, 700, 2000], 5] = 1e30
   packed = w12.pack(w.astype(BF16), group_k=1024)
   assert packed.column_capacity == 3 and not packed.escape_index.shape[0]
-  events = []
+  calls = []  # (name, args) in trace order
   for name in ("escape_entries", "decode_chunk", "escape_correction"):
     real = getattr(register_decode, name)
-    monkeypatch.setattr(register_decode, name, lambda *a, real=real, name=name: (events.append(name), real(*a))[1])
+    monkeypatch.setattr(register_decode, name, lambda *a, real=real, name=name: (calls.append((name, a)), real(*a))[1])
   config = w12.TuningConfig(decode="registers", tile_m=8, tile_k=128, split_k=2, escapes_in_kernel=True,
                             escape_loads_early=early)
   fn = jax.jit(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config))
   assert "mosaic_gpu" in fn.trace(jax.ShapeDtypeStruct((1, 3072), jnp.bfloat16), packed).lower(
       lowering_platforms=("cuda",)).as_text()
+  events = [name for name, _ in calls]
   decodes = [i for i, e in enumerate(events) if e == "decode_chunk"]
   assert events.count("escape_entries") == 1 and events.count("escape_correction") == 1
+  assert [a[3] for name, a in calls if name == "escape_entries"] == [3]  # escape_entries(ops, thread, load, capacity)
   entries, correction = events.index("escape_entries"), events.index("escape_correction")
   if early:
     assert entries < decodes[0]
@@ -382,11 +384,13 @@ def test_default_step_narrows_to_what_k_and_the_groups_allow():
 @pytest.mark.parametrize("k,n,m", [(4096, 4096, 1), (12288, 4096, 1), (4096, 24576, 1), (4096, 4096, 8)])
 def test_early_escape_loads_change_no_bit_on_the_gpu(k, n, m):
   """``escape_loads_early`` moves loads, not arithmetic: the default config's output with it equals the output
-  without it bit for bit, at the layer shapes (lists of 5 and 11 entries) and a full 8-row token block."""
+  without it bit for bit, at the layer shapes (multi-entry lists: 4 at 4096x4096, 7 at 12288x4096) and a full 8-row
+  token block."""
   import dataclasses
 
   w = weights_with_escapes(k, n, seed=k + n)
   packed = w12.pack(w)
+  assert packed.column_capacity > 1
   x = jnp.asarray(np.random.default_rng(m).normal(size=(m, k)).astype(BF16))
   late = dataclasses.replace(w12_mosaic_gpu.DEFAULT_CONFIG, escapes_in_kernel=True)
   early = dataclasses.replace(late, escape_loads_early=True)

@@ -521,9 +521,9 @@ def _escape_correction_in_registers(tile_m: int, capacity: int, m: int, early: b
 
     thread = _thread()
     if early:
-      values = [vector.extract(r, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([0]))
-                for r in lists[0].registers]
-      entries = [[(values[2 * (half * capacity + c)], values[2 * (half * capacity + c) + 1]) for c in range(capacity)]
+      words = [vector.extract(r, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([0]))
+               for r in lists[0].registers]  # (k, bits) pairs in [half][c] order: _load_escape_entries'
+      entries = [[(words[2 * (half * capacity + c)], words[2 * (half * capacity + c) + 1]) for c in range(capacity)]
                  for half in range(2)]
     else:
       entries = register_decode.escape_entries(ops, thread, _entry_loader(ops, *lists), capacity)

@@ -32,6 +32,7 @@ from pallas_kernels.split_k import smem_transforms
 
 ROWS = 64
 TILE = 128  # the tile-major layout's K a tile
+LAYOUTS = ("w12_rows", "w12_tiles", "bf16_kn")
 
 
 def stream_call(layout: str, k: int, n: int, split: int, tile_k: int, depth: int, interpret=None):
@@ -57,7 +58,7 @@ def stream_call(layout: str, k: int, n: int, split: int, tile_k: int, depth: int
   elif layout == "bf16_kn":
     specs = [((tile_k, ROWS), lambda nb, s: lambda i: (s * steps + i, nb), (ROWS, jnp.bfloat16))]
   else:
-    raise SystemExit(f"--layouts: unknown layout {layout!r}")
+    raise ValueError(f"unknown layout {layout!r}: one of {', '.join(LAYOUTS)}")
   specs.append(((8, tile_k), lambda nb, s: lambda i: (0, s * steps + i), (min(tile_k, 64), jnp.bfloat16)))
 
   def stream_body(*refs):  # profile name
@@ -85,6 +86,7 @@ def stream_call(layout: str, k: int, n: int, split: int, tile_k: int, depth: int
 
 
 def arrays(layout: str, k: int, n: int, key):
+  """Random bits in ``layout``'s arrays for a ``K x N`` weight (what ``stream_call`` reads)."""
   if layout == "w12_rows":
     shapes = [((n, k), jnp.uint8), ((n, k // 2), jnp.uint8)]
   elif layout == "w12_tiles":
@@ -104,7 +106,7 @@ def main():
   ap.add_argument("--split", type=int, nargs="+", default=[2], help="K splits (the W12 auto split: 2 on gate|up)")
   ap.add_argument("--tile-k", type=int, nargs="+", default=[256, 128])
   ap.add_argument("--depth", type=int, nargs="+", default=[2, 4])
-  ap.add_argument("--layouts", nargs="+", default=["w12_rows", "w12_tiles", "bf16_kn"])
+  ap.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=LAYOUTS)
   ap.add_argument("--copies", type=int, default=1, help="weight copies a timed call runs over in turn (beyond L2)")
   args = ap.parse_args()
   x = jnp.zeros((8, args.k), jnp.bfloat16)

@@ -80,6 +80,14 @@ class W12MatmulSuite:
                                                escapes_in_kernel=True, overlap_decode=True)),
           (512, 64, 1, 128, w12.TuningConfig(tile_m=8, tile_k=128, split_k=4, decode="registers",
                                              overlap_decode=True)),
+          # blocks of several 64-channel row blocks against one activation tile: padded K at 64 token rows, a full
+          # 256-channel block, the escapes in the kernel (entries early), the overlapped decode with three
+          (120, 128, 40, 128, w12.TuningConfig(tile_n=128, tile_m=64, tile_k=64, decode="registers")),
+          (512, 256, 16, 128, w12.TuningConfig(tile_n=256, tile_m=16, tile_k=128, decode="registers")),
+          (1024, 256, 3, 512, w12.TuningConfig(tile_n=128, tile_m=8, tile_k=128, split_k=2, decode="registers",
+                                               escapes_in_kernel=True, escape_loads_early=True)),
+          (512, 192, 3, 128, w12.TuningConfig(tile_n=192, tile_m=8, tile_k=64, split_k=2, max_concurrent_steps=2,
+                                              decode="registers", overlap_decode=True)),
       ],
   )
   def test_matches_f32_matmul(self, k, n, m, group_k, config):
@@ -235,11 +243,11 @@ def test_register_kernel_hands_its_splits_on_when_it_corrects_every_escape(overf
     assert out.halves.shape == (2, 2, 8, 128) and out.shape == (1, 128)
 
 
-@pytest.mark.parametrize("early", [False, True])
-def test_register_kernel_loads_the_escape_lists_before_its_pipeline_when_asked(monkeypatch, early):
+@pytest.mark.parametrize("early,tile_n", [(False, 64), (True, 64), (True, 128)])
+def test_register_kernel_loads_the_escape_lists_before_its_pipeline_when_asked(monkeypatch, early, tile_n):
   """``escape_loads_early`` (traced and lowered for sm_90 on the CPU, K = 3072: three-entry lists): the lists'
-  entries are loaded before the pipeline's first decode, once a block; without it after the last one. Either way the
-  correction is one ``escape_correction`` with the lists' ``capacity`` entries a row."""
+  entries are loaded before the pipeline's first decode, once a row block; without it after the last one. Either way
+  the correction is one ``escape_correction`` a row block with the lists' ``capacity`` entries a row."""
   from pallas_kernels.w12 import register_decode
 
   w = np.full((3072, 128), 0.5, np.float32)
@@ -251,20 +259,22 @@ def test_register_kernel_loads_the_escape_lists_before_its_pipeline_when_asked(m
     real = getattr(register_decode, name)
     monkeypatch.setattr(register_decode, name, lambda *a, real=real, name=name: (calls.append((name, a)), real(*a))[1])
   config = w12.TuningConfig(decode="registers", tile_m=8, tile_k=128, split_k=2, escapes_in_kernel=True,
-                            escape_loads_early=early)
+                            escape_loads_early=early, tile_n=tile_n)
   fn = jax.jit(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config))
   assert "mosaic_gpu" in fn.trace(jax.ShapeDtypeStruct((1, 3072), jnp.bfloat16), packed).lower(
       lowering_platforms=("cuda",)).as_text()
   events = [name for name, _ in calls]
   decodes = [i for i, e in enumerate(events) if e == "decode_chunk"]
-  assert events.count("escape_entries") == 1 and events.count("escape_correction") == 1
-  assert [a[3] for name, a in calls if name == "escape_entries"] == [3]  # escape_entries(ops, thread, load, capacity)
-  entries, correction = events.index("escape_entries"), events.index("escape_correction")
+  blocks = tile_n // register_decode.ROWS
+  assert events.count("escape_entries") == blocks and events.count("escape_correction") == blocks
+  # escape_entries(ops, thread, load, capacity, row_block)
+  assert [a[3:] for name, a in calls if name == "escape_entries"] == [(3, b) for b in range(blocks)]
+  entries = [i for i, e in enumerate(events) if e == "escape_entries"]
   if early:
-    assert entries < decodes[0]
+    assert entries[-1] < decodes[0]
   else:
-    assert entries > decodes[-1]
-  assert correction > decodes[-1]
+    assert entries[0] > decodes[-1]
+  assert events.index("escape_correction") > decodes[-1]
   with pytest.raises(ValueError, match="escape_loads_early needs escapes_in_kernel=True"):
     w12.TuningConfig(decode="registers", escape_loads_early=True)
 
@@ -397,5 +407,29 @@ def test_early_escape_loads_change_no_bit_on_the_gpu(k, n, m):
   run = jax.jit(lambda x, p, config: w12_mosaic_gpu.w12_matmul(x, p, config=config), static_argnums=2)
   want = np.asarray(run(x, packed, late), np.float32)
   np.testing.assert_array_equal(np.asarray(run(x, packed, early), np.float32), want)
+  reference = np.asarray(w12.matmul(x, packed, implementation="reference"), np.float32)
+  np.testing.assert_allclose(want, reference, rtol=2e-2, atol=2e-2 * np.abs(reference).max())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not w12_ops._on_hopper(), reason="needs an H100/H200")
+@pytest.mark.parametrize("k,n,m,tile_n", [(4096, 12288, 64, 128), (12288, 4096, 64, 128), (4096, 6144, 16, 256),
+                                          (4096, 6144, 5, 192)])
+def test_wider_channel_blocks_change_no_bit_on_the_gpu(k, n, m, tile_n):
+  """A block of several 64-channel row blocks computes each row block's sums as a 64-channel block does (the same
+  K order, one wgmma M group each): at one split the output equals the 64-channel kernel's bit for bit, with the
+  escapes corrected after the kernel and in it."""
+  import dataclasses
+
+  w = weights_with_escapes(k, n, seed=k + n + m)
+  packed = w12.pack(w)
+  x = jnp.asarray(np.random.default_rng(m).normal(size=(m, k)).astype(BF16))
+  run = jax.jit(lambda x, p, config: w12_mosaic_gpu.w12_matmul(x, p, config=config), static_argnums=2)
+  for in_kernel in (False, True):
+    narrow = dataclasses.replace(w12_mosaic_gpu.DEFAULT_CONFIG, tile_k=128, split_k=2, max_concurrent_steps=2,
+                                 escapes_in_kernel=in_kernel)
+    want = np.asarray(run(x, packed, narrow), np.float32)
+    got = np.asarray(run(x, packed, dataclasses.replace(narrow, tile_n=tile_n)), np.float32)
+    np.testing.assert_array_equal(got, want, err_msg=f"escapes_in_kernel={in_kernel}")
   reference = np.asarray(w12.matmul(x, packed, implementation="reference"), np.float32)
   np.testing.assert_allclose(want, reference, rtol=2e-2, atol=2e-2 * np.abs(reference).max())

@@ -62,13 +62,14 @@ def test_stored_k_order_is_a_permutation_of_each_chunk():
   assert (STORED_POSITION[LOGICAL_OFFSET] == np.arange(rd.CHUNK)).all()
 
 
-@pytest.mark.parametrize("step_k", [64, 128, 256])
-def test_every_thread_decodes_its_fragment_through_swizzled_smem(step_k):
+@pytest.mark.parametrize("step_k,n", [(64, 64), (128, 64), (256, 64), (128, 128), (256, 192)])
+def test_every_thread_decodes_its_fragment_through_swizzled_smem(step_k, n):
   """The A fragment the 128 threads assemble (loads through the swizzle, decode, placement) is the
   unpacked weight tile in its logical K order (``pack`` stores the planes in the order the threads read them),
-  escapes as +0.0 (patched after the kernel)."""
-  rng = np.random.default_rng(step_k)
-  k, n = 4 * step_k, 64
+  escapes as +0.0 (patched after the kernel); a tile of several row blocks (``tile_n`` 128, 192) decodes each from
+  its own rows of the one swizzled tile."""
+  rng = np.random.default_rng(step_k + n)
+  k = 4 * step_k
   w = (rng.normal(0, 0.02, size=(k, n)) * np.exp(rng.uniform(-4, 4, n))).astype(BF16)
   w[5, 7], w[70, 3], w[9, n - 1] = BF16(1e30), BF16(-0.0), BF16(-3e33)  # escapes (one in the last row) and a -0
   packed = w12.pack(w, group_k=256)  # kernels need group_k % step_k == 0: one base per step
@@ -89,18 +90,19 @@ def test_every_thread_decodes_its_fragment_through_swizzled_smem(step_k):
       np.testing.assert_array_equal(rd.simulate_chunk(byte_tile, nibble_tile, step_bases, chunk), want)
 
 
-@pytest.mark.parametrize("m,k,tile_k,group_k,split", [
-    (1, 512, 128, 1024, 0), (64, 512, 64, 1024, 0), (5, 512, 256, 1024, 0), (20, 120, 64, 1024, 0),
-    (14, 512, 128, 1024, 0),
-    (1, 512, 128, 128, 1),  # four K groups a split: the step picks its bases among four
-    (1, 768, 128, 384, 3),  # splits of 256 starting inside 384-wide groups: two groups each, the last slice clamped
+@pytest.mark.parametrize("m,k,tile_k,group_k,split,tile_n", [
+    (1, 512, 128, 1024, 0, 64), (64, 512, 64, 1024, 0, 64), (5, 512, 256, 1024, 0, 64), (20, 120, 64, 1024, 0, 64),
+    (14, 512, 128, 1024, 0, 64),
+    (1, 512, 128, 128, 1, 64),  # four K groups a split: the step picks its bases among four
+    (1, 768, 128, 384, 3, 64),  # splits of 256 starting inside 384-wide groups: two groups each, the last slice clamped
+    (64, 512, 128, 1024, 0, 128), (16, 768, 128, 384, 3, 256),  # several row blocks a block
 ])
-def test_register_kernel_lowers_for_hopper_on_cpu(m, k, tile_k, group_k, split):
+def test_register_kernel_lowers_for_hopper_on_cpu(m, k, tile_k, group_k, split, tile_n):
   """Mosaic GPU's Python lowering (layouts, the inline decode, wgmma from registers, TMA tiling of an unpadded
-  ``x``: 20 x 120 failed on the H200 before ``pad_for_tma``; the bases of several K groups held in registers) runs
-  without a GPU."""
-  packed = w12.pack((np.random.default_rng(0).normal(size=(k, 128)) * 0.02).astype(BF16), group_k=group_k)
-  config = w12.TuningConfig(decode="registers", tile_m=64, tile_k=tile_k, split_k=split)
+  ``x``: 20 x 120 failed on the H200 before ``pad_for_tma``; the bases of several K groups held in registers; blocks
+  of several 64-channel row blocks, one wgmma M group each) runs without a GPU."""
+  packed = w12.pack((np.random.default_rng(0).normal(size=(k, 256)) * 0.02).astype(BF16), group_k=group_k)
+  config = w12.TuningConfig(decode="registers", tile_m=64, tile_k=tile_k, split_k=split, tile_n=tile_n)
   x = jnp.ones((m, k), jnp.bfloat16)
   lowered = jax.jit(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config)).trace(x, packed).lower(
       lowering_platforms=("cuda",))
@@ -168,23 +170,23 @@ def test_chunk_offset_is_the_swizzled_offset_for_every_thread_half_and_column(ro
       np.testing.assert_array_equal(rd.chunk_offset(ops, parts, half, col, row_bytes), want, err_msg=f"{half}, {col}")
 
 
-@pytest.mark.parametrize("tile_m,m", [(8, 1), (8, 5), (16, 11)])
-def test_every_thread_adds_its_escape_correction(tile_m, m):
+@pytest.mark.parametrize("tile_m,m,channels", [(8, 1, 64), (8, 5, 64), (16, 11, 64), (16, 3, 128)])
+def test_every_thread_adds_its_escape_correction(tile_m, m, channels):
   """``escape_correction`` as the 128 threads run it (numpy): at each accumulator position it adds
   ``sum_c x[col, rows[n, c]] * W[rows[n, c], n]`` in list order, nothing past ``x``'s rows, and nothing for an unused
-  entry even where ``x`` is inf."""
-  rng = np.random.default_rng(tile_m + m)
+  entry even where ``x`` is inf; for every row block of a 128-channel block."""
+  rng = np.random.default_rng(tile_m + m + channels)
   capacity, k = 4, 512
-  rows = rng.integers(0, k, size=(rd.ROWS, capacity)).astype(np.int32)
-  bits = rng.normal(size=(rd.ROWS, capacity)).astype(BF16).view(np.uint16).copy()
+  rows = rng.integers(0, k, size=(channels, capacity)).astype(np.int32)
+  bits = rng.normal(size=(channels, capacity)).astype(BF16).view(np.uint16).copy()
   bits[::3, 3] = 0  # unused entries
   rows[::3, 3] = 7
   x = rng.normal(size=(m, k)).astype(BF16)
   x[:, 7] = np.inf  # read only through unused entries
   got = rd.simulate_escape_correction(rows, bits, x, tile_m)
-  want = np.zeros((rd.ROWS, tile_m), np.float32)
+  want = np.zeros((channels, tile_m), np.float32)
   values = bits.view(BF16).astype(np.float32)
-  for r in range(rd.ROWS):
+  for r in range(channels):
     for c in range(capacity):
       if bits[r, c]:
         want[r, :m] = want[r, :m] + x[:, rows[r, c]].astype(np.float32) * values[r, c]

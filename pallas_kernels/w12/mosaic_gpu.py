@@ -191,9 +191,16 @@ def split_groups(span: int, group_k: int, total_groups: int) -> int:
 def _register_smem_bytes(config: TuningConfig, tile_m: int, depth: int) -> int:
   """The register decode's shared memory a block: ``depth`` pipeline stages of both planes (1.5 bytes a weight) and
   the activation tiles, and the epilogue's f32 halves."""
-  rows = register_decode.ROWS
+  rows = config.tile_n
   stage = rows * config.tile_k * 3 // 2 + tile_m * config.tile_k * 2
   return depth * stage + 2 * tile_m * rows * 2
+
+
+REGISTER_TILE_N = (64, 128, 192, 256)
+"""The register decode's channels a block: 1-4 row blocks of 64 (wgmma M groups), one warpgroup decoding each in turn
+into one wgmma's A operand, all against one activation tile. Why more than one: each block reads its own copy of the
+``[tile_m, tile_k]`` activation tile, so at 64 token rows 64-channel blocks read as many activation bytes (from L2) as
+weight bytes, and a 64-row stage (57 KB at 256 K) fits one block an SM."""
 
 
 def _check_supported(x: jax.Array, packed: W12Array, config: TuningConfig, interpret) -> None:
@@ -213,8 +220,9 @@ def _check_supported(x: jax.Array, packed: W12Array, config: TuningConfig, inter
   if config.decode == "registers":
     if interpret is not None:
       raise NotImplementedError("decode='registers' feeds wgmma from registers, which GPU interpret mode lacks")
-    if config.tile_n != 64 or config.tile_k not in (64, 128, 256):
-      raise NotImplementedError(f"decode='registers' needs tile_n=64 and tile_k 64, 128 or 256, got {config}")
+    if config.tile_n not in REGISTER_TILE_N or config.tile_k not in (64, 128, 256):
+      raise NotImplementedError(f"decode='registers' needs tile_n in {REGISTER_TILE_N} and tile_k 64, 128 or 256, "
+                                f"got {config}")
     tile_m = token_tile(config.tile_m, math.prod(x.shape[:-1]))
     smem = _register_smem_bytes(config, tile_m, min(config.max_concurrent_steps, kp // config.tile_k))
     if smem > SMEM_LIMIT:
@@ -406,16 +414,17 @@ def _load_bases(groups: int):
   return load
 
 
-def _decode_chunk_to_registers(chunk: int, step_k: int, byte_transforms, nibble_transforms):
-  """An ``inline_mgpu`` function: (byte, nibble SMEM refs of one step, the step's bases in ``_BASES_LAYOUT``) -> the
-  bf16 ``[64, 64]`` A fragment (WGMMA layout) of stored K chunk ``chunk``, via ``register_decode.decode_chunk``."""
+def _decode_chunk_to_registers(chunk: int, step_k: int, row_blocks: int, byte_transforms, nibble_transforms):
+  """An ``inline_mgpu`` function: (byte, nibble SMEM refs of one step's ``[64 row_blocks, step_k]`` tiles, each row
+  block's step bases in ``_BASES_LAYOUT``) -> the bf16 ``[64 row_blocks, 64]`` A fragment (WGMMA layout, one M group a
+  row block) of stored K chunk ``chunk``, via ``register_decode.decode_chunk``."""
+  rows = row_blocks * register_decode.ROWS
 
   @plgpu.inline_mgpu(
-      arg_types=(plgpu.RefType(byte_transforms), plgpu.RefType(nibble_transforms), _BASES_LAYOUT),
-      return_type=plgpu.ShapeDtypeStruct((register_decode.ROWS, register_decode.CHUNK), jnp.bfloat16,
-                                         layout=plgpu.Layout.WGMMA),
+      arg_types=(plgpu.RefType(byte_transforms), plgpu.RefType(nibble_transforms), *[_BASES_LAYOUT] * row_blocks),
+      return_type=plgpu.ShapeDtypeStruct((rows, register_decode.CHUNK), jnp.bfloat16, layout=plgpu.Layout.WGMMA),
   )
-  def decode(ctx, byte_ref, nibble_ref, bases):
+  def decode(ctx, byte_ref, nibble_ref, *bases):
     del ctx
     ops = _MlirOps()
     i8 = ir.IntegerType.get_signless(8)
@@ -428,14 +437,15 @@ def _decode_chunk_to_registers(chunk: int, step_k: int, byte_transforms, nibble_
                    for w in range(2))
 
     thread = _thread()
-    base_words = [vector.extract(bases.registers[half], dynamic_position=[],
-                                 static_position=ir.DenseI64ArrayAttr.get([0])) for half in range(2)]
-    words = register_decode.decode_chunk(ops, thread, load_words, base_words, chunk, step_k)
     layout = fa.WGMMA_LAYOUT
-    registers = np.empty(layout.registers_shape((register_decode.ROWS, register_decode.CHUNK)), dtype=object)
+    registers = np.empty(layout.registers_shape((rows, register_decode.CHUNK)), dtype=object)
     bf16_pair = ir.VectorType.get((2,), ir.BF16Type.get())
-    for (col_tile, half), word in words.items():
-      registers[0, col_tile, 0, 0, half, 0, 0, 0, 0] = mgpu_utils.bitcast(word, bf16_pair)
+    for block, block_bases in enumerate(bases):
+      base_words = [vector.extract(block_bases.registers[half], dynamic_position=[],
+                                   static_position=ir.DenseI64ArrayAttr.get([0])) for half in range(2)]
+      words = register_decode.decode_chunk(ops, thread, load_words, base_words, chunk, step_k, block)
+      for (col_tile, half), word in words.items():
+        registers[block, col_tile, 0, 0, half, 0, 0, 0, 0] = mgpu_utils.bitcast(word, bf16_pair)
     return mgpu.FragmentedArray(_registers=registers, _layout=layout, _is_signed=None)
 
   return decode
@@ -471,39 +481,46 @@ def _entry_loader(ops, rows_ref, bits_ref):
   return load_entry
 
 
-def _load_escape_entries(capacity: int):
-  """An ``inline_mgpu`` function: the block's ``[64, C]`` escape lists in GMEM -> this thread's entries in
-  ``_entries_layout``, for ``_escape_correction_in_registers(..., early=True)``. Issued before the pipeline, the
-  loads' latency hides under it (``TuningConfig.escape_loads_early``)."""
+def _load_escape_entries(capacity: int, row_blocks: int):
+  """An ``inline_mgpu`` function: the block's ``[64 row_blocks, C]`` escape lists in GMEM -> this thread's entries,
+  one array in ``_entries_layout`` a row block, for ``_escape_correction_in_registers(..., early=True)``. Issued before
+  the pipeline, the loads' latency hides under it (``TuningConfig.escape_loads_early``)."""
+  layout = _entries_layout(capacity)
 
   @plgpu.inline_mgpu(
       arg_types=(plgpu.RefType(), plgpu.RefType()),
-      return_type=plgpu.ShapeDtypeStruct((4 * capacity * 128,), jnp.uint32, layout=_entries_layout(capacity)),
+      return_type=tuple(plgpu.ShapeDtypeStruct((4 * capacity * 128,), jnp.uint32, layout=layout)
+                        for _ in range(row_blocks)),
   )
   def load(ctx, rows_ref, bits_ref):
     del ctx
     ops = _MlirOps()
-    entries = register_decode.escape_entries(ops, _thread(), _entry_loader(ops, rows_ref, bits_ref), capacity)
     word = ir.VectorType.get((1,), ops.i32)
-    values = [value for half in entries for entry in half for value in entry]
-    registers = np.empty((len(values),), dtype=object)
-    for i, value in enumerate(values):
-      registers[i] = vector.from_elements(word, [value])
-    return mgpu.FragmentedArray(_registers=registers, _layout=_entries_layout(capacity).to_mgpu(), _is_signed=False)
+    arrays = []
+    for block in range(row_blocks):
+      entries = register_decode.escape_entries(ops, _thread(), _entry_loader(ops, rows_ref, bits_ref), capacity, block)
+      values = [value for half in entries for entry in half for value in entry]
+      registers = np.empty((len(values),), dtype=object)
+      for i, value in enumerate(values):
+        registers[i] = vector.from_elements(word, [value])
+      arrays.append(mgpu.FragmentedArray(_registers=registers, _layout=layout.to_mgpu(), _is_signed=False))
+    return tuple(arrays)
 
   return load
 
 
-def _escape_correction_in_registers(tile_m: int, capacity: int, m: int, early: bool = False):
-  """An ``inline_mgpu`` function: (the f32 ``[64, tile_m]`` accumulator, the block's ``[64, C]`` escape lists in
-  GMEM, ``x`` ``[m, K]`` in GMEM) -> the accumulator plus ``register_decode.escape_correction``; with ``early``
-  the lists' entries come loaded already (``_load_escape_entries``' array in place of the two list refs), so only
-  the ``x`` loads wait here. For one token block (``m <= tile_m``): a thread's columns past ``m`` add nothing."""
-  lists = (_entries_layout(capacity),) if early else (plgpu.RefType(), plgpu.RefType())
+def _escape_correction_in_registers(tile_m: int, capacity: int, m: int, row_blocks: int, early: bool = False):
+  """An ``inline_mgpu`` function: (the f32 ``[64 row_blocks, tile_m]`` accumulator, the block's ``[64 row_blocks, C]``
+  escape lists in GMEM, ``x`` ``[m, K]`` in GMEM) -> the accumulator plus ``register_decode.escape_correction`` of
+  each row block; with ``early`` the lists' entries come loaded already (``_load_escape_entries``' arrays in place of
+  the two list refs), so only the ``x`` loads wait here. For one token block (``m <= tile_m``): a thread's columns
+  past ``m`` add nothing."""
+  lists = (_entries_layout(capacity),) * row_blocks if early else (plgpu.RefType(), plgpu.RefType())
 
   @plgpu.inline_mgpu(
       arg_types=(plgpu.Layout.WGMMA, *lists, plgpu.RefType()),
-      return_type=plgpu.ShapeDtypeStruct((register_decode.ROWS, tile_m), jnp.float32, layout=plgpu.Layout.WGMMA),
+      return_type=plgpu.ShapeDtypeStruct((row_blocks * register_decode.ROWS, tile_m), jnp.float32,
+                                         layout=plgpu.Layout.WGMMA),
   )
   def correct(ctx, acc, *refs):
     del ctx
@@ -520,28 +537,30 @@ def _escape_correction_in_registers(tile_m: int, capacity: int, m: int, early: b
       return arith.select(valid, arith.extui(ops.i32, bits), ops.const(0))
 
     thread = _thread()
-    if early:
-      words = [vector.extract(r, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([0]))
-               for r in lists[0].registers]  # (k, bits) pairs in [half][c] order: _load_escape_entries'
-      entries = [[(words[2 * (half * capacity + c)], words[2 * (half * capacity + c) + 1]) for c in range(capacity)]
-                 for half in range(2)]
-    else:
-      entries = register_decode.escape_entries(ops, thread, _entry_loader(ops, *lists), capacity)
-    values = register_decode.escape_correction(ops, thread, entries, load_x, tile_m)
     registers = np.empty(acc.registers.shape, dtype=object)
     f32_pair = ir.VectorType.get((2,), ir.F32Type.get())
-    for (col_tile, half), pair in values.items():
-      registers[0, col_tile, 0, 0, half, 0, 0, 0, 0] = vector.from_elements(f32_pair, list(pair))
+    for block in range(row_blocks):
+      if early:
+        words = [vector.extract(r, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([0]))
+                 for r in lists[block].registers]  # (k, bits) pairs in [half][c] order: _load_escape_entries'
+        entries = [[(words[2 * (half * capacity + c)], words[2 * (half * capacity + c) + 1])
+                    for c in range(capacity)] for half in range(2)]
+      else:
+        entries = register_decode.escape_entries(ops, thread, _entry_loader(ops, *lists), capacity, block)
+      values = register_decode.escape_correction(ops, thread, entries, load_x, tile_m)
+      for (col_tile, half), pair in values.items():
+        registers[block, col_tile, 0, 0, half, 0, 0, 0, 0] = vector.from_elements(f32_pair, list(pair))
     return acc + mgpu.FragmentedArray(_registers=registers, _layout=acc.layout, _is_signed=None)
 
   return correct
 
 
-def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, group_k, tile_m, tile_k,
+def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, group_k, tile_n, tile_m, tile_k,
                           max_concurrent_steps, split_k, halves, overlap_decode=False, escape_lists=None, m=None,
                           escape_loads_early=False):
-  """One warpgroup per (64 channels, tile_m tokens, K split); each step's W12 tiles are decoded by
-  ``register_decode`` straight into wgmma's A registers, 64 K at a time, in logical K order (the planes' stored
+  """One warpgroup per (``tile_n`` channels, tile_m tokens, K split); each step's W12 tiles are decoded by
+  ``register_decode`` straight into wgmma's A registers, 64 K at a time, one wgmma M group per 64 channels (all
+  against the one activation tile of the step: ``REGISTER_TILE_N``), in logical K order (the planes' stored
   order is the order the threads read), against ``x2`` ``[m, K]`` as the caller has it (``pad_for_tma``: decode's
   one to eight rows untouched): TMA fills the activation tiles' rows past ``m`` (up to ``mp``) and columns past
   ``K`` (up to ``Kp``) with zeros, so no padded or permuted copy of ``x`` is made. Before its pipeline each thread
@@ -561,7 +580,7 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   previous step's are done), so step i's decode runs while step i - 1's wgmmas do, and the activation tiles, which
   wgmma reads from SMEM, are released one step late (``delay_release=1``); the planes are read into registers by the
   decode itself, so their slots go back at once. Needs a pipeline deeper than one step."""
-  tile_n = register_decode.ROWS
+  row_blocks = tile_n // register_decode.ROWS
   n, kp = byte_plane.shape
   chunks = tile_k // register_decode.CHUNK
   steps = kp // tile_k // split_k
@@ -570,7 +589,8 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   byte_transforms = smem_transforms(tile_k, jnp.uint8)
   nibble_transforms = smem_transforms(tile_k // 2, jnp.uint8)
   x_transforms = smem_transforms(register_decode.CHUNK, jnp.bfloat16)
-  decoders = [_decode_chunk_to_registers(c, tile_k, byte_transforms, nibble_transforms) for c in range(chunks)]
+  decoders = [_decode_chunk_to_registers(c, tile_k, row_blocks, byte_transforms, nibble_transforms)
+              for c in range(chunks)]
   total_groups = base_exponent.shape[1]
   groups = split_groups(steps * tile_k, group_k, total_groups)
   load_bases = _load_bases(groups)
@@ -580,8 +600,8 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
     if mp != tile_m:
       raise ValueError(f"the in-kernel escape correction takes one token block, got Mp={mp}, tile_m={tile_m}")
     capacity = escape_lists[0].shape[1]
-    correct = _escape_correction_in_registers(tile_m, capacity, m, early)
-    load_entries = _load_escape_entries(capacity) if early else None
+    correct = _escape_correction_in_registers(tile_m, capacity, m, row_blocks, early)
+    load_entries = _load_escape_entries(capacity, row_blocks) if early else None
 
   def w12_matmul_body(byte_gmem, nibble_gmem, base_gmem, x_gmem, *refs, out_smem):  # profile name
     pdl.begin_kernel(None)  # registers: never interpreted (``_check_supported``)
@@ -592,7 +612,9 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
     first = split * steps
     # the split's groups, the slice kept inside the array (a split can start inside a group)
     first_group = jnp.minimum(first * tile_k // group_k, total_groups - groups)
-    bases = load_bases(base_gmem.at[n_slice, pl.ds(first_group, groups)])
+    bases = [load_bases(base_gmem.at[pl.ds(lax.axis_index("n") * tile_n + block * register_decode.ROWS,
+                                           register_decode.ROWS), pl.ds(first_group, groups)])
+             for block in range(row_blocks)]  # [row block][group]
     if early:  # every split loads (the other splits channel block 0's lists, L2 hits) and only the first adds them
       entries = load_entries(*(g.at[pl.ds(jnp.where(split == 0, lax.axis_index("n") * tile_n, 0), tile_n)]
                                for g in (rows_gmem, bits_gmem)))
@@ -607,11 +629,14 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
     def accumulate(acc_ref):
       def step(idx, byte_smem, nibble_smem, x_smem):
         group = (first + idx[0]) * tile_k // group_k - first_group
-        step_bases = bases[0]
-        for g in range(1, groups):
-          step_bases = jnp.where(jnp.broadcast_to(group == g, step_bases.shape), bases[g], step_bases)
+        step_bases = []
+        for block_bases in bases:
+          chosen = block_bases[0]
+          for g in range(1, groups):
+            chosen = jnp.where(jnp.broadcast_to(group == g, chosen.shape), block_bases[g], chosen)
+          step_bases.append(chosen)
         for c in range(chunks):
-          weights = decoders[c](byte_smem, nibble_smem, step_bases)
+          weights = decoders[c](byte_smem, nibble_smem, *step_bases)
           plgpu.wgmma(acc_ref, weights, x_smem.at[:, pl.ds(c * register_decode.CHUNK, register_decode.CHUNK)].T)
         # each wgmma call is one group and groups retire in order: leaving this step's `chunks` in flight means the
         # previous step's are done, so its activation tiles (released a step late) are free
@@ -625,7 +650,7 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
       if correct is not None:
         @pl.when(split == 0)
         def _():
-          lists = (entries,) if early else (rows_gmem.at[n_slice], bits_gmem.at[n_slice])
+          lists = entries if early else (rows_gmem.at[n_slice], bits_gmem.at[n_slice])
           acc_ref[...] = correct(acc_ref[...], *lists, x_gmem)
       return acc_ref[...]
 
@@ -685,7 +710,8 @@ def w12_matmul(
     step_config = _capped_config(config, tile_m, kp, packed.group_k, split_k) if split_k < auto_split else config
     out = _register_decode_call(
         pad_for_tma(x2, (8, register_decode.CHUNK)), packed.sign_mantissa, packed.exponent_codes,
-        packed.base_exponent, mp=mp, group_k=packed.group_k, tile_m=tile_m, tile_k=step_config.tile_k,
+        packed.base_exponent, mp=mp, group_k=packed.group_k, tile_n=config.tile_n, tile_m=tile_m,
+        tile_k=step_config.tile_k,
         max_concurrent_steps=step_config.max_concurrent_steps, split_k=split_k, halves=halves,
         overlap_decode=config.overlap_decode,
         escape_lists=(packed.column_escape_rows, packed.column_escape_bits) if in_kernel else None, m=m,

@@ -31,7 +31,8 @@ CHUNK = 64
 """Stored K per decoded A fragment: one W12 nibble chunk, four 16-wide wgmma K tiles."""
 
 ROWS = 64
-"""Output channels per warpgroup: wgmma M."""
+"""Output channels of one row block: wgmma's M group. A block of ``R`` row blocks (``TuningConfig.tile_n = 64 R``)
+decodes each into its own M group of one wgmma; the thread's rows are the same in each, 64 apart."""
 
 
 class NumpyOps:
@@ -188,8 +189,9 @@ def thread_rows(ops, thread):
   return ops.add(ops.mul(ops.shr(thread, 5), 16), ops.shr(ops.and_(thread, 31), 2))
 
 
-def decode_chunk(ops, thread, load_words, base_words, chunk: int, step_k: int):
-  """One thread's A fragment of stored K chunk ``chunk`` (64 wide) of a ``[64, step_k]`` step.
+def decode_chunk(ops, thread, load_words, base_words, chunk: int, step_k: int, row_block: int = 0):
+  """One thread's A fragment of stored K chunk ``chunk`` (64 wide) of rows ``64 row_block ..`` + 64 of a step's
+  ``[64 R, step_k]`` tiles (a block of ``R`` row blocks decodes each into its own wgmma M group).
 
   ``load_words(plane, offset)`` returns the two uint32 words at byte ``offset`` of the byte plane
   (``plane == "bytes"``, rows ``step_k`` bytes wide) or the nibble plane (``"nibbles"``, rows
@@ -198,7 +200,7 @@ def decode_chunk(ops, thread, load_words, base_words, chunk: int, step_k: int):
   the bf16x2 register of wgmma's A fragment for column tile ``col_tile`` (8 positions) of the chunk
   and row ``half`` (row, row + 8).
   """
-  first_row = thread_rows(ops, thread)
+  first_row = ops.add(thread_rows(ops, thread), ROWS * row_block)
   quad = ops.and_(thread, 3)
   planes = {"bytes": step_k, "nibbles": step_k // 2}
   parts = {plane: swizzle_parts(ops, first_row, quad, row_bytes) for plane, row_bytes in planes.items()}
@@ -219,10 +221,10 @@ def decode_chunk(ops, thread, load_words, base_words, chunk: int, step_k: int):
 def simulate_chunk(byte_tile: np.ndarray, nibble_tile: np.ndarray, bases: np.ndarray, chunk: int) -> np.ndarray:
   """What the kernel's A fragment holds, computed with numpy for all 128 threads at once.
 
-  ``byte_tile`` uint8 ``[64, step_k]`` and ``nibble_tile`` uint8 ``[64, step_k // 2]`` are the logical
+  ``byte_tile`` uint8 ``[64 R, step_k]`` and ``nibble_tile`` uint8 ``[64 R, step_k // 2]`` are the logical
   tiles (stored K order); they are swizzled here as TMA would store them, then read through
-  ``decode_chunk``. Returns the uint16 bf16 bits ``[64, 64]`` in wgmma position order: the chunk's logical K
-  order, for planes ``pack`` wrote.
+  ``decode_chunk``, one row block at a time. Returns the uint16 bf16 bits ``[64 R, 64]`` in wgmma position order:
+  the chunk's logical K order, for planes ``pack`` wrote.
   """
   step_k = byte_tile.shape[1]
   memories = {name: _swizzle_as_tma(tile) for name, tile in (("bytes", byte_tile), ("nibbles", nibble_tile))}
@@ -232,16 +234,17 @@ def simulate_chunk(byte_tile: np.ndarray, nibble_tile: np.ndarray, bases: np.nda
     return tuple(memory[offset // 4 + w] for w in range(2))
 
   thread = np.arange(128, dtype=np.uint32)
-  rows = thread_rows(NUMPY_OPS, thread)
-  base_words = [bases[rows + 8 * half].astype(np.uint32) * np.uint32(0x01010101) for half in range(2)]
-  registers = decode_chunk(NUMPY_OPS, thread, load_words, base_words, chunk, step_k)
-  out = np.zeros((ROWS, CHUNK), np.uint16)
   warp, lane = thread // 32, thread % 32
-  for (col_tile, half), word in registers.items():
-    row = 16 * warp + 8 * half + lane // 4
-    col = 8 * col_tile + 2 * (lane % 4)
-    out[row, col] = word & 0xFFFF
-    out[row, col + 1] = word >> 16
+  out = np.zeros((byte_tile.shape[0], CHUNK), np.uint16)
+  for block in range(byte_tile.shape[0] // ROWS):
+    rows = thread_rows(NUMPY_OPS, thread) + ROWS * block
+    base_words = [bases[rows + 8 * half].astype(np.uint32) * np.uint32(0x01010101) for half in range(2)]
+    registers = decode_chunk(NUMPY_OPS, thread, load_words, base_words, chunk, step_k, block)
+    for (col_tile, half), word in registers.items():
+      row = ROWS * block + 16 * warp + 8 * half + lane // 4
+      col = 8 * col_tile + 2 * (lane % 4)
+      out[row, col] = word & 0xFFFF
+      out[row, col + 1] = word >> 16
   return out
 
 
@@ -255,11 +258,11 @@ def _swizzle_as_tma(tile: np.ndarray) -> np.ndarray:
   return memory.view("<u4")
 
 
-def escape_entries(ops, thread, load_entry, capacity: int):
+def escape_entries(ops, thread, load_entry, capacity: int, row_block: int = 0):
   """One thread's list entries for ``escape_correction``: ``[half][c] = load_entry(row, c)`` for its two accumulator
-  rows (``thread_rows`` and that + 8). Apart so a kernel can issue these loads long before it adds the sums
+  rows of row block ``row_block`` (``thread_rows`` + 64 ``row_block``, and that + 8). Apart so a kernel can issue these loads long before it adds the sums
   (``TuningConfig.escape_loads_early``): they depend on nothing the kernel computes."""
-  first_row = thread_rows(ops, thread)
+  first_row = ops.add(thread_rows(ops, thread), ROWS * row_block)
   return [[load_entry(ops.add(first_row, 8 * half), c) for c in range(capacity)] for half in range(2)]
 
 
@@ -293,9 +296,9 @@ def escape_correction(ops, thread, entries, load_x, tile_m: int):
 
 
 def simulate_escape_correction(rows: np.ndarray, bits: np.ndarray, x: np.ndarray, tile_m: int) -> np.ndarray:
-  """What ``escape_correction`` gives the 128 threads, computed with numpy and placed at its ``[64, tile_m]``
-  positions: the block's lists ``rows`` int32 / ``bits`` uint16 ``[64, C]`` and ``x`` bf16 ``[m, K]`` (``m <=
-  tile_m``)."""
+  """What ``escape_correction`` gives the 128 threads, computed with numpy and placed at its ``[64 R, tile_m]``
+  positions, one row block at a time: the block's lists ``rows`` int32 / ``bits`` uint16 ``[64 R, C]`` and ``x`` bf16
+  ``[m, K]`` (``m <= tile_m``)."""
   x_bits = x.view(np.uint16)
   thread = np.arange(128, dtype=np.uint32)
 
@@ -306,11 +309,12 @@ def simulate_escape_correction(rows: np.ndarray, bits: np.ndarray, x: np.ndarray
     valid = col < x_bits.shape[0]
     return np.where(valid, x_bits[np.minimum(col, x_bits.shape[0] - 1), k], 0).astype(np.uint32)
 
-  entries = escape_entries(NUMPY_OPS, thread, load_entry, rows.shape[1])
-  values = escape_correction(NUMPY_OPS, thread, entries, load_x, tile_m)
-  out = np.zeros((ROWS, tile_m), np.float32)
+  out = np.zeros((rows.shape[0], tile_m), np.float32)
   warp, lane = thread // 32, thread % 32
-  for (col_tile, half), pair in values.items():
-    for e, value in enumerate(pair):
-      out[16 * warp + 8 * half + lane // 4, 8 * col_tile + 2 * (lane % 4) + e] = value
+  for block in range(rows.shape[0] // ROWS):
+    entries = escape_entries(NUMPY_OPS, thread, load_entry, rows.shape[1], block)
+    values = escape_correction(NUMPY_OPS, thread, entries, load_x, tile_m)
+    for (col_tile, half), pair in values.items():
+      for e, value in enumerate(pair):
+        out[ROWS * block + 16 * warp + 8 * half + lane // 4, 8 * col_tile + 2 * (lane % 4) + e] = value
   return out

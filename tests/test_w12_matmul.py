@@ -247,7 +247,8 @@ def test_register_kernel_hands_its_splits_on_when_it_corrects_every_escape(overf
 def test_register_kernel_loads_the_escape_lists_before_its_pipeline_when_asked(monkeypatch, early, tile_n):
   """``escape_loads_early`` (traced and lowered for sm_90 on the CPU, K = 3072: three-entry lists): the lists'
   entries are loaded before the pipeline's first decode, once a row block; without it after the last one. Either way
-  the correction is one ``escape_correction`` a row block with the lists' ``capacity`` entries a row."""
+  the correction is one ``escape_correction`` a row block with the split's share of each list (entries ``s``,
+  ``s + 2``: two of three at two splits)."""
   from pallas_kernels.w12 import register_decode
 
   w = np.full((3072, 128), 0.5, np.float32)
@@ -267,8 +268,8 @@ def test_register_kernel_loads_the_escape_lists_before_its_pipeline_when_asked(m
   decodes = [i for i, e in enumerate(events) if e == "decode_chunk"]
   blocks = tile_n // register_decode.ROWS
   assert events.count("escape_entries") == blocks and events.count("escape_correction") == blocks
-  # escape_entries(ops, thread, load, capacity, row_block)
-  assert [a[3:] for name, a in calls if name == "escape_entries"] == [(3, b) for b in range(blocks)]
+  # escape_entries(ops, thread, load, count, row_block, first, stride): each of the two splits takes 2 of 3 entries
+  assert [(a[3], a[4], a[6]) for name, a in calls if name == "escape_entries"] == [(2, b, 2) for b in range(blocks)]
   entries = [i for i, e in enumerate(events) if e == "escape_entries"]
   if early:
     assert entries[-1] < decodes[0]

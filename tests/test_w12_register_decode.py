@@ -174,7 +174,7 @@ def test_chunk_offset_is_the_swizzled_offset_for_every_thread_half_and_column(ro
 def test_every_thread_adds_its_escape_correction(tile_m, m, channels):
   """``escape_correction`` as the 128 threads run it (numpy): at each accumulator position it adds
   ``sum_c x[col, rows[n, c]] * W[rows[n, c], n]`` in list order, nothing past ``x``'s rows, and nothing for an unused
-  entry even where ``x`` is inf; for every row block of a 128-channel block."""
+  entry even where ``x`` is inf; for every row block of a 128-channel block; and its K splits' shares add up to it."""
   rng = np.random.default_rng(tile_m + m + channels)
   capacity, k = 4, 512
   rows = rng.integers(0, k, size=(channels, capacity)).astype(np.int32)
@@ -191,6 +191,10 @@ def test_every_thread_adds_its_escape_correction(tile_m, m, channels):
       if bits[r, c]:
         want[r, :m] = want[r, :m] + x[:, rows[r, c]].astype(np.float32) * values[r, c]
   np.testing.assert_array_equal(got, want)
+  for splits in (2, 3, 5):  # K splits sharing the lists: split s adds entries s, s + splits, ... (none past 4)
+    shares = [rd.simulate_escape_correction(rows, bits, x, tile_m, s, splits) for s in range(splits)]
+    assert not shares[-1].any() if splits == 5 else shares[-1].any()
+    np.testing.assert_allclose(sum(shares), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("overflow", [False, True])

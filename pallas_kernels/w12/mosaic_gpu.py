@@ -451,6 +451,16 @@ def _decode_chunk_to_registers(chunk: int, step_k: int, row_blocks: int, byte_tr
   return decode
 
 
+_SCALAR_LAYOUT = plgpu.Layout.WG_SPLAT((128,))
+# a (128,) int32 array of one value, ``jnp.full``
+"""A traced int32 scalar (the K split) handed to an ``inline_mgpu`` function: every thread holds it (``_scalar``)."""
+
+
+def _scalar(array):
+  """The one value of a ``_SCALAR_LAYOUT`` array, as an i32."""
+  return array.registers.flat[0]
+
+
 @plgpu.inline_mgpu()
 def _warpgroup_barrier(ctx):
   """Every thread of the warpgroup gets here before any goes on. The register decode's kernel runs without Pallas'
@@ -460,45 +470,50 @@ def _warpgroup_barrier(ctx):
   mgpu_utils.warpgroup_barrier()
 
 
-def _entries_layout(capacity: int):
+def _entries_layout(count: int):
   """``escape_entries``' values as a Pallas array: thread ``t`` holds elements ``t + 128 i``, its ``(k, bits)`` pairs
-  in ``[half][c]`` order."""
-  return plgpu.Layout.WG_STRIDED((4 * capacity * 128,), vec_size=1)
+  in ``[half][j]`` order."""
+  return plgpu.Layout.WG_STRIDED((4 * count * 128,), vec_size=1)
 
 
 def _entry_loader(ops, rows_ref, bits_ref):
-  """``load_entry(row, c)`` for ``register_decode.escape_entries``: the block's ``[64, C]`` lists read from GMEM."""
+  """``load_entry(row, c)`` for ``register_decode.escape_entries``: the block's ``[64 R, C]`` lists read from GMEM, an
+  unused entry (``bits`` 0) for ``c >= C``."""
   i8, i16 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(16)
   rows_pointer, bits_pointer = mgpu_utils.memref_ptr(rows_ref), mgpu_utils.memref_ptr(bits_ref)
-  list_stride = ir.MemRefType(rows_ref.type).get_strides_and_offset()[0][0]
+  list_stride, _ = ir.MemRefType(rows_ref.type).get_strides_and_offset()[0]
+  capacity = ir.MemRefType(rows_ref.type).shape[1]
 
   def load_entry(row, c):
-    entry = ops.add(ops.mul(row, list_stride), c)
+    valid = arith.cmpi(arith.CmpIPredicate.ult, ops.const(c), ops.const(capacity))
+    entry = ops.add(ops.mul(row, list_stride), arith.select(valid, ops.const(c), ops.const(0)))
     k = llvm.load(ops.i32, mgpu_utils.getelementptr(rows_pointer, [ops.mul(entry, 4)], i8))
     bits = arith.extui(ops.i32, llvm.load(i16, mgpu_utils.getelementptr(bits_pointer, [ops.mul(entry, 2)], i8)))
-    return k, bits
+    return k, arith.select(valid, bits, ops.const(0))
 
   return load_entry
 
 
-def _load_escape_entries(capacity: int, row_blocks: int):
-  """An ``inline_mgpu`` function: the block's ``[64 row_blocks, C]`` escape lists in GMEM -> this thread's entries,
-  one array in ``_entries_layout`` a row block, for ``_escape_correction_in_registers(..., early=True)``. Issued before
-  the pipeline, the loads' latency hides under it (``TuningConfig.escape_loads_early``)."""
-  layout = _entries_layout(capacity)
+def _load_escape_entries(count: int, splits: int, row_blocks: int):
+  """An ``inline_mgpu`` function: (the block's ``[64 row_blocks, C]`` escape lists in GMEM, its K split as an int32
+  array) -> this thread's share of the entries (``count`` a row: ``register_decode.split_share``), one array in
+  ``_entries_layout`` a row block, for ``_escape_correction_in_registers(..., early=True)``. Issued before the
+  pipeline, the loads' latency hides under it (``TuningConfig.escape_loads_early``)."""
+  layout = _entries_layout(count)
 
   @plgpu.inline_mgpu(
-      arg_types=(plgpu.RefType(), plgpu.RefType()),
-      return_type=tuple(plgpu.ShapeDtypeStruct((4 * capacity * 128,), jnp.uint32, layout=layout)
+      arg_types=(plgpu.RefType(), plgpu.RefType(), _SCALAR_LAYOUT),
+      return_type=tuple(plgpu.ShapeDtypeStruct((4 * count * 128,), jnp.uint32, layout=layout)
                         for _ in range(row_blocks)),
   )
-  def load(ctx, rows_ref, bits_ref):
+  def load(ctx, rows_ref, bits_ref, split):
     del ctx
     ops = _MlirOps()
     word = ir.VectorType.get((1,), ops.i32)
     arrays = []
     for block in range(row_blocks):
-      entries = register_decode.escape_entries(ops, _thread(), _entry_loader(ops, rows_ref, bits_ref), capacity, block)
+      entries = register_decode.escape_entries(ops, _thread(), _entry_loader(ops, rows_ref, bits_ref), count, block,
+                                               _scalar(split), splits)
       values = [value for half in entries for entry in half for value in entry]
       registers = np.empty((len(values),), dtype=object)
       for i, value in enumerate(values):
@@ -509,13 +524,15 @@ def _load_escape_entries(capacity: int, row_blocks: int):
   return load
 
 
-def _escape_correction_in_registers(tile_m: int, capacity: int, m: int, row_blocks: int, early: bool = False):
+def _escape_correction_in_registers(tile_m: int, count: int, splits: int, m: int, row_blocks: int,
+                                    early: bool = False):
   """An ``inline_mgpu`` function: (the f32 ``[64 row_blocks, tile_m]`` accumulator, the block's ``[64 row_blocks, C]``
-  escape lists in GMEM, ``x`` ``[m, K]`` in GMEM) -> the accumulator plus ``register_decode.escape_correction`` of
-  each row block; with ``early`` the lists' entries come loaded already (``_load_escape_entries``' arrays in place of
-  the two list refs), so only the ``x`` loads wait here. For one token block (``m <= tile_m``): a thread's columns
-  past ``m`` add nothing."""
-  lists = (_entries_layout(capacity),) * row_blocks if early else (plgpu.RefType(), plgpu.RefType())
+  escape lists in GMEM, its K split as an int32 array, ``x`` ``[m, K]`` in GMEM) -> the accumulator plus
+  ``register_decode.escape_correction`` of the split's share of each row block's lists (``count`` entries a row,
+  ``register_decode.split_share``); with ``early`` the share comes loaded already (``_load_escape_entries``' arrays in
+  place of the two list refs and the split), so only the ``x`` loads wait here. For one token block
+  (``m <= tile_m``): a thread's columns past ``m`` add nothing."""
+  lists = (_entries_layout(count),) * row_blocks if early else (plgpu.RefType(), plgpu.RefType(), _SCALAR_LAYOUT)
 
   @plgpu.inline_mgpu(
       arg_types=(plgpu.Layout.WGMMA, *lists, plgpu.RefType()),
@@ -542,11 +559,13 @@ def _escape_correction_in_registers(tile_m: int, capacity: int, m: int, row_bloc
     for block in range(row_blocks):
       if early:
         words = [vector.extract(r, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([0]))
-                 for r in lists[block].registers]  # (k, bits) pairs in [half][c] order: _load_escape_entries'
-        entries = [[(words[2 * (half * capacity + c)], words[2 * (half * capacity + c) + 1])
-                    for c in range(capacity)] for half in range(2)]
+                 for r in lists[block].registers]  # (k, bits) pairs in [half][j] order: _load_escape_entries'
+        entries = [[(words[2 * (half * count + j)], words[2 * (half * count + j) + 1])
+                    for j in range(count)] for half in range(2)]
       else:
-        entries = register_decode.escape_entries(ops, thread, _entry_loader(ops, *lists), capacity, block)
+        rows_ref, bits_ref, split = lists
+        entries = register_decode.escape_entries(ops, thread, _entry_loader(ops, rows_ref, bits_ref), count, block,
+                                                 _scalar(split), splits)
       values = register_decode.escape_correction(ops, thread, entries, load_x, tile_m)
       for (col_tile, half), pair in values.items():
         registers[block, col_tile, 0, 0, half, 0, 0, 0, 0] = vector.from_elements(f32_pair, list(pair))
@@ -599,9 +618,9 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   if escape_lists is not None:
     if mp != tile_m:
       raise ValueError(f"the in-kernel escape correction takes one token block, got Mp={mp}, tile_m={tile_m}")
-    capacity = escape_lists[0].shape[1]
-    correct = _escape_correction_in_registers(tile_m, capacity, m, row_blocks, early)
-    load_entries = _load_escape_entries(capacity, row_blocks) if early else None
+    count = register_decode.split_share(escape_lists[0].shape[1], split_k)
+    correct = _escape_correction_in_registers(tile_m, count, split_k, m, row_blocks, early)
+    load_entries = _load_escape_entries(count, split_k, row_blocks) if early else None
 
   def w12_matmul_body(byte_gmem, nibble_gmem, base_gmem, x_gmem, *refs, out_smem):  # profile name
     pdl.begin_kernel(None)  # registers: never interpreted (``_check_supported``)
@@ -615,9 +634,9 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
     bases = [load_bases(base_gmem.at[pl.ds(lax.axis_index("n") * tile_n + block * register_decode.ROWS,
                                            register_decode.ROWS), pl.ds(first_group, groups)])
              for block in range(row_blocks)]  # [row block][group]
-    if early:  # every split loads (the other splits channel block 0's lists, L2 hits) and only the first adds them
-      entries = load_entries(*(g.at[pl.ds(jnp.where(split == 0, lax.axis_index("n") * tile_n, 0), tile_n)]
-                               for g in (rows_gmem, bits_gmem)))
+    split_array = jnp.full((128,), split, jnp.int32)  # what the correction's inline functions read the split from
+    if early:
+      entries = load_entries(rows_gmem.at[n_slice], bits_gmem.at[n_slice], split_array)
 
     in_specs = (
         plgpu.BlockSpec((tile_n, tile_k), lambda k: (0, first + k), transforms=byte_transforms),
@@ -648,10 +667,8 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
       if overlap:
         plgpu.wgmma_wait(0)
       if correct is not None:
-        @pl.when(split == 0)
-        def _():
-          lists = entries if early else (rows_gmem.at[n_slice], bits_gmem.at[n_slice])
-          acc_ref[...] = correct(acc_ref[...], *lists, x_gmem)
+        lists = entries if early else (rows_gmem.at[n_slice], bits_gmem.at[n_slice], split_array)
+        acc_ref[...] = correct(acc_ref[...], *lists, x_gmem)
       return acc_ref[...]
 
     acc = pl.run_scoped(accumulate, plgpu.ACC((tile_n, tile_m), jnp.float32))

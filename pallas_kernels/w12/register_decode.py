@@ -258,12 +258,15 @@ def _swizzle_as_tma(tile: np.ndarray) -> np.ndarray:
   return memory.view("<u4")
 
 
-def escape_entries(ops, thread, load_entry, capacity: int, row_block: int = 0):
-  """One thread's list entries for ``escape_correction``: ``[half][c] = load_entry(row, c)`` for its two accumulator
-  rows of row block ``row_block`` (``thread_rows`` + 64 ``row_block``, and that + 8). Apart so a kernel can issue these loads long before it adds the sums
-  (``TuningConfig.escape_loads_early``): they depend on nothing the kernel computes."""
+def escape_entries(ops, thread, load_entry, count: int, row_block: int = 0, first=0, stride: int = 1):
+  """One thread's list entries for ``escape_correction``: ``[half][j] = load_entry(row, first + stride j)`` for
+  ``j < count``, for its two accumulator rows of row block ``row_block`` (``thread_rows`` + 64 ``row_block``, and that
+  + 8). ``first`` and ``stride`` pick a K split's share of the lists (``first`` may be a traced value; ``load_entry``
+  returns an unused entry past the lists' capacity). Apart so a kernel can issue these loads long before it adds the
+  sums (``TuningConfig.escape_loads_early``): they depend on nothing the kernel computes."""
   first_row = ops.add(thread_rows(ops, thread), ROWS * row_block)
-  return [[load_entry(ops.add(first_row, 8 * half), c) for c in range(capacity)] for half in range(2)]
+  return [[load_entry(ops.add(first_row, 8 * half), ops.add(first, stride * j)) for j in range(count)]
+          for half in range(2)]
 
 
 def escape_correction(ops, thread, entries, load_x, tile_m: int):
@@ -295,15 +298,25 @@ def escape_correction(ops, thread, entries, load_x, tile_m: int):
   return out
 
 
-def simulate_escape_correction(rows: np.ndarray, bits: np.ndarray, x: np.ndarray, tile_m: int) -> np.ndarray:
-  """What ``escape_correction`` gives the 128 threads, computed with numpy and placed at its ``[64 R, tile_m]``
-  positions, one row block at a time: the block's lists ``rows`` int32 / ``bits`` uint16 ``[64 R, C]`` and ``x`` bf16
-  ``[m, K]`` (``m <= tile_m``)."""
+def split_share(capacity: int, splits: int) -> int:
+  """Entries of each list a K split adds when ``splits`` splits share the lists' ``capacity`` (split ``s`` takes
+  entries ``s, s + splits, ...``)."""
+  return -(-capacity // splits)
+
+
+def simulate_escape_correction(rows: np.ndarray, bits: np.ndarray, x: np.ndarray, tile_m: int, split: int = 0,
+                               splits: int = 1) -> np.ndarray:
+  """What ``escape_correction`` gives the 128 threads of K split ``split`` of ``splits`` (its share of the lists,
+  ``split_share``), computed with numpy and placed at its ``[64 R, tile_m]`` positions, one row block at a time: the
+  block's lists ``rows`` int32 / ``bits`` uint16 ``[64 R, C]`` and ``x`` bf16 ``[m, K]`` (``m <= tile_m``)."""
   x_bits = x.view(np.uint16)
   thread = np.arange(128, dtype=np.uint32)
+  capacity = rows.shape[1]
 
   def load_entry(row, c):
-    return rows[row, c].astype(np.uint32), bits[row, c].astype(np.uint32)
+    valid = c < capacity
+    c = np.minimum(c, capacity - 1)
+    return rows[row, c].astype(np.uint32), np.where(valid, bits[row, c], 0).astype(np.uint32)
 
   def load_x(col, k):
     valid = col < x_bits.shape[0]
@@ -312,7 +325,8 @@ def simulate_escape_correction(rows: np.ndarray, bits: np.ndarray, x: np.ndarray
   out = np.zeros((rows.shape[0], tile_m), np.float32)
   warp, lane = thread // 32, thread % 32
   for block in range(rows.shape[0] // ROWS):
-    entries = escape_entries(NUMPY_OPS, thread, load_entry, rows.shape[1], block)
+    entries = escape_entries(NUMPY_OPS, thread, load_entry, split_share(capacity, splits), block, np.uint32(split),
+                             splits)
     values = escape_correction(NUMPY_OPS, thread, entries, load_x, tile_m)
     for (col_tile, half), pair in values.items():
       for e, value in enumerate(pair):

@@ -119,20 +119,21 @@ def w12_sweep():
         dataclasses.replace(at_128, blocks_per_sm=2),  # twice the pipeline steps
         at_128,
         TuningConfig(),  # SMEM decode, split_k auto: every SM gets a block
-        dataclasses.replace(DEFAULT_CONFIG, escapes_in_kernel=True),  # the escape lists' correction in the kernel
+        # the escape lists' correction in XLA, the default before 2026-12-04 (since: in the kernel)
+        dataclasses.replace(DEFAULT_CONFIG, escapes_in_kernel=False),
         # step i's decode beside step i - 1's wgmma
-        dataclasses.replace(DEFAULT_CONFIG, escapes_in_kernel=True, overlap_decode=True),
+        dataclasses.replace(DEFAULT_CONFIG, overlap_decode=True),
         # two K splits, what the decode loop's o and down projections hand their consumer (split_k.CONSUMER_SPLIT_K):
         # ~1 block an SM, so the pipeline depth is the bytes in flight
-        *(dataclasses.replace(at_128, escapes_in_kernel=True, split_k=2, max_concurrent_steps=d)
+        *(dataclasses.replace(at_128, split_k=2, max_concurrent_steps=d)
           for d in (2, 4, 6, 8)),
         # at two splits one warpgroup an SM decodes alone (Nsight Compute: one warp a scheduler, an issue every 2.6
         # cycles): step i's decode beside step i - 1's wgmma, or twice the K a step, gives that warp more to issue
-        *(dataclasses.replace(at_128, escapes_in_kernel=True, split_k=2, max_concurrent_steps=d,
+        *(dataclasses.replace(at_128, split_k=2, max_concurrent_steps=d,
                               overlap_decode=True) for d in (4, 6)),
-        dataclasses.replace(DEFAULT_CONFIG, escapes_in_kernel=True, split_k=2, tile_k=256, max_concurrent_steps=2),
+        dataclasses.replace(DEFAULT_CONFIG, split_k=2, tile_k=256, max_concurrent_steps=2),
         # the capped split as w12_matmul runs it now: 256 a step, CONSUMER_DEPTH (3) ahead
-        dataclasses.replace(DEFAULT_CONFIG, escapes_in_kernel=True, split_k=2, max_concurrent_steps=3),
+        dataclasses.replace(DEFAULT_CONFIG, split_k=2, max_concurrent_steps=3),
     )
 
 
@@ -326,8 +327,9 @@ def case_w12(case: dict, result: Result) -> None:
         return jax.jit(lambda x, p: w12.matmul(x, p, implementation="xla_decode"))
 
     w12_args = list(zip(xs, packed_sets))
-    if interpret:  # interpret mode's wgmma reads SMEM only: register-decode configs run the SMEM decode there
-        case["configs"] = [c | dict(decode="smem") for c in case["configs"]]
+    if interpret:  # interpret mode's wgmma reads SMEM only: register-decode configs run the SMEM decode there (and
+        # its escapes after the kernel: the in-kernel correction is the register decode's)
+        case["configs"] = [c | dict(decode="smem", escapes_in_kernel=False) for c in case["configs"]]
     methods = [(f"kernel[{i}]", lambda c=c: kernel(c), w12_args, "w12", c) for i, c in enumerate(case["configs"])]
     methods += [("xla_decode", xla_decode, w12_args, "w12", None),
                 ("reference", lambda: reference, w12_args, "w12", None),

@@ -1076,12 +1076,10 @@ def parse_args(argv=None):
     ap.add_argument("--torch-compile-backend", default=None,
                     help="torch.compile backend instead of the mode (e.g. aot_eager for a fast CPU check)")
     ap.add_argument("--pack-workers", type=int, default=None, help="W12 packing processes (default: half the cores)")
-    ap.add_argument("--w12-escapes-in-kernel", action="store_true",
-                    help="the W12 job's kernels add the escape lists' correction themselves "
-                         "(w12.TuningConfig.escapes_in_kernel on mosaic_gpu.DEFAULT_CONFIG)")
     ap.add_argument("--w12-config", default="", metavar="FIELD=VALUE,...",
-                    help="more w12.TuningConfig fields set on the W12 job's mosaic_gpu.DEFAULT_CONFIG, e.g. "
-                         "overlap_decode=True,max_concurrent_steps=3")
+                    help="w12.TuningConfig fields set on the W12 job's mosaic_gpu.DEFAULT_CONFIG, e.g. "
+                         "overlap_decode=True,max_concurrent_steps=3 (escapes_in_kernel=False: the escape "
+                         "lists' correction in XLA, as before 2026-12-04)")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="no job runs past this many seconds (default 500; quick 300)")
     ap.add_argument("--timeout-scale", type=float, default=1.0, help="multiply every job's timeout")
@@ -1092,7 +1090,7 @@ def parse_args(argv=None):
         if not re.fullmatch(r"(\d+x\d+=)?\d+", item):
             ap.error(f"--skinny-max-tokens: {item!r} is neither ROWS nor KxN=ROWS (e.g. 32 or 4096x4096=32)")
     try:
-        args.w12_config = w12_config_fields(args.w12_config, args.w12_escapes_in_kernel)
+        args.w12_config = w12_config_fields(args.w12_config)
     except ValueError as e:
         ap.error(f"--w12-config: {e}")
     try:
@@ -1107,16 +1105,15 @@ def parse_args(argv=None):
     return args
 
 
-def w12_config_fields(text: str, escapes_in_kernel: bool = False) -> dict:
-    """``--w12-config``'s fields (``config_fields.parse_fields``), ``escapes_in_kernel`` added, checked by building the
-    config on the kernel's default (its own one-line ValueErrors)."""
+def w12_config_fields(text: str) -> dict:
+    """``--w12-config``'s fields (``config_fields.parse_fields``), checked by building the config on the kernel's
+    default (its own one-line ValueErrors)."""
     import dataclasses
 
     from pallas_kernels.config_fields import parse_fields
     from pallas_kernels.w12 import mosaic_gpu as w12_mosaic_gpu
 
-    fields = {"escapes_in_kernel": True} if escapes_in_kernel else {}
-    fields.update(parse_fields(text, type(w12_mosaic_gpu.DEFAULT_CONFIG)))
+    fields = parse_fields(text, type(w12_mosaic_gpu.DEFAULT_CONFIG))
     dataclasses.replace(w12_mosaic_gpu.DEFAULT_CONFIG, **fields)
     return fields
 

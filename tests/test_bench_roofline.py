@@ -286,20 +286,20 @@ def test_drafter_rows_are_checked_on_gpu_time_too():
 
 
 def test_w12_config_reaches_only_the_w12_job(tmp_path):
-    """``--w12-escapes-in-kernel`` and ``--w12-config`` are W12-job settings: its spec carries them, and a job given
-    them sets the kernel's default config (restored here); a bad field or value stops the parse with its name."""
+    """``--w12-config`` is a W12-job setting: its spec carries it, and a job given it sets the kernel's default config
+    (restored here); a bad field or value stops the parse with its name."""
     import dataclasses
 
     from pallas_kernels.w12 import mosaic_gpu as w12_mosaic_gpu
 
     br = _load_script()
-    args = br.parse_args(["--quick", "--variants", "xla_forward", "w12_kernel_decode_loop", "--w12-escapes-in-kernel",
-                          "--w12-config", "overlap_decode=True,max_concurrent_steps=3"])
+    args = br.parse_args(["--quick", "--variants", "xla_forward", "w12_kernel_decode_loop",
+                          "--w12-config", "escapes_in_kernel=False,overlap_decode=True,max_concurrent_steps=3"])
     jobs, w12 = br.plan_jobs(args, br.settings(args), tmp_path, br.selected_variants(args))
-    want = {"escapes_in_kernel": True, "overlap_decode": True, "max_concurrent_steps": 3}
+    want = {"escapes_in_kernel": False, "overlap_decode": True, "max_concurrent_steps": 3}
     assert w12.spec["w12_config"] == want and all("w12_config" not in j.spec for j in jobs)
     default = w12_mosaic_gpu.DEFAULT_CONFIG
-    assert not default.escapes_in_kernel and not default.overlap_decode
+    assert default.escapes_in_kernel and not default.overlap_decode
     try:
         assert br.apply_kernel_settings(w12.spec)["w12_config"] == want
         assert w12_mosaic_gpu.DEFAULT_CONFIG == dataclasses.replace(default, **want)

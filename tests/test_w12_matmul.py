@@ -65,13 +65,10 @@ class W12MatmulSuite:
           (1024, 64, 3, 256, w12.TuningConfig(tile_n=64, tile_m=8, tile_k=128, split_k=2)),
           (1024, 64, 20, 256, w12.TuningConfig(tile_n=64, tile_m=8, tile_k=128, split_k=2)),  # > GATHER_ROWS: scattered
           (1024, 128, 2, 512, w12.TuningConfig(tile_m=8, tile_k=128, split_k=2, decode="registers")),
-          # the channel lists' correction added by the kernel's first split (one token block)
+          # the channel lists' correction added by the kernel, each K split its share (one token block)
           (1024, 128, 3, 512, w12.TuningConfig(tile_m=8, tile_k=128, split_k=2, decode="registers",
                                                escapes_in_kernel=True)),
           (1024, 64, 1, 1024, w12.TuningConfig(tile_m=8, tile_k=128, decode="registers", escapes_in_kernel=True)),
-          # ... with the lists' entries loaded before the pipeline
-          (1024, 128, 3, 512, w12.TuningConfig(tile_m=8, tile_k=128, split_k=2, decode="registers",
-                                               escapes_in_kernel=True, escape_loads_early=True)),
           # the register decode overlapped with the previous step's wgmma: a split, the escapes in the kernel, and
           # one step a split (no overlap: the pipeline is one step deep)
           (512, 64, 3, 128, w12.TuningConfig(tile_m=8, tile_k=64, split_k=2, max_concurrent_steps=2,
@@ -81,11 +78,11 @@ class W12MatmulSuite:
           (512, 64, 1, 128, w12.TuningConfig(tile_m=8, tile_k=128, split_k=4, decode="registers",
                                              overlap_decode=True)),
           # blocks of several 64-channel row blocks against one activation tile: padded K at 64 token rows, a full
-          # 256-channel block, the escapes in the kernel (entries early), the overlapped decode with three
+          # 256-channel block, the escapes in the kernel, the overlapped decode with three
           (120, 128, 40, 128, w12.TuningConfig(tile_n=128, tile_m=64, tile_k=64, decode="registers")),
           (512, 256, 16, 128, w12.TuningConfig(tile_n=256, tile_m=16, tile_k=128, decode="registers")),
           (1024, 256, 3, 512, w12.TuningConfig(tile_n=128, tile_m=8, tile_k=128, split_k=2, decode="registers",
-                                               escapes_in_kernel=True, escape_loads_early=True)),
+                                               escapes_in_kernel=True)),
           (512, 192, 3, 128, w12.TuningConfig(tile_n=192, tile_m=8, tile_k=64, split_k=2, max_concurrent_steps=2,
                                               decode="registers", overlap_decode=True)),
       ],
@@ -243,12 +240,11 @@ def test_register_kernel_hands_its_splits_on_when_it_corrects_every_escape(overf
     assert out.halves.shape == (2, 2, 8, 128) and out.shape == (1, 128)
 
 
-@pytest.mark.parametrize("early,tile_n", [(False, 64), (True, 64), (True, 128)])
-def test_register_kernel_loads_the_escape_lists_before_its_pipeline_when_asked(monkeypatch, early, tile_n):
-  """``escape_loads_early`` (traced and lowered for sm_90 on the CPU, K = 3072: three-entry lists): the lists'
-  entries are loaded before the pipeline's first decode, once a row block; without it after the last one. Either way
-  the correction is one ``escape_correction`` a row block with the split's share of each list (entries ``s``,
-  ``s + 2``: two of three at two splits)."""
+@pytest.mark.parametrize("tile_n", [64, 128])
+def test_register_kernel_loads_its_share_of_the_escape_lists_before_its_pipeline(monkeypatch, tile_n):
+  """``escapes_in_kernel`` (traced and lowered for sm_90 on the CPU, K = 3072: three-entry lists, two K splits): the
+  lists' entries are loaded before the pipeline's first decode, once a row block, and added after its last one; each
+  split takes its share of each list (entries ``s``, ``s + 2``: two of three)."""
   from pallas_kernels.w12 import register_decode
 
   w = np.full((3072, 128), 0.5, np.float32)
@@ -260,7 +256,7 @@ def test_register_kernel_loads_the_escape_lists_before_its_pipeline_when_asked(m
     real = getattr(register_decode, name)
     monkeypatch.setattr(register_decode, name, lambda *a, real=real, name=name: (calls.append((name, a)), real(*a))[1])
   config = w12.TuningConfig(decode="registers", tile_m=8, tile_k=128, split_k=2, escapes_in_kernel=True,
-                            escape_loads_early=early, tile_n=tile_n)
+                            tile_n=tile_n)
   fn = jax.jit(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config))
   assert "mosaic_gpu" in fn.trace(jax.ShapeDtypeStruct((1, 3072), jnp.bfloat16), packed).lower(
       lowering_platforms=("cuda",)).as_text()
@@ -268,16 +264,10 @@ def test_register_kernel_loads_the_escape_lists_before_its_pipeline_when_asked(m
   decodes = [i for i, e in enumerate(events) if e == "decode_chunk"]
   blocks = tile_n // register_decode.ROWS
   assert events.count("escape_entries") == blocks and events.count("escape_correction") == blocks
-  # escape_entries(ops, thread, load, count, row_block, first, stride): each of the two splits takes 2 of 3 entries
+  # escape_entries(ops, thread, load, count, row_block, first, stride)
   assert [(a[3], a[4], a[6]) for name, a in calls if name == "escape_entries"] == [(2, b, 2) for b in range(blocks)]
-  entries = [i for i, e in enumerate(events) if e == "escape_entries"]
-  if early:
-    assert entries[-1] < decodes[0]
-  else:
-    assert entries[0] > decodes[-1]
+  assert max(i for i, e in enumerate(events) if e == "escape_entries") < decodes[0]
   assert events.index("escape_correction") > decodes[-1]
-  with pytest.raises(ValueError, match="escape_loads_early needs escapes_in_kernel=True"):
-    w12.TuningConfig(decode="registers", escape_loads_early=True)
 
 
 def test_register_kernel_with_overlapped_wgmma_lowers_for_hopper(monkeypatch):
@@ -388,28 +378,6 @@ def test_default_step_narrows_to_what_k_and_the_groups_allow():
   assert default.tile_k == 256 and widest(default, 12288, 1024) == default
   assert widest(default, 640, 1024).tile_k == 128 and widest(default, 576, 1024).tile_k == 64
   assert widest(default, 4096, 128).tile_k == 128
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not w12_ops._on_hopper(), reason="needs an H100/H200")
-@pytest.mark.parametrize("k,n,m", [(4096, 4096, 1), (12288, 4096, 1), (4096, 24576, 1), (4096, 4096, 8)])
-def test_early_escape_loads_change_no_bit_on_the_gpu(k, n, m):
-  """``escape_loads_early`` moves loads, not arithmetic: the default config's output with it equals the output
-  without it bit for bit, at the layer shapes (multi-entry lists: 4 at 4096x4096, 7 at 12288x4096) and a full 8-row
-  token block."""
-  import dataclasses
-
-  w = weights_with_escapes(k, n, seed=k + n)
-  packed = w12.pack(w)
-  assert packed.column_capacity > 1
-  x = jnp.asarray(np.random.default_rng(m).normal(size=(m, k)).astype(BF16))
-  late = dataclasses.replace(w12_mosaic_gpu.DEFAULT_CONFIG, escapes_in_kernel=True)
-  early = dataclasses.replace(late, escape_loads_early=True)
-  run = jax.jit(lambda x, p, config: w12_mosaic_gpu.w12_matmul(x, p, config=config), static_argnums=2)
-  want = np.asarray(run(x, packed, late), np.float32)
-  np.testing.assert_array_equal(np.asarray(run(x, packed, early), np.float32), want)
-  reference = np.asarray(w12.matmul(x, packed, implementation="reference"), np.float32)
-  np.testing.assert_allclose(want, reference, rtol=2e-2, atol=2e-2 * np.abs(reference).max())
 
 
 @pytest.mark.gpu

@@ -9,7 +9,9 @@ import dataclasses
 class TuningConfig:
   """Tile sizes for ``y.T = W.T @ x.T`` with weights on the wgmma M side.
 
-  tile_n: output channels per block (wgmma M: 64 per warpgroup).
+  tile_n: output channels per block (wgmma M: 64 an M group). The register decode takes 64-256
+    (``mosaic_gpu.REGISTER_TILE_N``: 1-4 row blocks against one activation tile); on the H200 128 was
+    slower than 64 with the escapes in the kernel at M = 1, 16 and 64 (docs/results/2026-12-04-w12-wide-blocks-h200/).
   tile_m: tokens per block (wgmma N: a multiple of 8, up to 256); small batches
     waste no work because tokens sit on the flexible wgmma dimension.
   tile_k: reduction depth per pipeline step; a multiple of 64 (one W12 nibble chunk)
@@ -24,23 +26,18 @@ class TuningConfig:
   decode: where the weights are decoded. ``"smem"``: 16-bit element ops on SMEM tiles, written back
     as bf16 SMEM tiles that wgmma reads (runs in GPU interpret mode, so the CPU tests run it).
     ``"registers"``: ``register_decode``, 32-bit words into wgmma's register A fragment (tile_n
-    64, tile_k 64, 128 or 256; needs a real Hopper: interpret mode's wgmma reads SMEM only).
+    64-256, tile_k 64, 128 or 256; needs a real Hopper: interpret mode's wgmma reads SMEM only).
   overlap_decode: decode step i while step i - 1's wgmma runs (async wgmma, activation tiles released a step
     late): the SMEM decode into one of two SMEM slots, the register decode into fresh registers. Off: with the
     register decode it was 0.2-1.8 us a call slower on the H200 (``scripts/h200/w12_probe.py``,
     docs/results/2026-12-02-verify-skinny-barrier-h200/).
-  escapes_in_kernel: the register decode's first K split adds the channel lists' escape correction to its
-    accumulators (``register_decode.escape_correction``), for one token block (M <= tile_m); XLA then only adds the
-    splits (and scatters an overflow, if any). Why: in the H200's decode loop the split-K sums carrying the escape
-    gathers took 5-18 us each, ~0.85 ms a step (docs/results/2026-12-01-partials-w12v3-h200/). Opt-in until timed
-    on a GPU.
-  escape_loads_early: with ``escapes_in_kernel``, each block loads its channel lists' entries before its pipeline
-    (into registers: 4 a thread per entry a list holds, up to 24 at K = 4096 and 80 at 12288, ``format.column_capacity``;
-    above ~168 registers in all only two blocks fit an SM) instead of after it, so only the ``x`` loads wait when the first split
-    adds the correction; the output is bit-identical (the same sums in the same order). Why: on the H200 the
-    correction after the pipeline (two dependent rounds of global loads with no copy in flight) cost 2.1 us of
-    gate|up's 40.5 us kernel at M = 1 and 0.6 of down's 21.7 (docs/results/2026-12-04-w12-ablate-sweep-h200/).
-    Opt-in until its GPU tests and timing have run.
+  escapes_in_kernel: the register decode adds the channel lists' escape correction to its accumulators
+    (``register_decode.escape_correction``), for one token block (M <= tile_m); XLA then only adds the splits (and
+    scatters an overflow, if any). Each block loads its K split's share of its channels' lists (entries ``s``,
+    ``s + split_k``, ...) into registers before its pipeline (4 a thread per entry of the share) and adds it after.
+    Why: in the H200's decode loop the split-K sums carrying the escape gathers took 5-18 us each, ~0.85 ms a step
+    (docs/results/2026-12-01-partials-w12v3-h200/), and above ``GATHER_ROWS`` rows the XLA scatter took 9 us at
+    M = 16 and 40 at 64 on 12288x4096 (docs/results/2026-12-04-w12-wide-blocks-h200/). On in ``DEFAULT_CONFIG``.
   A warp-specialised form (blocks of 128 channels: two compute warpgroups and a TMA warpgroup) was built and measured
   slower on the H200 (35.8 against 23.3 us at 4096x12288, M = 1; docs/results/2026-12-02-verify-skinny-barrier-h200/);
   its code is at commit 854cbfd.
@@ -55,7 +52,6 @@ class TuningConfig:
   blocks_per_sm: int = 1
   decode: str = "smem"
   escapes_in_kernel: bool = False
-  escape_loads_early: bool = False
 
   def __post_init__(self):
     if self.tile_n % 64:
@@ -68,8 +64,6 @@ class TuningConfig:
       raise ValueError(f"decode must be 'smem' or 'registers', got {self.decode!r}")
     if self.escapes_in_kernel and self.decode != "registers":
       raise ValueError("escapes_in_kernel needs decode='registers'")
-    if self.escape_loads_early and not self.escapes_in_kernel:
-      raise ValueError("escape_loads_early needs escapes_in_kernel=True")
     if self.max_concurrent_steps < 1 or self.split_k < 0 or self.blocks_per_sm < 1:
       raise ValueError(
           f"max_concurrent_steps and blocks_per_sm must be >= 1 and split_k >= 0, got "

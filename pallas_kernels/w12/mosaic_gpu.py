@@ -9,9 +9,10 @@ and ``tile_m`` tokens and walks its K range (split-K: ``TuningConfig.split_k``, 
 ``auto_split_k``, f32 partial sums added after the kernel) with a TMA pipeline that
 streams the two W12 planes (1.5 bytes per weight) and the activations. Escapes decode
 to +0.0 inside the loop; their true values are added afterwards, outside the hot loop: the
-per-channel escape lists as gathers inside the split-K sum's XLA fusion up to ``GATHER_ROWS``
-token rows and as a scatter above (or, with ``TuningConfig.escapes_in_kernel``, by the kernel's
-first split itself), a weight's overflow escapes, if any, as a scatter into the partial sums.
+per-channel escape lists by the kernel itself for one token block (``TuningConfig.escapes_in_kernel``, the register
+decode's default: each K split adds its share of the lists), else as gathers inside the split-K sum's XLA fusion up to
+``GATHER_ROWS`` token rows and as a scatter above; a weight's overflow escapes, if any, as a scatter into the partial
+sums.
 
 Two decodes (``TuningConfig.decode``):
 - ``"registers"`` (``DEFAULT_CONFIG``, ``_register_decode_call``): ``register_decode.py``
@@ -36,7 +37,7 @@ bf16 matmul at M = 1 on the layer shapes, the kernel alone ~3.2 TB/s of stored b
 instructions a word (format 3 drops the window test, ~15 -> ~11) moved it 2.5 %: it is bound by latency with
 too few eligible warps (Nsight Compute: issue slots 52 % busy), not by instruction count. In the H200's decode
 loop the W12 matmuls take what the bf16 ones take, and the XLA epilogues carrying the escape gathers cost
-~0.85 ms a step. ``TuningConfig.escapes_in_kernel`` (opt-in) adds the lists' correction in the kernel's first split
+~0.85 ms a step. ``TuningConfig.escapes_in_kernel`` (then opt-in) adds the lists' correction in the kernel's first split
 instead (the probe: 0.1 us a call faster, docs/results/2026-12-01-rope-swiglu-h200/). The register decode writes the
 skinny kernel's tokens-major split halves (``split_k.store_split``), so with every escape corrected in the kernel
 ``w12_matmul(..., reduce=False)`` hands the splits to the add + norm and q/k norm + rope kernels (``SplitKPartials``)
@@ -60,7 +61,7 @@ What bounds it (2026-12-04, docs/results/2026-12-04-w12-ablate-sweep-h200/). Wit
 The split-K grid with an empty pipeline body (``scripts/h200/stream_probe.py``) copies W12's bytes in 0.76-0.79x the
 bf16 kernel's time on the layer shapes, because a call's fixed costs do not shrink with its bytes. This kernel is ~4 us
 a call over that copy, and ~2 of them on gate|up are the escape correction after the pipeline
-(``TuningConfig.escape_loads_early`` moves its list loads before it). The ``[N, Kp]`` planes are why narrow steps are
+(since moved: the lists' loads before the pipeline, the correction shared by the K splits). The ``[N, Kp]`` planes are why narrow steps are
 slow: each row gives one run of ``tile_k`` bytes a step. Tile-major planes would stream as fast at 128 a step as at 256.
 """
 
@@ -117,9 +118,12 @@ _BASE_DTYPE = jnp.uint16
 """Bases widened for the kernel: a 1-D uint8 SMEM row faults (misaligned) on H200."""
 
 
-DEFAULT_CONFIG = TuningConfig(decode="registers", blocks_per_sm=4, max_concurrent_steps=2, tile_k=256)
+DEFAULT_CONFIG = TuningConfig(decode="registers", blocks_per_sm=4, max_concurrent_steps=2, tile_k=256,
+                              escapes_in_kernel=True)
 """What ``w12_matmul`` runs on a GPU without a config: the register decode aiming at 4 resident blocks per SM, 256 K a
-step (narrowed to 128 or 64 where K or the base-exponent groups need it: ``_widest_step``). On the H200 at M = 1
+step (narrowed to 128 or 64 where K or the base-exponent groups need it: ``_widest_step``), the channel lists' escapes
+corrected in the kernel (on the H200, weights beyond L2, the whole call with and without, us: 23.3 / 25.2 at M = 1,
+27.2 / 35.3 at 16, 47.0 / 85.9 at 64 on 12288x4096, docs/results/2026-12-04-w12-wide-blocks-h200/). On the H200 at M = 1
 (2026-12-03, weights rotated beyond L2, docs/results/2026-12-03-w12-sass-h200/) 256 a step against 128: 22.5 against
 24.3 us on 12288x4096, 9.0 / 9.6 on 4096x4096, 41.7 / 47.8 on 4096x24576, 13.0 / 12.8 on 4096x6144. Interpret mode
 runs ``TuningConfig()`` (SMEM decode)."""
@@ -452,8 +456,8 @@ def _decode_chunk_to_registers(chunk: int, step_k: int, row_blocks: int, byte_tr
 
 
 _SCALAR_LAYOUT = plgpu.Layout.WG_SPLAT((128,))
-# a (128,) int32 array of one value, ``jnp.full``
-"""A traced int32 scalar (the K split) handed to an ``inline_mgpu`` function: every thread holds it (``_scalar``)."""
+"""A traced int32 scalar (the K split) handed to an ``inline_mgpu`` function as ``jnp.full((128,), value)``: every
+thread holds it (``_scalar``)."""
 
 
 def _scalar(array):
@@ -497,8 +501,9 @@ def _entry_loader(ops, rows_ref, bits_ref):
 def _load_escape_entries(count: int, splits: int, row_blocks: int):
   """An ``inline_mgpu`` function: (the block's ``[64 row_blocks, C]`` escape lists in GMEM, its K split as an int32
   array) -> this thread's share of the entries (``count`` a row: ``register_decode.split_share``), one array in
-  ``_entries_layout`` a row block, for ``_escape_correction_in_registers(..., early=True)``. Issued before the
-  pipeline, the loads' latency hides under it (``TuningConfig.escape_loads_early``)."""
+  ``_entries_layout`` a row block, for ``_escape_correction_in_registers``. Issued before the pipeline, the loads'
+  latency hides under it: on the H200 at M = 1 loading them after the pipeline cost 0.5-1.5 us a call on the layer
+  shapes (docs/results/2026-12-04-w12-wide-blocks-h200/)."""
   layout = _entries_layout(count)
 
   @plgpu.inline_mgpu(
@@ -524,18 +529,14 @@ def _load_escape_entries(count: int, splits: int, row_blocks: int):
   return load
 
 
-def _escape_correction_in_registers(tile_m: int, count: int, splits: int, m: int, row_blocks: int,
-                                    early: bool = False):
-  """An ``inline_mgpu`` function: (the f32 ``[64 row_blocks, tile_m]`` accumulator, the block's ``[64 row_blocks, C]``
-  escape lists in GMEM, its K split as an int32 array, ``x`` ``[m, K]`` in GMEM) -> the accumulator plus
-  ``register_decode.escape_correction`` of the split's share of each row block's lists (``count`` entries a row,
-  ``register_decode.split_share``); with ``early`` the share comes loaded already (``_load_escape_entries``' arrays in
-  place of the two list refs and the split), so only the ``x`` loads wait here. For one token block
-  (``m <= tile_m``): a thread's columns past ``m`` add nothing."""
-  lists = (_entries_layout(count),) * row_blocks if early else (plgpu.RefType(), plgpu.RefType(), _SCALAR_LAYOUT)
+def _escape_correction_in_registers(tile_m: int, count: int, m: int, row_blocks: int):
+  """An ``inline_mgpu`` function: (the f32 ``[64 row_blocks, tile_m]`` accumulator, this thread's share of the block's
+  escape lists, ``count`` entries a row (``_load_escape_entries``' arrays), ``x`` ``[m, K]`` in GMEM) -> the
+  accumulator plus ``register_decode.escape_correction`` of each row block; only the ``x`` loads wait here. For one
+  token block (``m <= tile_m``): a thread's columns past ``m`` add nothing."""
 
   @plgpu.inline_mgpu(
-      arg_types=(plgpu.Layout.WGMMA, *lists, plgpu.RefType()),
+      arg_types=(plgpu.Layout.WGMMA, *[_entries_layout(count)] * row_blocks, plgpu.RefType()),
       return_type=plgpu.ShapeDtypeStruct((row_blocks * register_decode.ROWS, tile_m), jnp.float32,
                                          layout=plgpu.Layout.WGMMA),
   )
@@ -557,15 +558,10 @@ def _escape_correction_in_registers(tile_m: int, count: int, splits: int, m: int
     registers = np.empty(acc.registers.shape, dtype=object)
     f32_pair = ir.VectorType.get((2,), ir.F32Type.get())
     for block in range(row_blocks):
-      if early:
-        words = [vector.extract(r, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([0]))
-                 for r in lists[block].registers]  # (k, bits) pairs in [half][j] order: _load_escape_entries'
-        entries = [[(words[2 * (half * count + j)], words[2 * (half * count + j) + 1])
-                    for j in range(count)] for half in range(2)]
-      else:
-        rows_ref, bits_ref, split = lists
-        entries = register_decode.escape_entries(ops, thread, _entry_loader(ops, rows_ref, bits_ref), count, block,
-                                                 _scalar(split), splits)
+      words = [vector.extract(r, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([0]))
+               for r in lists[block].registers]  # (k, bits) pairs in [half][j] order: _load_escape_entries'
+      entries = [[(words[2 * (half * count + j)], words[2 * (half * count + j) + 1]) for j in range(count)]
+                 for half in range(2)]
       values = register_decode.escape_correction(ops, thread, entries, load_x, tile_m)
       for (col_tile, half), pair in values.items():
         registers[block, col_tile, 0, 0, half, 0, 0, 0, 0] = vector.from_elements(f32_pair, list(pair))
@@ -575,8 +571,7 @@ def _escape_correction_in_registers(tile_m: int, count: int, splits: int, m: int
 
 
 def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, group_k, tile_n, tile_m, tile_k,
-                          max_concurrent_steps, split_k, halves, overlap_decode=False, escape_lists=None, m=None,
-                          escape_loads_early=False):
+                          max_concurrent_steps, split_k, halves, overlap_decode=False, escape_lists=None, m=None):
   """One warpgroup per (``tile_n`` channels, tile_m tokens, K split); each step's W12 tiles are decoded by
   ``register_decode`` straight into wgmma's A registers, 64 K at a time, one wgmma M group per 64 channels (all
   against the one activation tile of the step: ``REGISTER_TILE_N``), in logical K order (the planes' stored
@@ -587,8 +582,12 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   registers (``_load_bases``), so no per-call XLA op rearranges them and no step waits on L2 for them. The output
   is the skinny kernel's, tokens-major ``[split_k, halves, Mp, N]`` (``split_k.store_split``): with every escape
   corrected in the kernel, a consumer kernel can add the splits itself (``SplitKPartials``). With ``escape_lists``
-  (``(column_escape_rows, column_escape_bits)``, one token block: ``mp == tile_m``, ``m`` real rows) the first split's
-  blocks add the lists' correction to their accumulators (``_escape_correction_in_registers``).
+  (``(column_escape_rows, column_escape_bits)``, one token block: ``mp == tile_m``, ``m`` real rows) every block loads
+  its split's share of its channels' lists before the pipeline (entries ``s``, ``s + split_k``, ...:
+  ``_load_escape_entries``) and adds their correction to its accumulators after it
+  (``_escape_correction_in_registers``). Shared by the splits, not left to the first: at 64 token rows on the H200 the
+  first split's blocks alone took 52 us on 12288x4096 where the shared form takes 42 (the kernel without any: 37;
+  docs/results/2026-12-04-w12-wide-blocks-h200/).
 
   A step is three TMA copies (both planes and the ``[tile_m, tile_k]`` activation tile, whose 64-wide chunks wgmma
   reads in place) and one warpgroup barrier (``_warpgroup_barrier``; Pallas' automatic barriers are off). On the H200
@@ -614,13 +613,12 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   groups = split_groups(steps * tile_k, group_k, total_groups)
   load_bases = _load_bases(groups)
   correct = load_entries = None
-  early = escape_loads_early and escape_lists is not None
   if escape_lists is not None:
     if mp != tile_m:
       raise ValueError(f"the in-kernel escape correction takes one token block, got Mp={mp}, tile_m={tile_m}")
     count = register_decode.split_share(escape_lists[0].shape[1], split_k)
-    correct = _escape_correction_in_registers(tile_m, count, split_k, m, row_blocks, early)
-    load_entries = _load_escape_entries(count, split_k, row_blocks) if early else None
+    correct = _escape_correction_in_registers(tile_m, count, m, row_blocks)
+    load_entries = _load_escape_entries(count, split_k, row_blocks)
 
   def w12_matmul_body(byte_gmem, nibble_gmem, base_gmem, x_gmem, *refs, out_smem):  # profile name
     pdl.begin_kernel(None)  # registers: never interpreted (``_check_supported``)
@@ -634,9 +632,8 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
     bases = [load_bases(base_gmem.at[pl.ds(lax.axis_index("n") * tile_n + block * register_decode.ROWS,
                                            register_decode.ROWS), pl.ds(first_group, groups)])
              for block in range(row_blocks)]  # [row block][group]
-    split_array = jnp.full((128,), split, jnp.int32)  # what the correction's inline functions read the split from
-    if early:
-      entries = load_entries(rows_gmem.at[n_slice], bits_gmem.at[n_slice], split_array)
+    if correct is not None:  # the split's share of the lists, into registers before the pipeline
+      entries = load_entries(rows_gmem.at[n_slice], bits_gmem.at[n_slice], jnp.full((128,), split, jnp.int32))
 
     in_specs = (
         plgpu.BlockSpec((tile_n, tile_k), lambda k: (0, first + k), transforms=byte_transforms),
@@ -667,8 +664,7 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
       if overlap:
         plgpu.wgmma_wait(0)
       if correct is not None:
-        lists = entries if early else (rows_gmem.at[n_slice], bits_gmem.at[n_slice], split_array)
-        acc_ref[...] = correct(acc_ref[...], *lists, x_gmem)
+        acc_ref[...] = correct(acc_ref[...], *entries, x_gmem)
       return acc_ref[...]
 
     acc = pl.run_scoped(accumulate, plgpu.ACC((tile_n, tile_m), jnp.float32))
@@ -731,8 +727,7 @@ def w12_matmul(
         tile_k=step_config.tile_k,
         max_concurrent_steps=step_config.max_concurrent_steps, split_k=split_k, halves=halves,
         overlap_decode=config.overlap_decode,
-        escape_lists=(packed.column_escape_rows, packed.column_escape_bits) if in_kernel else None, m=m,
-        escape_loads_early=config.escape_loads_early)
+        escape_lists=(packed.column_escape_rows, packed.column_escape_bits) if in_kernel else None, m=m)
   else:
     # one base row per K step, [Kp / tile_k, N]: one small TMA box per step
     steps_per_group = packed.group_k // config.tile_k

@@ -263,7 +263,7 @@ def escape_entries(ops, thread, load_entry, count: int, row_block: int = 0, firs
   ``j < count``, for its two accumulator rows of row block ``row_block`` (``thread_rows`` + 64 ``row_block``, and that
   + 8). ``first`` and ``stride`` pick a K split's share of the lists (``first`` may be a traced value; ``load_entry``
   returns an unused entry past the lists' capacity). Apart so a kernel can issue these loads long before it adds the
-  sums (``TuningConfig.escape_loads_early``): they depend on nothing the kernel computes."""
+  sums (before its pipeline): they depend on nothing the kernel computes."""
   first_row = ops.add(thread_rows(ops, thread), ROWS * row_block)
   return [[load_entry(ops.add(first_row, 8 * half), ops.add(first, stride * j)) for j in range(count)]
           for half in range(2)]

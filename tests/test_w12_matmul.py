@@ -85,6 +85,8 @@ class W12MatmulSuite:
                                                escapes_in_kernel=True)),
           (512, 192, 3, 128, w12.TuningConfig(tile_n=192, tile_m=8, tile_k=64, split_k=2, max_concurrent_steps=2,
                                               decode="registers", overlap_decode=True)),
+          # the default at 48 token rows: a wide activation tile, so the automatic split capped at two
+          (1024, 128, 48, 512, w12_mosaic_gpu.DEFAULT_CONFIG),
       ],
   )
   def test_matches_f32_matmul(self, k, n, m, group_k, config):
@@ -349,35 +351,56 @@ def test_register_kernel_splits_sum_to_the_reduced_result_on_the_gpu(k, n):
 
 def test_register_kernel_widens_or_deepens_its_steps_when_a_consumer_caps_its_split():
   """Capped to ``CONSUMER_SPLIT_K`` splits the register decode runs ~1 block an SM, so it takes ``CONSUMER_TILE_K`` a
-  step where K, the base-exponent groups and the split allow it, and loads ``CONSUMER_DEPTH`` steps ahead where
-  shared memory allows; a config already deeper keeps its depth."""
+  step where K, the base-exponent groups and the split allow it, and loads ``CONSUMER_DEPTH`` steps ahead where shared
+  memory allows; a config already deeper keeps its depth. At 64 token rows only a grid of at most one block an SM
+  does so."""
   capped = w12_mosaic_gpu._capped_config
   narrow = w12.TuningConfig(decode="registers", tile_k=128, blocks_per_sm=4, max_concurrent_steps=2)
   wide_k, deep = w12_mosaic_gpu.CONSUMER_TILE_K, w12_mosaic_gpu.CONSUMER_DEPTH
   assert narrow.tile_k < wide_k and narrow.max_concurrent_steps < deep
-  down = capped(narrow, 8, kp=12288, group_k=4096, split_k=2)  # 48 wide steps, 24 a split
+  down = capped(narrow, 8, kp=12288, group_k=4096, split_k=2, grid_blocks=128)  # 48 wide steps, 24 a split
   assert (down.tile_k, down.max_concurrent_steps) == (wide_k, deep)
-  default = capped(w12_mosaic_gpu.DEFAULT_CONFIG, 8, kp=12288, group_k=1024, split_k=2)  # already wide: deepened
+  default = capped(w12_mosaic_gpu.DEFAULT_CONFIG, 8, kp=12288, group_k=1024, split_k=2, grid_blocks=128)  # already wide: deepened
   assert (default.tile_k, default.max_concurrent_steps) == (wide_k, deep)
   for kp, group_k, split in [(12288, 128, 2), (896, 896, 2), (12288, 4096, 5)]:  # groups, K, split in the way
-    kept = capped(narrow, 8, kp=kp, group_k=group_k, split_k=split)
+    kept = capped(narrow, 8, kp=kp, group_k=group_k, split_k=split, grid_blocks=128)
     assert (kept.tile_k, kept.max_concurrent_steps) == (narrow.tile_k, deep), (kp, group_k)
-  six = capped(w12.TuningConfig(decode="registers", tile_k=256, max_concurrent_steps=6), 8, 12288, 4096, 2)
+  # 64 rows: a lone block an SM widens and deepens as shared memory allows; more blocks than SMs keep the config
+  lone = capped(narrow, 64, kp=12288, group_k=4096, split_k=2, grid_blocks=128)
+  assert lone.tile_k == wide_k and lone.max_concurrent_steps == deep
+  assert capped(narrow, 64, kp=4096, group_k=4096, split_k=2, grid_blocks=384) == narrow
+  assert capped(narrow, 32, kp=4096, group_k=4096, split_k=2, grid_blocks=384).tile_k == wide_k
+  six = capped(w12.TuningConfig(decode="registers", tile_k=256, max_concurrent_steps=6), 8, 12288, 4096, 2, 128)
   assert (six.tile_k, six.max_concurrent_steps) == (256, 6)
   wide = w12.TuningConfig(decode="registers", tile_k=256, tile_m=256, max_concurrent_steps=1)
-  fits = capped(wide, 256, 12288, 4096, 2).max_concurrent_steps  # 256 rows of 256-deep tiles: shared memory stops it
+  fits = capped(wide, 256, 12288, 4096, 2, 64).max_concurrent_steps  # 256 rows of 256-deep tiles: shared memory stops it
   assert 1 <= fits < deep
   assert w12_mosaic_gpu._register_smem_bytes(wide, 256, fits) <= split_k.SMEM_LIMIT
   assert w12_mosaic_gpu._register_smem_bytes(wide, 256, fits + 1) > split_k.SMEM_LIMIT
 
 
-def test_default_step_narrows_to_what_k_and_the_groups_allow():
-  """The default's 256 K a step halves where the padded K or the base-exponent groups are not multiples of it."""
+def test_default_step_narrows_to_what_k_the_groups_and_the_activation_tile_allow(monkeypatch):
+  """The default's 256 K a step halves where the padded K or the base-exponent groups are not multiples of it, and
+  where its activation tile would pass ``ACTIVATION_STEP_BYTES`` (64 token rows); what ``w12_matmul`` traces follows."""
   widest = w12_mosaic_gpu._widest_step
   default = w12_mosaic_gpu.DEFAULT_CONFIG
-  assert default.tile_k == 256 and widest(default, 12288, 1024) == default
-  assert widest(default, 640, 1024).tile_k == 128 and widest(default, 576, 1024).tile_k == 64
-  assert widest(default, 4096, 128).tile_k == 128
+  assert default.tile_k == 256 and widest(default, 12288, 1024, 16) == default
+  assert widest(default, 640, 1024, 8).tile_k == 128 and widest(default, 576, 1024, 8).tile_k == 64
+  assert widest(default, 4096, 128, 8).tile_k == 128
+  assert widest(default, 12288, 1024, 32).tile_k == 256 and widest(default, 12288, 1024, 64).tile_k == 128
+  rng = np.random.default_rng(3)
+  packed = w12.pack(jnp.asarray(rng.normal(size=(2048, 64)), jnp.bfloat16), group_k=1024)
+  traced = []
+  real = w12_mosaic_gpu._register_decode_call
+  monkeypatch.setattr(w12_mosaic_gpu, "_register_decode_call", lambda *a, **kw: (
+      traced.append((kw["tile_k"], kw["split_k"], kw["max_concurrent_steps"])), real(*a, **kw))[1])
+  for m in (16, 64):
+    jax.jit(w12_mosaic_gpu.w12_matmul).trace(jax.ShapeDtypeStruct((m, 2048), jnp.bfloat16), packed).lower(
+        lowering_platforms=("cuda",))
+  # 16 rows: 256 a step, the automatic split (all 8 steps); 64 rows: narrowed to 128, the split capped at two, and
+  # with 2 blocks in all (fewer than SMs) the capped form's wide, deep step
+  assert traced == [(256, 8, 2), (w12_mosaic_gpu.CONSUMER_TILE_K, split_k.CONSUMER_SPLIT_K,
+                                  w12_mosaic_gpu.CONSUMER_DEPTH)]
 
 
 @pytest.mark.gpu

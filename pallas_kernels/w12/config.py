@@ -18,7 +18,9 @@ class TuningConfig:
     that divides the weight's ``group_k`` so a step reads one base exponent.
   max_concurrent_steps: TMA pipeline depth; deep pipelines keep HBM busy at small M.
   split_k: independent K ranges reduced afterwards (f32 partial sums), to occupy all
-    SMs when ``N / tile_n`` alone is fewer blocks than SMs; 0 = ``auto_split_k``.
+    SMs when ``N / tile_n`` alone is fewer blocks than SMs; 0 = ``auto_split_k``, which the register decode caps at
+    ``split_k.CONSUMER_SPLIT_K`` for a consumer kernel and for token tiles over 32 rows
+    (``mosaic_gpu.ACTIVATION_STEP_BYTES``).
   blocks_per_sm: what the automatic split aims at: at least this many blocks per SM. More
     resident blocks (with a shallower pipeline, so their SMEM fits) hide more of the decode's
     latency: on the H200 the register decode is best at 2-4 and the SMEM decode went from 89 to

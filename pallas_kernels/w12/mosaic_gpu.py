@@ -75,7 +75,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import arith, llvm, vector
+from jax._src.lib.mlir.dialects import arith, llvm, scf, vector
 from jax.experimental import pallas as pl
 from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.mosaic.gpu import fragmented_array as fa
@@ -121,19 +121,32 @@ _BASE_DTYPE = jnp.uint16
 DEFAULT_CONFIG = TuningConfig(decode="registers", blocks_per_sm=4, max_concurrent_steps=2, tile_k=256,
                               escapes_in_kernel=True)
 """What ``w12_matmul`` runs on a GPU without a config: the register decode aiming at 4 resident blocks per SM, 256 K a
-step (narrowed to 128 or 64 where K or the base-exponent groups need it: ``_widest_step``), the channel lists' escapes
-corrected in the kernel (on the H200, weights beyond L2, the whole call with and without, us: 23.3 / 25.2 at M = 1,
+step (narrowed to 128 or 64 where K, the base-exponent groups or a wide activation tile need it: ``_widest_step``),
+the channel lists' escapes corrected in the kernel (on the H200, weights beyond L2, the whole call with and without, us: 23.3 / 25.2 at M = 1,
 27.2 / 35.3 at 16, 47.0 / 85.9 at 64 on 12288x4096, docs/results/2026-12-04-w12-wide-blocks-h200/). On the H200 at M = 1
 (2026-12-03, weights rotated beyond L2, docs/results/2026-12-03-w12-sass-h200/) 256 a step against 128: 22.5 against
 24.3 us on 12288x4096, 9.0 / 9.6 on 4096x4096, 41.7 / 47.8 on 4096x24576, 13.0 / 12.8 on 4096x6144. Interpret mode
 runs ``TuningConfig()`` (SMEM decode)."""
 
 
-def _widest_step(config: TuningConfig, kp: int, group_k: int) -> TuningConfig:
+ACTIVATION_STEP_BYTES = 16 * 1024
+"""The most activation bytes (``tile_m x tile_k`` bf16) a default step loads, and the bound past which the automatic
+split is capped at ``CONSUMER_SPLIT_K`` as for a consumer (``_capped_config`` then picks the step). At 64 token rows a
+256-wide step's activation tile (32 KB) outweighs its planes (24 KB). On the H200 (escapes in the kernel, weights
+beyond L2, the whole call, us; docs/results/2026-12-04-w12-m64-h200/):
+- 128 a step against 256 at the automatic split: 45.9 / 47.2 on 12288x4096, 67.6 / 76.2 on 4096x24576, 37.7 / 42.8
+  on 4096x12288, 25.3 / 31.1 on 4096x6144, 349.6 / 375.5 on 4096x151936; at 16 rows (8 KB) 256 is as fast or faster
+  (27.1 / 29.1 on 12288x4096, 45.6 / 49.4 on 4096x24576).
+- Two splits against the automatic ones (12, 4, 8 and 2): 31.3 (256 a step: 128 blocks, one an SM; 42.5 at 128) /
+  38.8 on 12288x4096, 32.9 / 36.7 on 4096x12288, 21.0 / 22.1 on 4096x6144, 63.3 / 63.0 on 4096x24576 (256 a step at
+  two splits: 37.2, 24.1, 72.5 on the last three, with 384, 192 and 768 blocks)."""
+
+
+def _widest_step(config: TuningConfig, kp: int, group_k: int, tile_m: int) -> TuningConfig:
   """``config`` with its K a step narrowed (halved down to 64) until it divides both the padded K and the
-  base-exponent groups."""
+  base-exponent groups and its activation tile of ``tile_m`` rows is at most ``ACTIVATION_STEP_BYTES``."""
   tile_k = config.tile_k
-  while tile_k > 64 and (kp % tile_k or group_k % tile_k):
+  while tile_k > 64 and (kp % tile_k or group_k % tile_k or tile_m * tile_k * 2 > ACTIVATION_STEP_BYTES):
     tile_k //= 2
   return dataclasses.replace(config, tile_k=tile_k)
 
@@ -163,10 +176,21 @@ decode's 2026-12-03 rework, at 128 a step, 2 / 4 / 6 / 8 took 35.7 / 30.7 / 31.6
 docs/results/2026-12-03-skinny-resident-w12-loop-h200/.)"""
 
 
-def _capped_config(config: TuningConfig, tile_m: int, kp: int, group_k: int, split_k: int) -> TuningConfig:
-  """What the register decode runs when its split was capped for a consumer: ``CONSUMER_TILE_K`` a step where K,
-  the base-exponent groups, the split and shared memory allow it, loading at least ``CONSUMER_DEPTH`` steps ahead
-  as far as shared memory allows. Neither changes the order of the sums."""
+def _wide_activation_tile(tile_m: int) -> bool:
+  """Whether ``CONSUMER_TILE_K`` a step would load more than ``ACTIVATION_STEP_BYTES`` of ``tile_m`` token rows."""
+  return tile_m * CONSUMER_TILE_K * 2 > ACTIVATION_STEP_BYTES
+
+
+def _capped_config(config: TuningConfig, tile_m: int, kp: int, group_k: int, split_k: int,
+                   grid_blocks: int) -> TuningConfig:
+  """What the register decode runs when its split was capped (for a consumer, or at a wide activation tile):
+  ``CONSUMER_TILE_K`` a step where K, the base-exponent groups, the split and shared memory allow it, loading at least
+  ``CONSUMER_DEPTH`` steps ahead as far as shared memory allows. Except with a wide activation tile
+  (``_wide_activation_tile``) and more ``grid_blocks`` than SMs: then ``config`` as it is, since there several
+  resident blocks an SM stream more than a deeper lone one (``ACTIVATION_STEP_BYTES``). Neither changes the order of
+  the sums."""
+  if _wide_activation_tile(tile_m) and grid_blocks > num_sms():
+    return config
   step = config
   wide = dataclasses.replace(config, tile_k=CONSUMER_TILE_K)
   if (config.tile_k < CONSUMER_TILE_K and not kp % CONSUMER_TILE_K and not group_k % CONSUMER_TILE_K
@@ -548,11 +572,16 @@ def _escape_correction_in_registers(tile_m: int, count: int, m: int, row_blocks:
     x_pointer = mgpu_utils.memref_ptr(x_ref)
     x_stride = ir.MemRefType(x_ref.type).get_strides_and_offset()[0][0]
 
-    def load_x(col, k):
-      valid = arith.cmpi(arith.CmpIPredicate.ult, col, ops.const(m))
-      row = arith.select(valid, col, ops.const(0))
-      bits = llvm.load(i16, mgpu_utils.getelementptr(x_pointer, [ops.mul(ops.add(ops.mul(row, x_stride), k), 2)], i8))
-      return arith.select(valid, arith.extui(ops.i32, bits), ops.const(0))
+    def load_x(col, k, used):  # read only for a used entry of a token row of x: a predicated load
+      valid = arith.andi(arith.cmpi(arith.CmpIPredicate.ult, col, ops.const(m)),
+                         arith.cmpi(arith.CmpIPredicate.ne, used, ops.const(0)))
+      branch = scf.IfOp(valid, [ops.i32], has_else=True)
+      with ir.InsertionPoint(branch.then_block):
+        address = mgpu_utils.getelementptr(x_pointer, [ops.mul(ops.add(ops.mul(col, x_stride), k), 2)], i8)
+        scf.yield_([arith.extui(ops.i32, llvm.load(i16, address))])
+      with ir.InsertionPoint(branch.else_block):
+        scf.yield_([ops.const(0)])
+      return branch.results[0]
 
     thread = _thread()
     registers = np.empty(acc.registers.shape, dtype=object)
@@ -696,14 +725,14 @@ def w12_matmul(
   ``interpret=plgpu.InterpretGPUParams()`` runs it on CPU for tests. Unsupported
   shapes raise NotImplementedError so ``w12.matmul`` can fall back loudly.
   """
-  if config is None and interpret is None:
-    config = _widest_step(DEFAULT_CONFIG, packed.sign_mantissa.shape[1], packed.group_k)
-  config = config or TuningConfig()
-  _check_supported(x, packed, config, interpret)
   k, n = packed.shape
   kp = packed.sign_mantissa.shape[1]
   lead = x.shape[:-1]
   m = math.prod(lead)
+  if config is None and interpret is None:
+    config = _widest_step(DEFAULT_CONFIG, kp, packed.group_k, token_tile(DEFAULT_CONFIG.tile_m, m))
+  config = config or TuningConfig()
+  _check_supported(x, packed, config, interpret)
   tile_m = token_tile(config.tile_m, m)
   mp = round_up(max(m, 1), tile_m)
   x2 = x.reshape(m, k)
@@ -716,11 +745,13 @@ def w12_matmul(
   split_k = config.split_k or auto_split_k((n // config.tile_n) * (mp // tile_m), k_steps, num_sms(),
                                            config.blocks_per_sm)
   auto_split = split_k
-  if complete and not reduce and not config.split_k:  # a consumer kernel reads every split (as skinny_matmul's)
+  # a consumer kernel reads every split (as skinny_matmul's); at a wide activation tile fewer splits stream faster
+  if not config.split_k and (complete and not reduce or config.decode == "registers" and _wide_activation_tile(tile_m)):
     split_k = consumer_split_k(split_k, k_steps)
   halves = 2 if has_escapes or split_k > 1 else 1  # f32 partial sums, or the bf16 result
   if config.decode == "registers":
-    step_config = _capped_config(config, tile_m, kp, packed.group_k, split_k) if split_k < auto_split else config
+    step_config = (_capped_config(config, tile_m, kp, packed.group_k, split_k, (n // config.tile_n) * (mp // tile_m) * split_k)
+                   if split_k < auto_split else config)
     out = _register_decode_call(
         pad_for_tma(x2, (8, register_decode.CHUNK)), packed.sign_mantissa, packed.exponent_codes,
         packed.base_exponent, mp=mp, group_k=packed.group_k, tile_n=config.tile_n, tile_m=tile_m,

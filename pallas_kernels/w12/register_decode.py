@@ -277,9 +277,11 @@ def escape_correction(ops, thread, entries, load_x, tile_m: int):
   The accumulator fragment of ``[64, tile_m]`` gives thread ``t`` rows ``16 (t // 32) + (t % 32) // 4`` and that
   + 8 (``half``), and in every 8-wide column tile the columns ``2 (t % 4)`` and that + 1. ``entries`` is
   ``escape_entries``' (a list entry ``(k, bits)`` of each row and position; ``bits``: the raw bf16 in a uint32, 0 for
-  an unused entry); ``load_x(col, k)`` returns the raw bf16 bits of ``x[col, k]`` (0 for a column past ``x``'s
-  rows). Returns ``{(col_tile, half): (value_col0, value_col1)}``. The entries are added in list order; an unused one
-  adds +0.0 whatever ``x`` is (no ``0 * inf``).
+  an unused entry); ``load_x(col, k, bits)`` returns the raw bf16 bits of ``x[col, k]``, or 0 for a column past
+  ``x``'s rows or an unused entry (``bits`` 0), which it should not read: most of a list's slots are unused (a list
+  holds as many as its fullest channel), and at 64 tokens reading ``x`` for every slot moved ~5x the escapes' bytes
+  through L2 (docs/results/2026-12-04-w12-m64-h200/). Returns ``{(col_tile, half): (value_col0, value_col1)}``. The
+  entries are added in list order; an unused one adds +0.0 whatever ``x`` is (no ``0 * inf``).
   """
   first_col = ops.mul(ops.and_(thread, 3), 2)
   out = {}
@@ -290,7 +292,7 @@ def escape_correction(ops, thread, entries, load_x, tile_m: int):
         col = ops.add(first_col, 8 * col_tile + e)
         total = None
         for k, bits in entries[half]:
-          term = ops.select_nonzero(bits, ops.fmul(ops.f32_from_bf16_bits(load_x(col, k)),
+          term = ops.select_nonzero(bits, ops.fmul(ops.f32_from_bf16_bits(load_x(col, k, bits)),
                                                    ops.f32_from_bf16_bits(bits)))
           total = term if total is None else ops.fadd(total, term)
         pair.append(total)
@@ -318,9 +320,11 @@ def simulate_escape_correction(rows: np.ndarray, bits: np.ndarray, x: np.ndarray
     c = np.minimum(c, capacity - 1)
     return rows[row, c].astype(np.uint32), np.where(valid, bits[row, c], 0).astype(np.uint32)
 
-  def load_x(col, k):
-    valid = col < x_bits.shape[0]
-    return np.where(valid, x_bits[np.minimum(col, x_bits.shape[0] - 1), k], 0).astype(np.uint32)
+  def load_x(col, k, used):  # reads x only where a kernel does: an unused entry's k may lie anywhere
+    valid = np.broadcast_to((col < x_bits.shape[0]) & (used != 0), thread.shape)
+    out = np.zeros(thread.shape, np.uint32)
+    out[valid] = x_bits[np.broadcast_to(col, thread.shape)[valid], np.broadcast_to(k, thread.shape)[valid]]
+    return out
 
   out = np.zeros((rows.shape[0], tile_m), np.float32)
   warp, lane = thread // 32, thread % 32

@@ -56,7 +56,7 @@ def main():
   ap.add_argument("--k", type=int, default=12288)
   ap.add_argument("--n", type=int, default=4096)
   ap.add_argument("--m", type=int, nargs="+", default=[1])
-  ap.add_argument("--config", nargs="+", default=["decode=registers"], help="TuningConfig fields, k=v,k=v")
+  ap.add_argument("--config", nargs="+", default=["decode=registers"], help="TuningConfig fields, k=v,k=v; 'default': what w12_matmul runs without a config")
   ap.add_argument("--copies", type=int, default=1, help="weight copies a timed call runs over in turn (beyond L2)")
   ap.add_argument("--bf16", action="store_true", help="also time the skinny bf16 kernel and XLA's dot")
   ap.add_argument("--bf16-config", nargs="+", default=[],
@@ -83,8 +83,8 @@ def run(args):
   for m in args.m:
     x = jnp.asarray(rng.normal(size=(m, args.k)), jnp.bfloat16)
     ref = w12.matmul(x, packed, implementation="reference").astype(jnp.float32)
-    runs = [(text, jax.jit(lambda x, ps, config=parse_config(text): [mosaic_gpu.w12_matmul(x, p, config=config)
-                                                                    for p in ps]), copies)
+    runs = [(text, jax.jit(lambda x, ps, config=None if text == "default" else parse_config(text):
+                           [mosaic_gpu.w12_matmul(x, p, config=config) for p in ps]), copies)
             for text in args.config]
     if args.bf16:
       runs += [(f"bf16 {impl}", jax.jit(lambda x, ws, impl=impl: [skinny_matmul.matmul(x, w, implementation=impl)

@@ -360,7 +360,8 @@ def test_register_kernel_widens_or_deepens_its_steps_when_a_consumer_caps_its_sp
   assert narrow.tile_k < wide_k and narrow.max_concurrent_steps < deep
   down = capped(narrow, 8, kp=12288, group_k=4096, split_k=2, grid_blocks=128)  # 48 wide steps, 24 a split
   assert (down.tile_k, down.max_concurrent_steps) == (wide_k, deep)
-  default = capped(w12_mosaic_gpu.DEFAULT_CONFIG, 8, kp=12288, group_k=1024, split_k=2, grid_blocks=128)  # already wide: deepened
+  # already wide: deepened
+  default = capped(w12_mosaic_gpu.DEFAULT_CONFIG, 8, kp=12288, group_k=1024, split_k=2, grid_blocks=128)
   assert (default.tile_k, default.max_concurrent_steps) == (wide_k, deep)
   for kp, group_k, split in [(12288, 128, 2), (896, 896, 2), (12288, 4096, 5)]:  # groups, K, split in the way
     kept = capped(narrow, 8, kp=kp, group_k=group_k, split_k=split, grid_blocks=128)
@@ -373,7 +374,8 @@ def test_register_kernel_widens_or_deepens_its_steps_when_a_consumer_caps_its_sp
   six = capped(w12.TuningConfig(decode="registers", tile_k=256, max_concurrent_steps=6), 8, 12288, 4096, 2, 128)
   assert (six.tile_k, six.max_concurrent_steps) == (256, 6)
   wide = w12.TuningConfig(decode="registers", tile_k=256, tile_m=256, max_concurrent_steps=1)
-  fits = capped(wide, 256, 12288, 4096, 2, 64).max_concurrent_steps  # 256 rows of 256-deep tiles: shared memory stops it
+  # 256 rows of 256-deep tiles: shared memory stops it
+  fits = capped(wide, 256, 12288, 4096, 2, 64).max_concurrent_steps
   assert 1 <= fits < deep
   assert w12_mosaic_gpu._register_smem_bytes(wide, 256, fits) <= split_k.SMEM_LIMIT
   assert w12_mosaic_gpu._register_smem_bytes(wide, 256, fits + 1) > split_k.SMEM_LIMIT

@@ -122,8 +122,8 @@ DEFAULT_CONFIG = TuningConfig(decode="registers", blocks_per_sm=4, max_concurren
                               escapes_in_kernel=True)
 """What ``w12_matmul`` runs on a GPU without a config: the register decode aiming at 4 resident blocks per SM, 256 K a
 step (narrowed to 128 or 64 where K, the base-exponent groups or a wide activation tile need it: ``_widest_step``),
-the channel lists' escapes corrected in the kernel (on the H200, weights beyond L2, the whole call with and without, us: 23.3 / 25.2 at M = 1,
-27.2 / 35.3 at 16, 47.0 / 85.9 at 64 on 12288x4096, docs/results/2026-12-04-w12-wide-blocks-h200/). On the H200 at M = 1
+the channel lists' escapes corrected in the kernel (on the H200, weights beyond L2, the whole call with and without,
+us: 23.3 / 25.2 at M = 1, 27.2 / 35.3 at 16, 47.0 / 85.9 at 64 on 12288x4096, docs/results/2026-12-04-w12-wide-blocks-h200/). On the H200 at M = 1
 (2026-12-03, weights rotated beyond L2, docs/results/2026-12-03-w12-sass-h200/) 256 a step against 128: 22.5 against
 24.3 us on 12288x4096, 9.0 / 9.6 on 4096x4096, 41.7 / 47.8 on 4096x24576, 13.0 / 12.8 on 4096x6144. Interpret mode
 runs ``TuningConfig()`` (SMEM decode)."""
@@ -750,7 +750,8 @@ def w12_matmul(
     split_k = consumer_split_k(split_k, k_steps)
   halves = 2 if has_escapes or split_k > 1 else 1  # f32 partial sums, or the bf16 result
   if config.decode == "registers":
-    step_config = (_capped_config(config, tile_m, kp, packed.group_k, split_k, (n // config.tile_n) * (mp // tile_m) * split_k)
+    grid_blocks = (n // config.tile_n) * (mp // tile_m) * split_k
+    step_config = (_capped_config(config, tile_m, kp, packed.group_k, split_k, grid_blocks)
                    if split_k < auto_split else config)
     out = _register_decode_call(
         pad_for_tma(x2, (8, register_decode.CHUNK)), packed.sign_mantissa, packed.exponent_codes,

@@ -123,10 +123,12 @@ DEFAULT_CONFIG = TuningConfig(decode="registers", blocks_per_sm=4, max_concurren
 """What ``w12_matmul`` runs on a GPU without a config: the register decode aiming at 4 resident blocks per SM, 256 K a
 step (narrowed to 128 or 64 where K, the base-exponent groups or a wide activation tile need it: ``_widest_step``),
 the channel lists' escapes corrected in the kernel (on the H200, weights beyond L2, the whole call with and without,
-us: 23.3 / 25.2 at M = 1, 27.2 / 35.3 at 16, 47.0 / 85.9 at 64 on 12288x4096, docs/results/2026-12-04-w12-wide-blocks-h200/). On the H200 at M = 1
-(2026-12-03, weights rotated beyond L2, docs/results/2026-12-03-w12-sass-h200/) 256 a step against 128: 22.5 against
-24.3 us on 12288x4096, 9.0 / 9.6 on 4096x4096, 41.7 / 47.8 on 4096x24576, 13.0 / 12.8 on 4096x6144. Interpret mode
-runs ``TuningConfig()`` (SMEM decode)."""
+us: 23.3 / 25.2 at M = 1, 27.2 / 35.3 at 16, 47.0 / 85.9 at 64 on 12288x4096,
+docs/results/2026-12-04-w12-wide-blocks-h200/). On the H200 at M = 1 (2026-12-03, weights rotated beyond L2,
+docs/results/2026-12-03-w12-sass-h200/) 256 a step against 128: 22.5 against 24.3 us on 12288x4096, 9.0 / 9.6 on
+4096x4096, 41.7 / 47.8 on 4096x24576, 13.0 / 12.8 on 4096x6144. The M = 64 numbers above predate the correction's
+predicated loads and the capped split at wide activation tiles (``ACTIVATION_STEP_BYTES``: 28.8 us now). Interpret
+mode runs ``TuningConfig()`` (SMEM decode)."""
 
 
 ACTIVATION_STEP_BYTES = 16 * 1024
@@ -142,11 +144,17 @@ beyond L2, the whole call, us; docs/results/2026-12-04-w12-m64-h200/):
   two splits: 37.2, 24.1, 72.5 on the last three, with 384, 192 and 768 blocks)."""
 
 
+def _wide_activation_tile(tile_m: int, tile_k: int = DEFAULT_CONFIG.tile_k) -> bool:
+  """Whether a step of ``tile_k`` would load more than ``ACTIVATION_STEP_BYTES`` of ``tile_m`` bf16 token rows (by
+  default the default's 256-wide step: tiles over 32 rows)."""
+  return tile_m * tile_k * 2 > ACTIVATION_STEP_BYTES
+
+
 def _widest_step(config: TuningConfig, kp: int, group_k: int, tile_m: int) -> TuningConfig:
   """``config`` with its K a step narrowed (halved down to 64) until it divides both the padded K and the
   base-exponent groups and its activation tile of ``tile_m`` rows is at most ``ACTIVATION_STEP_BYTES``."""
   tile_k = config.tile_k
-  while tile_k > 64 and (kp % tile_k or group_k % tile_k or tile_m * tile_k * 2 > ACTIVATION_STEP_BYTES):
+  while tile_k > 64 and (kp % tile_k or group_k % tile_k or _wide_activation_tile(tile_m, tile_k)):
     tile_k //= 2
   return dataclasses.replace(config, tile_k=tile_k)
 
@@ -174,11 +182,6 @@ at M = 1 on the H200 (2026-12-03, weights beyond L2, docs/results/2026-12-03-w12
 24.5 / 22.4 / 21.8 us on 12288x4096, 10.4 / 9.8 / 10.3 on 4096x4096 and 13.6 / 13.4 / 17.1 on 4096x6144. (Before the
 decode's 2026-12-03 rework, at 128 a step, 2 / 4 / 6 / 8 took 35.7 / 30.7 / 31.6 / 32.9 us on 12288x4096,
 docs/results/2026-12-03-skinny-resident-w12-loop-h200/.)"""
-
-
-def _wide_activation_tile(tile_m: int) -> bool:
-  """Whether ``CONSUMER_TILE_K`` a step would load more than ``ACTIVATION_STEP_BYTES`` of ``tile_m`` token rows."""
-  return tile_m * CONSUMER_TILE_K * 2 > ACTIVATION_STEP_BYTES
 
 
 def _capped_config(config: TuningConfig, tile_m: int, kp: int, group_k: int, split_k: int,

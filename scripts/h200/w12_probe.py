@@ -56,7 +56,7 @@ def main():
   ap.add_argument("--k", type=int, default=12288)
   ap.add_argument("--n", type=int, default=4096)
   ap.add_argument("--m", type=int, nargs="+", default=[1])
-  ap.add_argument("--config", nargs="+", default=["decode=registers"], 
+  ap.add_argument("--config", nargs="+", default=["decode=registers"],
                   help="TuningConfig fields, k=v,k=v; 'default': what w12_matmul runs without a config")
   ap.add_argument("--copies", type=int, default=1, help="weight copies a timed call runs over in turn (beyond L2)")
   ap.add_argument("--bf16", action="store_true", help="also time the skinny bf16 kernel and XLA's dot")

@@ -224,22 +224,26 @@ def test_unsummed_splits_go_to_a_consumer_only_when_nothing_is_left_to_patch():
   assert escaped.has_side_table and not isinstance(run(escaped, False), split_k.SplitKPartials)
 
 
-@pytest.mark.parametrize("overflow", [False, True])
-def test_register_kernel_hands_its_splits_on_when_it_corrects_every_escape(overflow):
+@pytest.mark.parametrize("overflow,splits", [(False, 2), (True, 2), (False, 1), (True, 1)])
+def test_register_kernel_hands_its_splits_on_when_it_corrects_every_escape(overflow, splits):
   """The register decode with ``escapes_in_kernel`` (traced for sm_90 on the CPU): with every escape in the channel
-  lists, ``reduce=False`` returns the kernel's splits unsummed and the program adds nothing after the kernel; with an
-  overflow, XLA patches and sums as before."""
+  lists, ``reduce=False`` returns the kernel's splits unsummed and the program adds nothing after the kernel (one
+  split: the bf16 result itself, no f32 halves to convert); with an overflow, XLA patches and sums as before."""
   w = np.full((1024, 128), 0.5, np.float32)
   w[3, 5], w[9, 6] = 1e30, -1e30
   if overflow:
     w[700, 5] = 1e30  # a second escape in channel 5: the one-entry list overflows
   packed = w12.pack(w.astype(BF16), group_k=1024)
-  config = w12.TuningConfig(decode="registers", tile_k=128, tile_m=8, split_k=2, escapes_in_kernel=True)
+  config = w12.TuningConfig(decode="registers", tile_k=128, tile_m=8, split_k=splits, escapes_in_kernel=True)
   x = jnp.ones((1, 1024), jnp.bfloat16)
   out = jax.eval_shape(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config, reduce=False), x, packed)
   assert isinstance(out, split_k.SplitKPartials) != overflow
   if not overflow:
-    assert out.halves.shape == (2, 2, 8, 128) and out.shape == (1, 128)
+    assert out.halves.shape == (splits, 2 if splits > 1 else 1, 8, 128) and out.shape == (1, 128)
+    eqns = jax.make_jaxpr(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config))(x, packed).jaxpr.eqns
+    assert eqns[0].outvars[0].aval.shape == out.halves.shape  # the kernel (its custom_vmap_call), then XLA's ops
+    after = {v.aval.dtype for e in eqns[1:] for v in e.outvars}
+    assert (jnp.dtype(jnp.float32) in after) == (splits > 1)  # a sum after the kernel only for splits
 
 
 @pytest.mark.parametrize("tile_n", [64, 128])
@@ -347,6 +351,30 @@ def test_register_kernel_splits_sum_to_the_reduced_result_on_the_gpu(k, n):
                                 np.asarray(summed, np.float32))
   want = np.asarray(w12.matmul(x, packed, implementation="reference"), np.float32)
   np.testing.assert_allclose(np.asarray(summed, np.float32), want, rtol=2e-2, atol=2e-2 * np.abs(want).max())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not w12_ops._on_hopper(), reason="needs an H100/H200")
+@pytest.mark.parametrize("k,n,m", [(4096, 24576, 1), (4096, 8192, 16)])
+def test_register_kernel_stores_bf16_at_one_split_on_the_gpu(k, n, m):
+  """At one K split with every escape corrected in the kernel, the kernel stores the bf16 result itself (no f32
+  halves, no XLA op after it): rounded as XLA rounds the f32 sums when the correction is left to it (channels without
+  escapes bit for bit), and within the reference's tolerance everywhere."""
+  import dataclasses
+
+  w = weights_with_escapes(k, n, seed=k + m)
+  w[9, 2] = 0  # no overflow: every escape in its channel list
+  packed = w12.pack(w)
+  x = jnp.asarray(np.random.default_rng(m).normal(size=(m, k)).astype(BF16))
+  one = dataclasses.replace(w12_mosaic_gpu.DEFAULT_CONFIG, split_k=1)
+  run = jax.jit(lambda x, p, config: w12_mosaic_gpu.w12_matmul(x, p, config=config), static_argnums=2)
+  got = np.asarray(run(x, packed, one), np.float32)
+  after = np.asarray(run(x, packed, dataclasses.replace(one, escapes_in_kernel=False)), np.float32)
+  clean = np.asarray(packed.column_escape_bits == 0).all(axis=1)  # channels with no escape
+  assert 0 < clean.sum() < n
+  np.testing.assert_array_equal(got[:, clean], after[:, clean])
+  reference = np.asarray(w12.matmul(x, packed, implementation="reference"), np.float32)
+  np.testing.assert_allclose(got, reference, rtol=2e-2, atol=2e-2 * np.abs(reference).max())
 
 
 def test_register_kernel_widens_or_deepens_its_steps_when_a_consumer_caps_its_split():

@@ -751,7 +751,8 @@ def w12_matmul(
   # a consumer kernel reads every split (as skinny_matmul's); at a wide activation tile fewer splits stream faster
   if not config.split_k and (complete and not reduce or config.decode == "registers" and _wide_activation_tile(tile_m)):
     split_k = consumer_split_k(split_k, k_steps)
-  halves = 2 if has_escapes or split_k > 1 else 1  # f32 partial sums, or the bf16 result
+  # f32 partial sums, or the bf16 result where nothing is added after the kernel
+  halves = 2 if split_k > 1 or not complete else 1
   if config.decode == "registers":
     grid_blocks = (n // config.tile_n) * (mp // tile_m) * split_k
     step_config = (_capped_config(config, tile_m, kp, packed.group_k, split_k, grid_blocks)

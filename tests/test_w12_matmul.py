@@ -246,11 +246,13 @@ def test_register_kernel_hands_its_splits_on_when_it_corrects_every_escape(overf
     assert (jnp.dtype(jnp.float32) in after) == (splits > 1)  # a sum after the kernel only for splits
 
 
-@pytest.mark.parametrize("tile_n", [64, 128])
-def test_register_kernel_loads_its_share_of_the_escape_lists_before_its_pipeline(monkeypatch, tile_n):
+@pytest.mark.parametrize("tile_n,tile_m", [(64, 8), (128, 8), (64, 32)])
+def test_register_kernel_loads_its_share_of_the_escape_lists_before_its_pipeline(monkeypatch, tile_n, tile_m):
   """``escapes_in_kernel`` (traced and lowered for sm_90 on the CPU, K = 3072: three-entry lists, two K splits): the
-  lists' entries are loaded before the pipeline's first decode, once a row block, and added after its last one; each
-  split takes its share of each list (entries ``s``, ``s + 2``: two of three)."""
+  lists' entries are loaded before the pipeline's first decode, once a row block, and their sums added after its last
+  one; each split takes its share of each list (entries ``s``, ``s + 2``: two of three). The ``x`` values they
+  multiply are loaded in the pipeline's first step, before its decode, up to ``EARLY_X_TILE_M`` token rows, and after
+  the pipeline above."""
   from pallas_kernels.w12 import register_decode
 
   w = np.full((3072, 128), 0.5, np.float32)
@@ -258,22 +260,26 @@ def test_register_kernel_loads_its_share_of_the_escape_lists_before_its_pipeline
   packed = w12.pack(w.astype(BF16), group_k=1024)
   assert packed.column_capacity == 3 and not packed.escape_index.shape[0]
   calls = []  # (name, args) in trace order
-  for name in ("escape_entries", "decode_chunk", "escape_correction"):
+  for name in ("escape_entries", "decode_chunk", "escape_x", "escape_sums"):
     real = getattr(register_decode, name)
     monkeypatch.setattr(register_decode, name, lambda *a, real=real, name=name: (calls.append((name, a)), real(*a))[1])
-  config = w12.TuningConfig(decode="registers", tile_m=8, tile_k=128, split_k=2, escapes_in_kernel=True,
+  config = w12.TuningConfig(decode="registers", tile_m=tile_m, tile_k=128, split_k=2, escapes_in_kernel=True,
                             tile_n=tile_n)
   fn = jax.jit(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config))
-  assert "mosaic_gpu" in fn.trace(jax.ShapeDtypeStruct((1, 3072), jnp.bfloat16), packed).lower(
+  assert "mosaic_gpu" in fn.trace(jax.ShapeDtypeStruct((tile_m - 3, 3072), jnp.bfloat16), packed).lower(
       lowering_platforms=("cuda",)).as_text()
   events = [name for name, _ in calls]
   decodes = [i for i, e in enumerate(events) if e == "decode_chunk"]
   blocks = tile_n // register_decode.ROWS
-  assert events.count("escape_entries") == blocks and events.count("escape_correction") == blocks
+  for name in ("escape_entries", "escape_x", "escape_sums"):
+    assert events.count(name) == blocks, name
   # escape_entries(ops, thread, load, count, row_block, first, stride)
   assert [(a[3], a[4], a[6]) for name, a in calls if name == "escape_entries"] == [(2, b, 2) for b in range(blocks)]
   assert max(i for i, e in enumerate(events) if e == "escape_entries") < decodes[0]
-  assert events.index("escape_correction") > decodes[-1]
+  loads = [i for i, e in enumerate(events) if e == "escape_x"]
+  early = tile_m <= w12_mosaic_gpu.EARLY_X_TILE_M
+  assert (max(loads) < decodes[0]) if early else (min(loads) > decodes[-1])
+  assert events.index("escape_sums") > max(decodes[-1], max(loads))
 
 
 def test_register_kernel_with_overlapped_wgmma_lowers_for_hopper(monkeypatch):

@@ -501,10 +501,42 @@ def _warpgroup_barrier(ctx):
   mgpu_utils.warpgroup_barrier()
 
 
+def _thread_values_layout(values: int):
+  """``values`` i32 a thread as a Pallas array: thread ``t`` holds elements ``t + 128 i``."""
+  return plgpu.Layout.WG_STRIDED((values * 128,), vec_size=1)
+
+
 def _entries_layout(count: int):
-  """``escape_entries``' values as a Pallas array: thread ``t`` holds elements ``t + 128 i``, its ``(k, bits)`` pairs
-  in ``[half][j]`` order."""
-  return plgpu.Layout.WG_STRIDED((4 * count * 128,), vec_size=1)
+  """``escape_entries``' values as a Pallas array (``_thread_values_layout``): a thread's ``(k, bits)`` pairs in
+  ``[half][j]`` order."""
+  return _thread_values_layout(4 * count)
+
+
+def _x_bits_layout(count: int, tile_m: int):
+  """``register_decode.escape_x``'s bits as a Pallas array (``_thread_values_layout``): ``count`` a (half, column)."""
+  return _thread_values_layout(count * tile_m // 2)
+
+
+def _words(array) -> list:
+  """A ``_thread_values_layout`` array's values, as i32."""
+  return [vector.extract(r, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([0]))
+          for r in array.registers]
+
+
+def _thread_values(values, layout):
+  """i32 values -> a ``layout`` (``_thread_values_layout``) array."""
+  word = ir.VectorType.get((1,), ir.IntegerType.get_signless(32))
+  registers = np.empty((len(values),), dtype=object)
+  for i, value in enumerate(values):
+    registers[i] = vector.from_elements(word, [value])
+  return mgpu.FragmentedArray(_registers=registers, _layout=layout.to_mgpu(), _is_signed=False)
+
+
+def _entries(array, count: int) -> list:
+  """``_load_escape_entries``' array of one row block -> ``register_decode.escape_entries``' ``[half][j]`` pairs."""
+  words = _words(array)
+  return [[(words[2 * (half * count + j)], words[2 * (half * count + j) + 1]) for j in range(count)]
+          for half in range(2)]
 
 
 def _entry_loader(ops, rows_ref, bits_ref):
@@ -541,65 +573,112 @@ def _load_escape_entries(count: int, splits: int, row_blocks: int):
   def load(ctx, rows_ref, bits_ref, split):
     del ctx
     ops = _MlirOps()
-    word = ir.VectorType.get((1,), ops.i32)
     arrays = []
     for block in range(row_blocks):
       entries = register_decode.escape_entries(ops, _thread(), _entry_loader(ops, rows_ref, bits_ref), count, block,
                                                _scalar(split), splits)
-      values = [value for half in entries for entry in half for value in entry]
-      registers = np.empty((len(values),), dtype=object)
-      for i, value in enumerate(values):
-        registers[i] = vector.from_elements(word, [value])
-      arrays.append(mgpu.FragmentedArray(_registers=registers, _layout=layout.to_mgpu(), _is_signed=False))
+      arrays.append(_thread_values([value for half in entries for entry in half for value in entry], layout))
     return tuple(arrays)
 
   return load
 
 
-def _escape_correction_in_registers(tile_m: int, count: int, m: int, row_blocks: int):
-  """An ``inline_mgpu`` function: (the f32 ``[64 row_blocks, tile_m]`` accumulator, this thread's share of the block's
-  escape lists, ``count`` entries a row (``_load_escape_entries``' arrays), ``x`` ``[m, K]`` in GMEM) -> the
-  accumulator plus ``register_decode.escape_correction`` of each row block; only the ``x`` loads wait here. For one
-  token block (``m <= tile_m``): a thread's columns past ``m`` add nothing."""
+EARLY_X_TILE_M = 16
+"""Token tiles up to which the in-kernel escape correction loads its ``x`` values in the pipeline's first step
+(``_gather_escape_x`` with ``early``) and carries them through it in registers (``count * tile_m / 2`` a thread a row
+block); wider tiles load them after the pipeline, where before this only the sums were: there each block waited on
+the loads' L2 round trip with nothing else in flight, on every layer shape's critical path at M = 1 (the correction
+cost 1.4 us of gate|up's 39.9 kernel us on the H200, 0.4-0.7 on the others, docs/results/2026-12-04-w12-early-x-h200/)."""
+
+
+def _x_loader(ops, x_ref, m: int):
+  """``load_x(col, k, used)`` for ``register_decode.escape_x``: ``x`` ``[m, K]`` read from GMEM only for a used entry
+  of one of its rows (a predicated load), else 0."""
+  i8, i16 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(16)
+  x_pointer = mgpu_utils.memref_ptr(x_ref)
+  x_stride = ir.MemRefType(x_ref.type).get_strides_and_offset()[0][0]
+
+  def load_x(col, k, used):
+    valid = arith.andi(arith.cmpi(arith.CmpIPredicate.ult, col, ops.const(m)),
+                       arith.cmpi(arith.CmpIPredicate.ne, used, ops.const(0)))
+    branch = scf.IfOp(valid, [ops.i32], has_else=True)
+    with ir.InsertionPoint(branch.then_block):
+      address = mgpu_utils.getelementptr(x_pointer, [ops.mul(ops.add(ops.mul(col, x_stride), k), 2)], i8)
+      scf.yield_([arith.extui(ops.i32, llvm.load(i16, address))])
+    with ir.InsertionPoint(branch.else_block):
+      scf.yield_([ops.const(0)])
+    return branch.results[0]
+
+  return load_x
+
+
+def _gather_escape_x(tile_m: int, count: int, m: int, row_blocks: int, early: bool):
+  """An ``inline_mgpu`` function: (this thread's share of the block's escape lists, ``_load_escape_entries``' arrays;
+  ``x`` ``[m, K]`` in GMEM) -> the ``x`` bits each entry multiplies (``register_decode.escape_x``), one
+  ``_x_bits_layout`` array a row block, for ``_add_escape_sums``. With ``early`` it is a pipeline step's: its first
+  arguments are a flag (``_SCALAR_LAYOUT``: nonzero in the first step) and the bits carried from the previous step,
+  and only the first step loads (one branch a step), the others pass the carried bits on. For one token block
+  (``m <= tile_m``): a thread's columns past ``m`` load nothing."""
+  entries_layout, bits_layout = _entries_layout(count), _x_bits_layout(count, tile_m)
+  carried = [_SCALAR_LAYOUT, *[bits_layout] * row_blocks] if early else []
 
   @plgpu.inline_mgpu(
-      arg_types=(plgpu.Layout.WGMMA, *[_entries_layout(count)] * row_blocks, plgpu.RefType()),
+      arg_types=(*carried, *[entries_layout] * row_blocks, plgpu.RefType()),
+      return_type=tuple(plgpu.ShapeDtypeStruct((count * tile_m // 2 * 128,), jnp.uint32, layout=bits_layout)
+                        for _ in range(row_blocks)),
+  )
+  def gather(ctx, *refs):
+    del ctx
+    ops = _MlirOps()
+    *arrays, x_ref = refs
+
+    def load_all(lists):
+      thread, load_x = _thread(), _x_loader(ops, x_ref, m)
+      return [bits for array in lists
+              for bits in register_decode.escape_x(ops, thread, _entries(array, count), load_x, tile_m)]
+
+    if not early:
+      values = load_all(arrays)
+    else:
+      first, previous, lists = arrays[0], arrays[1:row_blocks + 1], arrays[row_blocks + 1:]
+      kept = [word for array in previous for word in _words(array)]
+      branch = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ne, _scalar(first), ops.const(0)), [ops.i32] * len(kept),
+                        has_else=True)
+      with ir.InsertionPoint(branch.then_block):
+        scf.yield_(load_all(lists))
+      with ir.InsertionPoint(branch.else_block):
+        scf.yield_(kept)
+      values = list(branch.results)
+    per_block = len(values) // row_blocks
+    return tuple(_thread_values(values[b * per_block:(b + 1) * per_block], bits_layout) for b in range(row_blocks))
+
+  return gather
+
+
+def _add_escape_sums(tile_m: int, count: int, row_blocks: int):
+  """An ``inline_mgpu`` function: (the f32 ``[64 row_blocks, tile_m]`` accumulator, this thread's share of the block's
+  escape lists, their ``x`` bits from ``_gather_escape_x``) -> the accumulator plus ``register_decode.escape_sums``
+  of each row block: registers only, no loads."""
+
+  @plgpu.inline_mgpu(
+      arg_types=(plgpu.Layout.WGMMA, *[_entries_layout(count)] * row_blocks,
+                 *[_x_bits_layout(count, tile_m)] * row_blocks),
       return_type=plgpu.ShapeDtypeStruct((row_blocks * register_decode.ROWS, tile_m), jnp.float32,
                                          layout=plgpu.Layout.WGMMA),
   )
-  def correct(ctx, acc, *refs):
+  def add(ctx, acc, *arrays):
     del ctx
-    *lists, x_ref = refs
     ops = _MlirOps()
-    i8, i16 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(16)
-    x_pointer = mgpu_utils.memref_ptr(x_ref)
-    x_stride = ir.MemRefType(x_ref.type).get_strides_and_offset()[0][0]
-
-    def load_x(col, k, used):  # read only for a used entry of a token row of x: a predicated load
-      valid = arith.andi(arith.cmpi(arith.CmpIPredicate.ult, col, ops.const(m)),
-                         arith.cmpi(arith.CmpIPredicate.ne, used, ops.const(0)))
-      branch = scf.IfOp(valid, [ops.i32], has_else=True)
-      with ir.InsertionPoint(branch.then_block):
-        address = mgpu_utils.getelementptr(x_pointer, [ops.mul(ops.add(ops.mul(col, x_stride), k), 2)], i8)
-        scf.yield_([arith.extui(ops.i32, llvm.load(i16, address))])
-      with ir.InsertionPoint(branch.else_block):
-        scf.yield_([ops.const(0)])
-      return branch.results[0]
-
-    thread = _thread()
+    lists, x_bits = arrays[:row_blocks], arrays[row_blocks:]
     registers = np.empty(acc.registers.shape, dtype=object)
     f32_pair = ir.VectorType.get((2,), ir.F32Type.get())
     for block in range(row_blocks):
-      words = [vector.extract(r, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([0]))
-               for r in lists[block].registers]  # (k, bits) pairs in [half][j] order: _load_escape_entries'
-      entries = [[(words[2 * (half * count + j)], words[2 * (half * count + j) + 1]) for j in range(count)]
-                 for half in range(2)]
-      values = register_decode.escape_correction(ops, thread, entries, load_x, tile_m)
+      values = register_decode.escape_sums(ops, _entries(lists[block], count), _words(x_bits[block]), tile_m)
       for (col_tile, half), pair in values.items():
         registers[block, col_tile, 0, 0, half, 0, 0, 0, 0] = vector.from_elements(f32_pair, list(pair))
     return acc + mgpu.FragmentedArray(_registers=registers, _layout=acc.layout, _is_signed=None)
 
-  return correct
+  return add
 
 
 def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, group_k, tile_n, tile_m, tile_k,
@@ -644,17 +723,19 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   total_groups = base_exponent.shape[1]
   groups = split_groups(steps * tile_k, group_k, total_groups)
   load_bases = _load_bases(groups)
-  correct = load_entries = None
+  add_sums = gather_x = load_entries = None
+  early = escape_lists is not None and tile_m <= EARLY_X_TILE_M
   if escape_lists is not None:
     if mp != tile_m:
       raise ValueError(f"the in-kernel escape correction takes one token block, got Mp={mp}, tile_m={tile_m}")
     count = register_decode.split_share(escape_lists[0].shape[1], split_k)
-    correct = _escape_correction_in_registers(tile_m, count, m, row_blocks)
     load_entries = _load_escape_entries(count, split_k, row_blocks)
+    gather_x = _gather_escape_x(tile_m, count, m, row_blocks, early)
+    add_sums = _add_escape_sums(tile_m, count, row_blocks)
 
   def w12_matmul_body(byte_gmem, nibble_gmem, base_gmem, x_gmem, *refs, out_smem):  # profile name
     pdl.begin_kernel(None)  # registers: never interpreted (``_check_supported``)
-    rows_gmem, bits_gmem, out_gmem = refs if correct else (None, None, *refs)
+    rows_gmem, bits_gmem, out_gmem = refs if add_sums else (None, None, *refs)
     n_slice = pl.ds(lax.axis_index("n") * tile_n, tile_n)
     m_slice = pl.ds(lax.axis_index("m") * tile_m, tile_m)
     split = lax.axis_index("s")
@@ -664,7 +745,7 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
     bases = [load_bases(base_gmem.at[pl.ds(lax.axis_index("n") * tile_n + block * register_decode.ROWS,
                                            register_decode.ROWS), pl.ds(first_group, groups)])
              for block in range(row_blocks)]  # [row block][group]
-    if correct is not None:  # the split's share of the lists, into registers before the pipeline
+    if add_sums is not None:  # the split's share of the lists, into registers before the pipeline
       entries = load_entries(rows_gmem.at[n_slice], bits_gmem.at[n_slice], jnp.full((128,), split, jnp.int32))
 
     in_specs = (
@@ -675,7 +756,9 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
     )
 
     def accumulate(acc_ref):
-      def step(idx, byte_smem, nibble_smem, x_smem):
+      def step(idx, byte_smem, nibble_smem, x_smem, *carry):
+        if early:  # the first step issues the correction's x loads; the rest carry their bits on
+          x_bits = gather_x(jnp.full((128,), idx[0] == 0, jnp.int32), *carry[0], *entries, x_gmem)
         group = (first + idx[0]) * tile_k // group_k - first_group
         step_bases = []
         for block_bases in bases:
@@ -690,13 +773,20 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
         # previous step's are done, so its activation tiles (released a step late) are free
         plgpu.wgmma_wait(chunks if overlap else 0)
         _warpgroup_barrier()
+        return x_bits if early else None
 
-      pipeline = plgpu.emit_pipeline(step, grid=(steps,), in_specs=in_specs, max_concurrent_steps=depth)
-      pipeline(byte_gmem.at[n_slice], nibble_gmem.at[n_slice], x_gmem.at[m_slice])
+      bits_layout = _x_bits_layout(count, tile_m) if early else None
+      pipeline = plgpu.emit_pipeline(
+          step, grid=(steps,), in_specs=in_specs, max_concurrent_steps=depth,
+          init_carry=tuple(plgpu.layout_cast(jnp.zeros((count * tile_m // 2 * 128,), jnp.uint32), bits_layout)
+                           for _ in range(row_blocks)) if early else None)
+      x_bits = pipeline(byte_gmem.at[n_slice], nibble_gmem.at[n_slice], x_gmem.at[m_slice])
       if overlap:
         plgpu.wgmma_wait(0)
-      if correct is not None:
-        acc_ref[...] = correct(acc_ref[...], *entries, x_gmem)
+      if add_sums is not None:
+        if not early:
+          x_bits = gather_x(*entries, x_gmem)
+        acc_ref[...] = add_sums(acc_ref[...], *entries, *x_bits)
       return acc_ref[...]
 
     acc = pl.run_scoped(accumulate, plgpu.ACC((tile_n, tile_m), jnp.float32))

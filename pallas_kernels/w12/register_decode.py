@@ -272,7 +272,8 @@ def escape_entries(ops, thread, load_entry, count: int, row_block: int = 0, firs
 def escape_correction(ops, thread, entries, load_x, tile_m: int):
   """One thread's share of the channel lists' escape correction, in wgmma's accumulator layout: the f32 values
   ``sum_c x[col, rows[n, c]] * W[rows[n, c], n]`` to add to its accumulator registers, so a kernel can patch its
-  own output instead of leaving a gather or a scatter to XLA (``TuningConfig.escapes_in_kernel``).
+  own output instead of leaving a gather or a scatter to XLA (``TuningConfig.escapes_in_kernel``):
+  ``escape_sums`` of ``escape_x``, which a kernel may also call apart (the loads early, the sums late).
 
   The accumulator fragment of ``[64, tile_m]`` gives thread ``t`` rows ``16 (t // 32) + (t % 32) // 4`` and that
   + 8 (``half``), and in every 8-wide column tile the columns ``2 (t % 4)`` and that + 1. ``entries`` is
@@ -283,17 +284,28 @@ def escape_correction(ops, thread, entries, load_x, tile_m: int):
   through L2 (docs/results/2026-12-04-w12-m64-h200/). Returns ``{(col_tile, half): (value_col0, value_col1)}``. The
   entries are added in list order; an unused one adds +0.0 whatever ``x`` is (no ``0 * inf``).
   """
+  return escape_sums(ops, entries, escape_x(ops, thread, entries, load_x, tile_m), tile_m)
+
+
+def escape_x(ops, thread, entries, load_x, tile_m: int) -> list:
+  """The ``x`` bits ``escape_sums`` multiplies, one ``load_x`` a (half, column tile, column, entry), in that order
+  (a flat list: a kernel carries them as one register array)."""
   first_col = ops.mul(ops.and_(thread, 3), 2)
+  return [load_x(ops.add(first_col, 8 * col_tile + e), k, bits)
+          for half in range(2) for col_tile in range(tile_m // 8) for e in range(2) for k, bits in entries[half]]
+
+
+def escape_sums(ops, entries, x_bits, tile_m: int):
+  """``escape_correction``'s values from ``escape_x``'s bits: no loads, only the products and their sums."""
+  x_bits = iter(x_bits)
   out = {}
   for half in range(2):
     for col_tile in range(tile_m // 8):
       pair = []
-      for e in range(2):
-        col = ops.add(first_col, 8 * col_tile + e)
+      for _ in range(2):
         total = None
-        for k, bits in entries[half]:
-          term = ops.select_nonzero(bits, ops.fmul(ops.f32_from_bf16_bits(load_x(col, k, bits)),
-                                                   ops.f32_from_bf16_bits(bits)))
+        for _, bits in entries[half]:
+          term = ops.select_nonzero(bits, ops.fmul(ops.f32_from_bf16_bits(next(x_bits)), ops.f32_from_bf16_bits(bits)))
           total = term if total is None else ops.fadd(total, term)
         pair.append(total)
       out[(col_tile, half)] = tuple(pair)

@@ -584,11 +584,11 @@ def _load_escape_entries(count: int, splits: int, row_blocks: int):
 
 
 EARLY_X_TILE_M = 16
-"""Token tiles up to which the in-kernel escape correction loads its ``x`` values in the pipeline's first step
-(``_gather_escape_x`` with ``early``) and carries them through it in registers (``count * tile_m / 2`` a thread a row
-block); wider tiles load them after the pipeline, where before this only the sums were: there each block waited on
-the loads' L2 round trip with nothing else in flight, on every layer shape's critical path at M = 1 (the correction
-cost 1.4 us of gate|up's 39.9 kernel us on the H200, 0.4-0.7 on the others, docs/results/2026-12-04-w12-early-x-h200/)."""
+"""Token tiles up to which ``TuningConfig.early_escape_x`` loads the in-kernel escape correction's ``x`` values in the
+pipeline's first step (``_gather_escape_x`` with ``early``) and carries them through it in registers (``count * tile_m
+/ 2`` a thread a row block: at wider tiles they would crowd the accumulators). Loaded after the pipeline, each block
+waits on their L2 round trip with nothing else in flight: on the H200 at M = 1 the correction cost 1.4 us of gate|up's
+39.9 kernel us and 0.4-0.7 on the other layer shapes (call 1 of docs/results/2026-12-04-w12-early-x-h200/)."""
 
 
 def _x_loader(ops, x_ref, m: int):
@@ -682,7 +682,8 @@ def _add_escape_sums(tile_m: int, count: int, row_blocks: int):
 
 
 def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, group_k, tile_n, tile_m, tile_k,
-                          max_concurrent_steps, split_k, halves, overlap_decode=False, escape_lists=None, m=None):
+                          max_concurrent_steps, split_k, halves, overlap_decode=False, escape_lists=None, m=None,
+                          early_escape_x=False):
   """One warpgroup per (``tile_n`` channels, tile_m tokens, K split); each step's W12 tiles are decoded by
   ``register_decode`` straight into wgmma's A registers, 64 K at a time, one wgmma M group per 64 channels (all
   against the one activation tile of the step: ``REGISTER_TILE_N``), in logical K order (the planes' stored
@@ -695,8 +696,9 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   corrected in the kernel, a consumer kernel can add the splits itself (``SplitKPartials``). With ``escape_lists``
   (``(column_escape_rows, column_escape_bits)``, one token block: ``mp == tile_m``, ``m`` real rows) every block loads
   its split's share of its channels' lists before the pipeline (entries ``s``, ``s + split_k``, ...:
-  ``_load_escape_entries``) and adds their correction to its accumulators after it
-  (``_escape_correction_in_registers``). Shared by the splits, not left to the first: at 64 token rows on the H200 the
+  ``_load_escape_entries``) and adds their correction to its accumulators after it (``_add_escape_sums``), the ``x``
+  values it multiplies loaded after the pipeline or, with ``early_escape_x``, in its first step
+  (``_gather_escape_x``). Shared by the splits, not left to the first: at 64 token rows on the H200 the
   first split's blocks alone took 52 us on 12288x4096 where the shared form takes 42 (the kernel without any: 37;
   docs/results/2026-12-04-w12-wide-blocks-h200/).
 
@@ -724,7 +726,7 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   groups = split_groups(steps * tile_k, group_k, total_groups)
   load_bases = _load_bases(groups)
   add_sums = gather_x = load_entries = None
-  early = escape_lists is not None and tile_m <= EARLY_X_TILE_M
+  early = escape_lists is not None and early_escape_x and tile_m <= EARLY_X_TILE_M
   if escape_lists is not None:
     if mp != tile_m:
       raise ValueError(f"the in-kernel escape correction takes one token block, got Mp={mp}, tile_m={tile_m}")
@@ -853,7 +855,8 @@ def w12_matmul(
         tile_k=step_config.tile_k,
         max_concurrent_steps=step_config.max_concurrent_steps, split_k=split_k, halves=halves,
         overlap_decode=config.overlap_decode,
-        escape_lists=(packed.column_escape_rows, packed.column_escape_bits) if in_kernel else None, m=m)
+        escape_lists=(packed.column_escape_rows, packed.column_escape_bits) if in_kernel else None, m=m,
+        early_escape_x=config.early_escape_x)
   else:
     # one base row per K step, [Kp / tile_k, N]: one small TMA box per step
     steps_per_group = packed.group_k // config.tile_k

@@ -218,3 +218,29 @@ def test_w12_probe_bf16_configs_parse_as_skinny_configs(monkeypatch):
   assert config == skinny_matmul.TuningConfig(tile_k=256, max_concurrent_steps=2)
   with pytest.raises(SystemExit, match="--bf16-config: 'decode=registers' is not FIELD=VALUE"):
     probe.parse_config("decode=registers", skinny_matmul.TuningConfig, "--bf16-config")
+
+
+def test_w12_probe_records_the_kernel_form_it_traced(monkeypatch):
+  """``w12_probe.py`` names what each timed config ran (traced for sm_90 on the CPU): at one split with every escape
+  in the lists the kernel stores bf16, at two f32 halves; the x loads go where ``early_escape_x`` says."""
+  import ml_dtypes
+  import numpy as np
+
+  from pallas_kernels import w12
+  from pallas_kernels.w12 import mosaic_gpu
+
+  probe = load_probe("w12_probe", monkeypatch)
+  w = np.full((1024, 128), 0.5, np.float32)
+  w[3, 5] = 1e30
+  packed = w12.pack(w.astype(ml_dtypes.bfloat16), group_k=1024)
+  x = jax.ShapeDtypeStruct((1, 1024), jnp.bfloat16)
+  seen = []
+  for fields in ("split_k=1", "split_k=2,early_escape_x=True"):
+    config = probe.parse_config(f"decode=registers,tile_k=128,tile_m=8,escapes_in_kernel=True,{fields}")
+    with probe.recorded_forms() as forms:
+      jax.jit(lambda x, p: mosaic_gpu.w12_matmul(x, p, config=config)).trace(x, packed).lower(
+          lowering_platforms=("cuda",))
+    seen += forms
+  assert seen == ["split 1, 128 a step, 4 deep, bf16, x loads after",
+                  "split 2, 128 a step, 4 deep, f32 halves, x loads early"]
+  assert mosaic_gpu._register_decode_call.__name__ == "_register_decode_call"  # undone

@@ -51,6 +51,26 @@ def stand_in_decode():
     register_decode.decode_word = real
 
 
+@contextlib.contextmanager
+def recorded_forms():
+  """Yields a list that gets one line a W12 register-decode kernel traced inside this (its split, step, depth, output
+  form and where the escape correction's x loads go), so a probe's output says what ``default`` ran."""
+  forms, real = [], mosaic_gpu._register_decode_call
+
+  def record(*args, **kw):
+    x_loads = "none" if kw.get("escape_lists") is None else (
+        "early" if kw.get("early_escape_x") and kw["tile_m"] <= mosaic_gpu.EARLY_X_TILE_M else "after")
+    forms.append(f"split {kw['split_k']}, {kw['tile_k']} a step, {kw['max_concurrent_steps']} deep, "
+                 f"{'f32 halves' if kw['halves'] == 2 else 'bf16'}, x loads {x_loads}")
+    return real(*args, **kw)
+
+  mosaic_gpu._register_decode_call = record
+  try:
+    yield forms
+  finally:
+    mosaic_gpu._register_decode_call = real
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--k", type=int, default=12288)
@@ -96,12 +116,14 @@ def run(args):
                         [skinny_matmul.matmul(x, w, implementation="mosaic_gpu", config=config) for w in ws]), w_bf16)
                for text in args.bf16_config]
     for text, fn, weights in runs:
-      y = fn(x, weights)[0].astype(jnp.float32)
+      with recorded_forms() as forms:
+        y = fn(x, weights)[0].astype(jnp.float32)
+      form = f" [{forms[0]}]" if forms else ""
       err = float(jnp.abs(y - ref).max() / jnp.abs(ref).max())
       if args.plain:
         for _ in range(3):
           jax.block_until_ready(fn(x, weights))
-        print(f"M={m} {text}: rel err {err:.1e}", flush=True)
+        print(f"M={m} {text}{form}: rel err {err:.1e}", flush=True)
         continue
       _, timed = profiler.measure(fn, aggregate=False, iterations=9)(x, weights)
       per_kernel = {}  # kernel name -> its times over the copies and iterations
@@ -109,7 +131,7 @@ def run(args):
         for name, ms in run:
           per_kernel.setdefault(name, []).append(ms * 1e3)
       total = sum(statistics.median(v) * len(v) for v in per_kernel.values()) / (len(timed) * len(weights))
-      print(f"M={m} {text}: rel err {err:.1e}, device {total:.1f} us a call = "
+      print(f"M={m} {text}{form}: rel err {err:.1e}, device {total:.1f} us a call = "
             + " + ".join(f"{name[:40]} {statistics.median(v):.1f} (x{len(v) / (len(timed) * len(weights)):.2g})"
                          for name, v in per_kernel.items()), flush=True)
 

@@ -407,14 +407,45 @@ def _thread():
   return arith.remui(mgpu_utils.thread_idx(), arith.constant(ir.IntegerType.get_signless(32), 128))
 
 
-_BASES_LAYOUT = plgpu.Layout.WG_STRIDED((2 * 128,), vec_size=1)
+def _thread_values_type(values: int):
+  """``values`` uint32 a thread as a Pallas array's type: thread ``t`` holds elements ``t + 128 i``."""
+  return plgpu.ShapeDtypeStruct((values * 128,), jnp.uint32, layout=plgpu.Layout.WG_STRIDED((values * 128,),
+                                                                                           vec_size=1))
+
+
+def _entries_type(count: int):
+  """``escape_entries``' values (``_thread_values_type``): a thread's ``(k, bits)`` pairs in ``[half][j]`` order."""
+  return _thread_values_type(4 * count)
+
+
+def _x_bits_type(count: int, tile_m: int):
+  """``register_decode.escape_x``'s bits (``_thread_values_type``): ``count`` a (half, column)."""
+  return _thread_values_type(count * tile_m // 2)
+
+
+def _words(array) -> list:
+  """A ``_thread_values_type`` array's values, as i32."""
+  return [vector.extract(r, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([0]))
+          for r in array.registers]
+
+
+def _thread_values(values, layout):
+  """i32 values -> an array of ``layout`` (a ``_thread_values_type``'s)."""
+  word = ir.VectorType.get((1,), ir.IntegerType.get_signless(32))
+  registers = np.empty((len(values),), dtype=object)
+  for i, value in enumerate(values):
+    registers[i] = vector.from_elements(word, [value])
+  return mgpu.FragmentedArray(_registers=registers, _layout=layout.to_mgpu(), _is_signed=False)
+
+
+_BASES_TYPE = _thread_values_type(2)
 """A step's base exponents as a Pallas array: thread ``t`` holds elements ``t`` and ``t + 128``, its two rows' (``half``
 0 and 1, ``register_decode.thread_rows``) bases, each times 0x01010101."""
 
 
 def _load_bases(groups: int):
   """An ``inline_mgpu`` function: the block's ``[64, groups]`` slice of ``base_exponent`` in GMEM -> ``groups`` arrays
-  in ``_BASES_LAYOUT``, one a K group, in registers for the whole pipeline. Issued before the pipeline's first copies
+  in ``_BASES_TYPE``, one a K group, in registers for the whole pipeline. Issued before the pipeline's first copies
   and first used in its first step, so their L2 latency hides under the first TMA's. Why: read from GMEM at every
   step, the base's latency was the register decode's largest stall at the auto split (12 % of Nsight Compute's warp
   samples on the H200, 12288x4096, M = 1, 2026-12-03); staged into SMEM before the pipeline it delayed the first
@@ -422,7 +453,7 @@ def _load_bases(groups: int):
 
   @plgpu.inline_mgpu(
       arg_types=(plgpu.RefType(),),
-      return_type=tuple(plgpu.ShapeDtypeStruct((2 * 128,), jnp.uint32, layout=_BASES_LAYOUT) for _ in range(groups)),
+      return_type=(_BASES_TYPE,) * groups,
   )
   def load(ctx, base_ref):
     del ctx
@@ -431,15 +462,14 @@ def _load_bases(groups: int):
     base_pointer = mgpu_utils.memref_ptr(base_ref)
     stride = ir.MemRefType(base_ref.type).get_strides_and_offset()[0][0]
     first_row = register_decode.thread_rows(ops, _thread())
-    word = ir.VectorType.get((1,), ops.i32)
     arrays = []
     for g in range(groups):
-      registers = np.empty((2,), dtype=object)
+      bases = []
       for half in range(2):
         offset = ops.add(ops.mul(ops.add(first_row, 8 * half), stride), g)
         base = arith.extui(ops.i32, llvm.load(i8, mgpu_utils.getelementptr(base_pointer, [offset], i8)))
-        registers[half] = vector.from_elements(word, [ops.mul(base, 0x01010101)])
-      arrays.append(mgpu.FragmentedArray(_registers=registers, _layout=_BASES_LAYOUT.to_mgpu(), _is_signed=False))
+        bases.append(ops.mul(base, 0x01010101))
+      arrays.append(_thread_values(bases, _BASES_TYPE.layout))
     return tuple(arrays)
 
   return load
@@ -447,12 +477,12 @@ def _load_bases(groups: int):
 
 def _decode_chunk_to_registers(chunk: int, step_k: int, row_blocks: int, byte_transforms, nibble_transforms):
   """An ``inline_mgpu`` function: (byte, nibble SMEM refs of one step's ``[64 row_blocks, step_k]`` tiles, each row
-  block's step bases in ``_BASES_LAYOUT``) -> the bf16 ``[64 row_blocks, 64]`` A fragment (WGMMA layout, one M group a
+  block's step bases in ``_BASES_TYPE``) -> the bf16 ``[64 row_blocks, 64]`` A fragment (WGMMA layout, one M group a
   row block) of stored K chunk ``chunk``, via ``register_decode.decode_chunk``."""
   rows = row_blocks * register_decode.ROWS
 
   @plgpu.inline_mgpu(
-      arg_types=(plgpu.RefType(byte_transforms), plgpu.RefType(nibble_transforms), *[_BASES_LAYOUT] * row_blocks),
+      arg_types=(plgpu.RefType(byte_transforms), plgpu.RefType(nibble_transforms), *[_BASES_TYPE.layout] * row_blocks),
       return_type=plgpu.ShapeDtypeStruct((rows, register_decode.CHUNK), jnp.bfloat16, layout=plgpu.Layout.WGMMA),
   )
   def decode(ctx, byte_ref, nibble_ref, *bases):
@@ -472,9 +502,7 @@ def _decode_chunk_to_registers(chunk: int, step_k: int, row_blocks: int, byte_tr
     registers = np.empty(layout.registers_shape((rows, register_decode.CHUNK)), dtype=object)
     bf16_pair = ir.VectorType.get((2,), ir.BF16Type.get())
     for block, block_bases in enumerate(bases):
-      base_words = [vector.extract(block_bases.registers[half], dynamic_position=[],
-                                   static_position=ir.DenseI64ArrayAttr.get([0])) for half in range(2)]
-      words = register_decode.decode_chunk(ops, thread, load_words, base_words, chunk, step_k, block)
+      words = register_decode.decode_chunk(ops, thread, load_words, _words(block_bases), chunk, step_k, block)
       for (col_tile, half), word in words.items():
         registers[block, col_tile, 0, 0, half, 0, 0, 0, 0] = mgpu_utils.bitcast(word, bf16_pair)
     return mgpu.FragmentedArray(_registers=registers, _layout=layout, _is_signed=None)
@@ -499,37 +527,6 @@ def _warpgroup_barrier(ctx):
   this one: the pipeline refills a step's slots after its body, and every thread must have read them first."""
   del ctx
   mgpu_utils.warpgroup_barrier()
-
-
-def _thread_values_layout(values: int):
-  """``values`` i32 a thread as a Pallas array: thread ``t`` holds elements ``t + 128 i``."""
-  return plgpu.Layout.WG_STRIDED((values * 128,), vec_size=1)
-
-
-def _entries_layout(count: int):
-  """``escape_entries``' values as a Pallas array (``_thread_values_layout``): a thread's ``(k, bits)`` pairs in
-  ``[half][j]`` order."""
-  return _thread_values_layout(4 * count)
-
-
-def _x_bits_layout(count: int, tile_m: int):
-  """``register_decode.escape_x``'s bits as a Pallas array (``_thread_values_layout``): ``count`` a (half, column)."""
-  return _thread_values_layout(count * tile_m // 2)
-
-
-def _words(array) -> list:
-  """A ``_thread_values_layout`` array's values, as i32."""
-  return [vector.extract(r, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([0]))
-          for r in array.registers]
-
-
-def _thread_values(values, layout):
-  """i32 values -> a ``layout`` (``_thread_values_layout``) array."""
-  word = ir.VectorType.get((1,), ir.IntegerType.get_signless(32))
-  registers = np.empty((len(values),), dtype=object)
-  for i, value in enumerate(values):
-    registers[i] = vector.from_elements(word, [value])
-  return mgpu.FragmentedArray(_registers=registers, _layout=layout.to_mgpu(), _is_signed=False)
 
 
 def _entries(array, count: int) -> list:
@@ -560,15 +557,14 @@ def _entry_loader(ops, rows_ref, bits_ref):
 def _load_escape_entries(count: int, splits: int, row_blocks: int):
   """An ``inline_mgpu`` function: (the block's ``[64 row_blocks, C]`` escape lists in GMEM, its K split as an int32
   array) -> this thread's share of the entries (``count`` a row: ``register_decode.split_share``), one array in
-  ``_entries_layout`` a row block, for ``_escape_correction_in_registers``. Issued before the pipeline, the loads'
+  ``_entries_type`` a row block, for ``_gather_escape_x`` and ``_add_escape_sums``. Issued before the pipeline, the loads'
   latency hides under it: on the H200 at M = 1 loading them after the pipeline cost 0.5-1.5 us a call on the layer
   shapes (docs/results/2026-12-04-w12-wide-blocks-h200/)."""
-  layout = _entries_layout(count)
+  entries_type = _entries_type(count)
 
   @plgpu.inline_mgpu(
       arg_types=(plgpu.RefType(), plgpu.RefType(), _SCALAR_LAYOUT),
-      return_type=tuple(plgpu.ShapeDtypeStruct((4 * count * 128,), jnp.uint32, layout=layout)
-                        for _ in range(row_blocks)),
+      return_type=(entries_type,) * row_blocks,
   )
   def load(ctx, rows_ref, bits_ref, split):
     del ctx
@@ -577,7 +573,8 @@ def _load_escape_entries(count: int, splits: int, row_blocks: int):
     for block in range(row_blocks):
       entries = register_decode.escape_entries(ops, _thread(), _entry_loader(ops, rows_ref, bits_ref), count, block,
                                                _scalar(split), splits)
-      arrays.append(_thread_values([value for half in entries for entry in half for value in entry], layout))
+      arrays.append(_thread_values([value for half in entries for entry in half for value in entry],
+                                   entries_type.layout))
     return tuple(arrays)
 
   return load
@@ -589,6 +586,11 @@ pipeline's first step (``_gather_escape_x`` with ``early``) and carries them thr
 / 2`` a thread a row block: at wider tiles they would crowd the accumulators). Loaded after the pipeline, each block
 waits on their L2 round trip with nothing else in flight: on the H200 at M = 1 the correction cost 1.4 us of gate|up's
 39.9 kernel us and 0.4-0.7 on the other layer shapes (call 1 of docs/results/2026-12-04-w12-early-x-h200/)."""
+
+
+def _x_loads_early(early_escape_x: bool, tile_m: int) -> bool:
+  """Whether the in-kernel correction's ``x`` loads go into the pipeline's first step (``EARLY_X_TILE_M``)."""
+  return early_escape_x and tile_m <= EARLY_X_TILE_M
 
 
 def _x_loader(ops, x_ref, m: int):
@@ -615,17 +617,16 @@ def _x_loader(ops, x_ref, m: int):
 def _gather_escape_x(tile_m: int, count: int, m: int, row_blocks: int, early: bool):
   """An ``inline_mgpu`` function: (this thread's share of the block's escape lists, ``_load_escape_entries``' arrays;
   ``x`` ``[m, K]`` in GMEM) -> the ``x`` bits each entry multiplies (``register_decode.escape_x``), one
-  ``_x_bits_layout`` array a row block, for ``_add_escape_sums``. With ``early`` it is a pipeline step's: its first
+  ``_x_bits_type`` array a row block, for ``_add_escape_sums``. With ``early`` it is a pipeline step's: its first
   arguments are a flag (``_SCALAR_LAYOUT``: nonzero in the first step) and the bits carried from the previous step,
   and only the first step loads (one branch a step), the others pass the carried bits on. For one token block
   (``m <= tile_m``): a thread's columns past ``m`` load nothing."""
-  entries_layout, bits_layout = _entries_layout(count), _x_bits_layout(count, tile_m)
-  carried = [_SCALAR_LAYOUT, *[bits_layout] * row_blocks] if early else []
+  bits_type = _x_bits_type(count, tile_m)
+  carried = [_SCALAR_LAYOUT, *[bits_type.layout] * row_blocks] if early else []
 
   @plgpu.inline_mgpu(
-      arg_types=(*carried, *[entries_layout] * row_blocks, plgpu.RefType()),
-      return_type=tuple(plgpu.ShapeDtypeStruct((count * tile_m // 2 * 128,), jnp.uint32, layout=bits_layout)
-                        for _ in range(row_blocks)),
+      arg_types=(*carried, *[_entries_type(count).layout] * row_blocks, plgpu.RefType()),
+      return_type=(bits_type,) * row_blocks,
   )
   def gather(ctx, *refs):
     del ctx
@@ -650,7 +651,8 @@ def _gather_escape_x(tile_m: int, count: int, m: int, row_blocks: int, early: bo
         scf.yield_(kept)
       values = list(branch.results)
     per_block = len(values) // row_blocks
-    return tuple(_thread_values(values[b * per_block:(b + 1) * per_block], bits_layout) for b in range(row_blocks))
+    return tuple(_thread_values(values[b * per_block:(b + 1) * per_block], bits_type.layout)
+                 for b in range(row_blocks))
 
   return gather
 
@@ -661,8 +663,8 @@ def _add_escape_sums(tile_m: int, count: int, row_blocks: int):
   of each row block: registers only, no loads."""
 
   @plgpu.inline_mgpu(
-      arg_types=(plgpu.Layout.WGMMA, *[_entries_layout(count)] * row_blocks,
-                 *[_x_bits_layout(count, tile_m)] * row_blocks),
+      arg_types=(plgpu.Layout.WGMMA, *[_entries_type(count).layout] * row_blocks,
+                 *[_x_bits_type(count, tile_m).layout] * row_blocks),
       return_type=plgpu.ShapeDtypeStruct((row_blocks * register_decode.ROWS, tile_m), jnp.float32,
                                          layout=plgpu.Layout.WGMMA),
   )
@@ -726,7 +728,7 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   groups = split_groups(steps * tile_k, group_k, total_groups)
   load_bases = _load_bases(groups)
   add_sums = gather_x = load_entries = None
-  early = escape_lists is not None and early_escape_x and tile_m <= EARLY_X_TILE_M
+  early = escape_lists is not None and _x_loads_early(early_escape_x, tile_m)
   if escape_lists is not None:
     if mp != tile_m:
       raise ValueError(f"the in-kernel escape correction takes one token block, got Mp={mp}, tile_m={tile_m}")
@@ -777,11 +779,11 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
         _warpgroup_barrier()
         return x_bits if early else None
 
-      bits_layout = _x_bits_layout(count, tile_m) if early else None
+      bits = _x_bits_type(count, tile_m) if early else None
       pipeline = plgpu.emit_pipeline(
           step, grid=(steps,), in_specs=in_specs, max_concurrent_steps=depth,
-          init_carry=tuple(plgpu.layout_cast(jnp.zeros((count * tile_m // 2 * 128,), jnp.uint32), bits_layout)
-                           for _ in range(row_blocks)) if early else None)
+          init_carry=(plgpu.layout_cast(jnp.zeros(bits.shape, bits.dtype), bits.layout),) * row_blocks if early
+          else None)
       x_bits = pipeline(byte_gmem.at[n_slice], nibble_gmem.at[n_slice], x_gmem.at[m_slice])
       if overlap:
         plgpu.wgmma_wait(0)

@@ -59,7 +59,7 @@ def recorded_forms():
 
   def record(*args, **kw):
     x_loads = "none" if kw.get("escape_lists") is None else (
-        "early" if kw.get("early_escape_x") and kw["tile_m"] <= mosaic_gpu.EARLY_X_TILE_M else "after")
+        "early" if mosaic_gpu._x_loads_early(kw.get("early_escape_x", False), kw["tile_m"]) else "after")
     forms.append(f"split {kw['split_k']}, {kw['tile_k']} a step, {kw['max_concurrent_steps']} deep, "
                  f"{'f32 halves' if kw['halves'] == 2 else 'bf16'}, x loads {x_loads}")
     return real(*args, **kw)

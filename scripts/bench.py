@@ -195,22 +195,9 @@ def main(argv=None) -> int:
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {COMMAND_BUFFER_FLAGS}".strip()
     import jax
 
-    if args.matmul:
-        from pallas_kernels.skinny_matmul import ops as skinny_ops
+    from pallas_kernels import choices
 
-        skinny_ops.DEFAULT = args.matmul
-    if args.norm:
-        from pallas_kernels.add_rms_norm import ops as norm_ops
-
-        norm_ops.DEFAULT = args.norm
-    if args.rope:
-        from pallas_kernels.qk_norm_rope import ops as rope_ops
-
-        rope_ops.DEFAULT = args.rope
-    if args.pdl:
-        from pallas_kernels import pdl
-
-        pdl.ENABLED = True
+    choices.use(matmul=args.matmul, norm=args.norm, rope=args.rope, pdl=args.pdl or None)
     from specpilot.costmodel import leave_one_out, load_or_calibrate
     from specpilot.costmodel import measure as M
     from specpilot.costmodel.predict import StepTimeModel, TauProfile, project

@@ -881,11 +881,11 @@ def round_up(x: int, m: int) -> int:
 def apply_kernel_settings(spec: dict) -> dict:
     """The job spec's kernel choices set on the modules that read them at trace time (the skinny and norm kernels'
     defaults, split tables, PDL, the W12 kernel's default config); returns them for the job's result."""
-    res = {}
-    if spec.get("matmul"):
-        from pallas_kernels.skinny_matmul import ops as skinny_ops
+    from pallas_kernels import choices
 
-        skinny_ops.DEFAULT = spec["matmul"]
+    res = {}
+    choices.use(matmul=spec.get("matmul"), norm=spec.get("norm"), rope=spec.get("rope"), swiglu=spec.get("swiglu"),
+                swiglu_matmul=spec.get("swiglu_matmul"), pdl=spec.get("pdl") or None)
     for item in spec.get("skinny_max_tokens") or []:  # "ROWS" or "KxN=ROWS"
         from pallas_kernels.skinny_matmul import ops as skinny_ops
 
@@ -901,22 +901,6 @@ def apply_kernel_settings(spec: dict) -> dict:
 
         skinny_mosaic_gpu.DEFAULT_CONFIG = dc.replace(skinny_mosaic_gpu.DEFAULT_CONFIG, **spec["skinny_config"])
     res["skinny_config"] = dict(spec.get("skinny_config") or {})
-    if spec.get("norm"):
-        from pallas_kernels.add_rms_norm import ops as norm_ops
-
-        norm_ops.DEFAULT = spec["norm"]
-    if spec.get("rope"):
-        from pallas_kernels.qk_norm_rope import ops as rope_ops
-
-        rope_ops.DEFAULT = spec["rope"]
-    if spec.get("swiglu"):
-        from pallas_kernels.swiglu import ops as swiglu_ops
-
-        swiglu_ops.DEFAULT = spec["swiglu"]
-    if spec.get("swiglu_matmul"):
-        from pallas_kernels.swiglu_matmul import ops as swiglu_matmul_ops
-
-        swiglu_matmul_ops.DEFAULT = spec["swiglu_matmul"]
     if spec.get("swiglu_matmul_config"):
         from pallas_kernels.swiglu_matmul import mosaic_gpu as swiglu_matmul_mosaic_gpu
 
@@ -933,10 +917,6 @@ def apply_kernel_settings(spec: dict) -> dict:
         skinny_mosaic_gpu.SPLIT_K_BY_SHAPE.update(
             {tuple(map(int, shape.split("x"))): split for shape, split in spec["skinny_splits"].items()})
     res["skinny_splits"] = spec.get("skinny_splits") or {}
-    if spec.get("pdl"):
-        from pallas_kernels import pdl
-
-        pdl.ENABLED = True
     if spec.get("w12_config"):
         import dataclasses as dc
 

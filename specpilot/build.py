@@ -87,11 +87,21 @@ def load_tokenizer(path: str | Path):
         raise CheckpointError(f"{path}: unreadable tokenizer files: {first}") from None
 
 
+def apply_kernel_choices(cfg: RootConfig) -> None:
+    """The `kernels` group's implementations set process-wide (`pallas_kernels.choices.use`), before any trace."""
+    from pallas_kernels import choices
+
+    choices.use(**cfg.kernels.model_dump())
+
+
 def load_models(cfg: RootConfig, with_drafter: bool | None = None):
     """(target_cfg, target_weights, drafter_cfg | None, drafter_weights | None, tokenizer | None).
 
-    The drafter is loaded when the engine needs one, or when `with_drafter` says so."""
+    The drafter is loaded when the engine needs one, or when `with_drafter` says so. Every script's path goes
+    through here first, so the `kernels` group is applied here (`apply_kernel_choices`), before any trace."""
     from specpilot.models import hf, weights
+
+    apply_kernel_choices(cfg)
 
     dtype = _dtype(cfg.target.dtype)
     cache_dir = cfg.target.cache_dir
@@ -179,14 +189,7 @@ def sampling_of(cfg: RootConfig):
 
 def build_engine(cfg: RootConfig, target_cfg: ModelConfig, target_w, drafter_cfg=None, drafter_w=None):
     """The engine named by `cfg.engine`, via `specpilot.decoding.make_engine`."""
-    import specpilot.decoding as decoding
+    from specpilot.decoding import make_engine
 
-    sampling = sampling_of(cfg)
-    make_engine = getattr(decoding, "make_engine", None)
-    if make_engine is None:  # TODO(lead): drop once make_engine has landed
-        if cfg.engine.name != "ar":
-            raise ConfigError.at("engine.name", f"engine {cfg.engine.name!r} is not available yet")
-        from specpilot.decoding.ar import AREngine
-
-        return AREngine(target_cfg, target_w, sampling, cfg.context)
-    return make_engine(cfg.engine.model_dump(), target_cfg, target_w, drafter_cfg, drafter_w, sampling, cfg.context)
+    return make_engine(cfg.engine.model_dump(), target_cfg, target_w, drafter_cfg, drafter_w, sampling_of(cfg),
+                       cfg.context)

@@ -181,6 +181,20 @@ class SearchGroup(_Strict):
     gemini: GeminiGroup
 
 
+KernelImpl = Literal["xla", "mosaic_gpu"]
+
+
+class KernelsGroup(_Strict):
+    """Which ops run on the Hopper kernels, process-wide (`pallas_kernels.choices`, applied by `build.load_models`)."""
+
+    matmul: KernelImpl
+    norm: KernelImpl
+    rope: KernelImpl
+    swiglu: KernelImpl
+    swiglu_matmul: KernelImpl
+    pdl: bool
+
+
 def _proxy_spec(v: Any):
     """The `proxy` group is checked by its own schema (`specpilot.training.spec`, which the GPU entry point
     also reads without pydantic); its errors are reported at the dotted key like every other group's."""
@@ -267,6 +281,7 @@ class RootConfig(_Strict):
     engine: EngineConfig
     deployment: DeploymentGroup
     search: SearchGroup
+    kernels: KernelsGroup
     target: TargetGroup
     prompt: str | list[str] | None
     prompt_ids: list[int] | list[list[int]] | None

@@ -191,3 +191,31 @@ def test_h200_search_overrides_compose_and_validate():
     overrides = re.search(r'^C="([^"]*)"$', text, re.M).group(1).replace("${PASSTHROUGH:-0}", "24").split()
     cfg = validate(composed(*overrides, "deployment.batch=4"))
     assert cfg.deployment.name == "h200" and cfg.deployment.target_passthrough_layers == 24
+
+
+# ---- kernels: which ops run on the Hopper kernels -----------------------------------------------------
+
+
+@pytest.mark.parametrize("option", sorted(p.stem for p in (CONF / "kernels").glob("*.yaml")))
+def test_every_kernels_option_validates(option):
+    kernels = validate(composed(f"kernels={option}")).kernels
+    assert set(kernels.model_dump()) == {"matmul", "norm", "rope", "swiglu", "swiglu_matmul", "pdl"}
+
+
+def test_bad_kernel_choice_is_one_line():
+    assert "kernels.matmul: expected 'xla' or 'mosaic_gpu', got 'triton'" in error_of("kernels.matmul=triton")
+    assert "kernels.pdl: expected true or false" in error_of("kernels.pdl=2")
+
+
+def test_load_models_applies_the_kernels_group():
+    from pallas_kernels import choices
+
+    before = choices.current()
+    try:
+        build.load_models(validate(composed("kernels=hopper", "deployment.models=config")))
+        assert choices.current() == {"matmul": "mosaic_gpu", "norm": "mosaic_gpu", "rope": "mosaic_gpu",
+                                     "swiglu": "xla", "swiglu_matmul": "xla", "pdl": False}
+        build.load_models(validate(composed("deployment.models=config")))
+        assert set(choices.current().values()) == {"xla", False}
+    finally:
+        choices.use(**before)

@@ -182,6 +182,7 @@ class ModelBackend:
             "num_prompts": len(self.prompts),
             "prompt_len": max(len(p) for p in self.prompts),
             "max_tree_budget": dep.max_tree_budget,
+            "kernels": self.cfg.kernels.model_dump(),  # applied process-wide by load_models
         }
 
     def engine(self, engine_cfg: dict, greedy: bool = False):

@@ -1,0 +1,68 @@
+"""`pallas_kernels.choices`: one place sets which ops run on the Hopper kernels, and the config's `kernels` group
+reaches it through `build.load_models`."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import models as tm
+from pallas_kernels import choices, pdl
+from pallas_kernels.add_rms_norm import ops as norm_ops
+from pallas_kernels.skinny_matmul import ops as skinny_ops
+
+
+@pytest.fixture
+def restored():
+    """Whatever a test sets is set back: the choices are process-wide, and xdist runs other files in this process."""
+    before = choices.current()
+    yield
+    choices.use(**before)
+
+
+def test_use_sets_the_modules_defaults_and_returns_the_old_ones(restored):
+    before = choices.current()
+    assert set(before) == {*choices.OPS, "pdl"}
+    old = choices.use(matmul="mosaic_gpu", norm="mosaic_gpu", rope=None, pdl=True)
+    assert old == before
+    assert skinny_ops.DEFAULT == "mosaic_gpu" and norm_ops.DEFAULT == "mosaic_gpu" and pdl.ENABLED is True
+    assert choices.current()["rope"] == before["rope"]  # None leaves it
+    choices.use(**old)
+    assert choices.current() == before
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"matmul": "triton"}, "kernels.matmul: unknown implementation 'triton'"),
+    ({"attention": "xla"}, "kernels: unknown op 'attention'"),
+])
+def test_a_bad_choice_names_itself_and_sets_nothing(restored, kwargs, message):
+    before = choices.current()
+    with pytest.raises(ValueError, match=message):
+        choices.use(norm="mosaic_gpu", **kwargs)
+    assert choices.current() == before
+
+
+def test_kernel_choices_change_nothing_off_hopper(restored):
+    """Off Hopper every kernel choice falls back to XLA's ops: the tiny model's logits are the same bits."""
+    from specpilot.models import target
+    from specpilot.models.kv_cache import init_cache
+    from specpilot.models.weights import init_random_target
+
+    if jax.devices()[0].platform == "gpu":
+        pytest.skip("checks the CPU fallback")
+    cfg = tm.target_config(vocab=64, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128)
+    w = init_random_target(cfg, 0, jnp.bfloat16)
+    tokens = jnp.asarray([[3, 9, 27, 41, 17]], jnp.int32)
+    positions = jnp.arange(5, dtype=jnp.int32)[None]
+
+    def logits():
+        cache = init_cache(cfg.num_layers, 1, 16, cfg.num_kv_heads, cfg.head_dim, jnp.bfloat16)
+        step = jax.jit(lambda w, c: target.forward(w, cfg, tokens, positions, c).logits)  # traced anew each call
+        return np.asarray(step(w, cache))
+
+    plain = logits()
+    choices.use(matmul="mosaic_gpu", norm="mosaic_gpu", rope="mosaic_gpu", swiglu="mosaic_gpu",
+                swiglu_matmul="mosaic_gpu")
+    np.testing.assert_array_equal(logits(), plain)

@@ -118,9 +118,10 @@ _BASE_DTYPE = jnp.uint16
 """Bases widened for the kernel: a 1-D uint8 SMEM row faults (misaligned) on H200."""
 
 
-DEFAULT_CONFIG = TuningConfig(decode="registers", blocks_per_sm=4, max_concurrent_steps=2, tile_k=256,
+DEFAULT_CONFIG = TuningConfig(decode="registers", blocks_per_sm=2, max_concurrent_steps=2, tile_k=256,
                               escapes_in_kernel=True)
-"""What ``w12_matmul`` runs on a GPU without a config: the register decode aiming at 4 resident blocks per SM, 256 K a
+"""What ``w12_matmul`` runs on a GPU without a config: the register decode with the automatic split aiming at 2
+blocks an SM (one wave: 384 blocks on the Qwen3-8B layer shapes, the splits the bf16 skinny kernel takes), 256 K a
 step (narrowed to 128 or 64 where K, the base-exponent groups or a wide activation tile need it: ``_widest_step``),
 the channel lists' escapes corrected in the kernel (on the H200, weights beyond L2, the whole call with and without,
 us: 23.3 / 25.2 at M = 1, 27.2 / 35.3 at 16, 47.0 / 85.9 at 64 on 12288x4096,
@@ -128,7 +129,12 @@ docs/results/2026-12-04-w12-wide-blocks-h200/). On the H200 at M = 1 (2026-12-03
 docs/results/2026-12-03-w12-sass-h200/) 256 a step against 128: 22.5 against 24.3 us on 12288x4096, 9.0 / 9.6 on
 4096x4096, 41.7 / 47.8 on 4096x24576, 13.0 / 12.8 on 4096x6144. The M = 64 numbers above predate the correction's
 predicated loads and the capped split at wide activation tiles (``ACTIVATION_STEP_BYTES``: 28.8 us now). Interpret
-mode runs ``TuningConfig()`` (SMEM decode)."""
+mode runs ``TuningConfig()`` (SMEM decode).
+
+Two blocks an SM, not four (2026-12-05, docs/results/2026-12-05-w12-m1-forms-h200/; weights beyond L2, whole call,
+us, the four-block split first): 42.1 -> 38.7 on 4096x24576 (split 2 -> 1, which also stores bf16 and drops the XLA
+sum after it), 23.4 -> 22.6 on 12288x4096 (12 -> 6), 23.6 -> 22.6 on 4096x12288 (4 -> 2), 13.8 -> 13.2 on 4096x6144
+(8 -> 4) at M = 1; 44.2 -> 39.9, 25.6 -> 24.4, 25.4 -> 24.6, 15.2 -> 14.4 at M = 16."""
 
 
 ACTIVATION_STEP_BYTES = 16 * 1024

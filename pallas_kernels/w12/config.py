@@ -42,9 +42,10 @@ class TuningConfig:
     M = 16 and 40 at 64 on 12288x4096 (docs/results/2026-12-04-w12-wide-blocks-h200/). On in ``DEFAULT_CONFIG``.
   early_escape_x: with ``escapes_in_kernel``, the ``x`` values the correction multiplies are loaded in the pipeline's
     first step and carried through it in registers, for token tiles up to ``mosaic_gpu.EARLY_X_TILE_M``; else after
-    the pipeline, where each block waits on their L2 round trip with nothing else in flight. Off until it is timed on
-    the H200: built on 2026-12-04 when no machine was lent (the numbers and the call to run:
-    docs/results/2026-12-04-w12-early-x-h200/). Either way the same products are summed in the same order.
+    the pipeline, where each block waits on their L2 round trip with nothing else in flight. Off: timed on the H200
+    (2026-12-05, docs/results/2026-12-05-w12-m1-forms-h200/) it moved M = 1 by -0.4 to +0.9 us a call and cost M = 16
+    up to 4.5 us (the bits carried through the pipeline's registers). Either way the same products are summed in the
+    same order; the GPU tests check the two forms bit for bit.
   A warp-specialised form (blocks of 128 channels: two compute warpgroups and a TMA warpgroup) was built and measured
   slower on the H200 (35.8 against 23.3 us at 4096x12288, M = 1; docs/results/2026-12-02-verify-skinny-barrier-h200/);
   its code is at commit 854cbfd.

@@ -18,5 +18,5 @@ echo "== LM head" >> $OUT/probe.txt
 timeout 100 python3 scripts/h200/w12_probe.py --k 4096 --n 151936 --m 1 16 --copies 1 --bf16 \
   --config default $R,early_escape_x=True >> $OUT/probe.txt 2>&1
 timeout 100 python3 scripts/h200/w12_probe.py --k 4096 --n 151936 --m 64 --copies 1 --bf16 \
-  --config default $R,tile_k=128,tile_n=128 $R,tile_k=128,tile_n=256 >> $OUT/probe.txt 2>&1
+  --config default $R,tile_k=128,tile_n=128 >> $OUT/probe.txt 2>&1
 cat $OUT/probe.txt

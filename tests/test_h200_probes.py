@@ -222,7 +222,7 @@ def test_w12_probe_bf16_configs_parse_as_skinny_configs(monkeypatch):
 
 def test_w12_probe_records_the_kernel_form_it_traced(monkeypatch):
   """``w12_probe.py`` names what each timed config ran (traced for sm_90 on the CPU): at one split with every escape
-  in the lists the kernel stores bf16, at two f32 halves; the x loads go where ``early_escape_x`` says."""
+  in the lists the kernel stores bf16, at two f32 halves."""
   import ml_dtypes
   import numpy as np
 
@@ -235,12 +235,12 @@ def test_w12_probe_records_the_kernel_form_it_traced(monkeypatch):
   packed = w12.pack(w.astype(ml_dtypes.bfloat16), group_k=1024)
   x = jax.ShapeDtypeStruct((1, 1024), jnp.bfloat16)
   seen = []
-  for fields in ("split_k=1", "split_k=2,early_escape_x=True"):
+  for fields in ("split_k=1", "split_k=2"):
     config = probe.parse_config(f"decode=registers,tile_k=128,tile_m=8,escapes_in_kernel=True,{fields}")
     with probe.recorded_forms() as forms:
       jax.jit(lambda x, p: mosaic_gpu.w12_matmul(x, p, config=config)).trace(x, packed).lower(
           lowering_platforms=("cuda",))
     seen += forms
-  assert seen == ["split 1, 128 a step, 4 deep, bf16, x loads after",
-                  "split 2, 128 a step, 4 deep, f32 halves, x loads early"]
+  assert seen == ["split 1, 128 a step, 4 deep, bf16, escapes in the kernel",
+                  "split 2, 128 a step, 4 deep, f32 halves, escapes in the kernel"]
   assert mosaic_gpu._register_decode_call.__name__ == "_register_decode_call"  # undone

@@ -69,13 +69,9 @@ class W12MatmulSuite:
           (1024, 128, 3, 512, w12.TuningConfig(tile_m=8, tile_k=128, split_k=2, decode="registers",
                                                escapes_in_kernel=True)),
           (1024, 64, 1, 1024, w12.TuningConfig(tile_m=8, tile_k=128, decode="registers", escapes_in_kernel=True)),
-          # ... with its x values loaded in the pipeline's first step: two splits, one, and two row blocks
-          (1024, 128, 3, 512, w12.TuningConfig(tile_m=8, tile_k=128, split_k=2, decode="registers",
-                                               escapes_in_kernel=True, early_escape_x=True)),
-          (1024, 64, 1, 1024, w12.TuningConfig(tile_m=8, tile_k=128, decode="registers", escapes_in_kernel=True,
-                                               early_escape_x=True)),
+          # ... with two row blocks a block
           (1024, 128, 12, 512, w12.TuningConfig(tile_n=128, tile_m=16, tile_k=128, split_k=2, decode="registers",
-                                                escapes_in_kernel=True, early_escape_x=True)),
+                                                escapes_in_kernel=True)),
           # the register decode overlapped with the previous step's wgmma: a split, the escapes in the kernel, and
           # one step a split (no overlap: the pipeline is one step deep)
           (512, 64, 3, 128, w12.TuningConfig(tile_m=8, tile_k=64, split_k=2, max_concurrent_steps=2,
@@ -253,14 +249,12 @@ def test_register_kernel_hands_its_splits_on_when_it_corrects_every_escape(overf
     assert (jnp.dtype(jnp.float32) in after) == (splits > 1)  # a sum after the kernel only for splits
 
 
-@pytest.mark.parametrize("tile_n,tile_m,early_x", [(64, 8, False), (64, 8, True), (128, 16, True), (64, 32, True)])
-def test_register_kernel_loads_its_share_of_the_escape_lists_before_its_pipeline(monkeypatch, tile_n, tile_m,
-                                                                                 early_x):
+@pytest.mark.parametrize("tile_n,tile_m", [(64, 8), (128, 16), (64, 32)])
+def test_register_kernel_loads_its_share_of_the_escape_lists_before_its_pipeline(monkeypatch, tile_n, tile_m):
   """``escapes_in_kernel`` (traced and lowered for sm_90 on the CPU, K = 3072: three-entry lists, two K splits): the
   lists' entries are loaded before the pipeline's first decode, once a row block, and their sums added after its last
   one; each split takes its share of each list (entries ``s``, ``s + 2``: two of three). The ``x`` values they
-  multiply are loaded after the pipeline, or with ``early_escape_x`` in its first step, before its decode, up to
-  ``EARLY_X_TILE_M`` token rows."""
+  multiply are loaded after the pipeline."""
   from pallas_kernels.w12 import register_decode
 
   w = np.full((3072, 128), 0.5, np.float32)
@@ -272,7 +266,7 @@ def test_register_kernel_loads_its_share_of_the_escape_lists_before_its_pipeline
     real = getattr(register_decode, name)
     monkeypatch.setattr(register_decode, name, lambda *a, real=real, name=name: (calls.append((name, a)), real(*a))[1])
   config = w12.TuningConfig(decode="registers", tile_m=tile_m, tile_k=128, split_k=2, escapes_in_kernel=True,
-                            tile_n=tile_n, early_escape_x=early_x)
+                            tile_n=tile_n)
   fn = jax.jit(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config))
   assert "mosaic_gpu" in fn.trace(jax.ShapeDtypeStruct((tile_m - 3, 3072), jnp.bfloat16), packed).lower(
       lowering_platforms=("cuda",)).as_text()
@@ -285,8 +279,7 @@ def test_register_kernel_loads_its_share_of_the_escape_lists_before_its_pipeline
   assert [(a[3], a[4], a[6]) for name, a in calls if name == "escape_entries"] == [(2, b, 2) for b in range(blocks)]
   assert max(i for i, e in enumerate(events) if e == "escape_entries") < decodes[0]
   loads = [i for i, e in enumerate(events) if e == "escape_x"]
-  early = early_x and tile_m <= w12_mosaic_gpu.EARLY_X_TILE_M
-  assert (max(loads) < decodes[0]) if early else (min(loads) > decodes[-1])
+  assert min(loads) > decodes[-1]
   assert events.index("escape_sums") > max(decodes[-1], max(loads))
 
 
@@ -373,8 +366,7 @@ def test_register_kernel_splits_sum_to_the_reduced_result_on_the_gpu(k, n):
 def test_register_kernel_stores_bf16_at_one_split_on_the_gpu(k, n, m):
   """At one K split with every escape corrected in the kernel, the kernel stores the bf16 result itself (no f32
   halves, no XLA op after it): rounded as XLA rounds the f32 sums when the correction is left to it (channels without
-  escapes bit for bit), and within the reference's tolerance everywhere. The correction's x values loaded in the
-  pipeline's first step (``early_escape_x``) change no bit."""
+  escapes bit for bit), and within the reference's tolerance everywhere."""
   import dataclasses
 
   w = weights_with_escapes(k, n, seed=k + m)
@@ -388,8 +380,6 @@ def test_register_kernel_stores_bf16_at_one_split_on_the_gpu(k, n, m):
   clean = np.asarray(packed.column_escape_bits == 0).all(axis=1)  # channels with no escape
   assert 0 < clean.sum() < n
   np.testing.assert_array_equal(got[:, clean], after[:, clean])
-  early = np.asarray(run(x, packed, dataclasses.replace(one, early_escape_x=True)), np.float32)
-  np.testing.assert_array_equal(early, got)
   reference = np.asarray(w12.matmul(x, packed, implementation="reference"), np.float32)
   np.testing.assert_allclose(got, reference, rtol=2e-2, atol=2e-2 * np.abs(reference).max())
 

@@ -214,8 +214,6 @@ def test_escapes_in_kernel_leave_xla_only_the_overflow(overflow):
   assert ("stablehlo.scatter" in text) == overflow and ("stablehlo.gather" in text) == overflow
   with pytest.raises(ValueError, match="escapes_in_kernel needs decode='registers'"):
     w12.TuningConfig(escapes_in_kernel=True)
-  with pytest.raises(ValueError, match="early_escape_x needs escapes_in_kernel=True"):
-    w12.TuningConfig(decode="registers", early_escape_x=True)
 
 
 @pytest.mark.parametrize("steps,fits", [(3, True), (4, False)])

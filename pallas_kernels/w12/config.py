@@ -40,12 +40,9 @@ class TuningConfig:
     Why: in the H200's decode loop the split-K sums carrying the escape gathers took 5-18 us each, ~0.85 ms a step
     (docs/results/2026-12-01-partials-w12v3-h200/), and above ``GATHER_ROWS`` rows the XLA scatter took 9 us at
     M = 16 and 40 at 64 on 12288x4096 (docs/results/2026-12-04-w12-wide-blocks-h200/). On in ``DEFAULT_CONFIG``.
-  early_escape_x: with ``escapes_in_kernel``, the ``x`` values the correction multiplies are loaded in the pipeline's
-    first step and carried through it in registers, for token tiles up to ``mosaic_gpu.EARLY_X_TILE_M``; else after
-    the pipeline, where each block waits on their L2 round trip with nothing else in flight. Off: timed on the H200
-    (2026-12-05, docs/results/2026-12-05-w12-m1-forms-h200/) it moved M = 1 by -0.4 to +0.9 us a call and cost M = 16
-    up to 4.5 us (the bits carried through the pipeline's registers). Either way the same products are summed in the
-    same order; the GPU tests check the two forms bit for bit.
+  The correction's ``x`` loads were also tried in the pipeline's first step, their bits carried through it in
+  registers (``early_escape_x``): on the H200 (2026-12-05, docs/results/2026-12-05-w12-m1-forms-h200/) it moved M = 1
+  by -0.4 to +0.9 us a call and cost M = 16 up to 4.5 us; removed (the code is at commit fafafe9).
   A warp-specialised form (blocks of 128 channels: two compute warpgroups and a TMA warpgroup) was built and measured
   slower on the H200 (35.8 against 23.3 us at 4096x12288, M = 1; docs/results/2026-12-02-verify-skinny-barrier-h200/);
   its code is at commit 854cbfd.
@@ -60,7 +57,6 @@ class TuningConfig:
   blocks_per_sm: int = 1
   decode: str = "smem"
   escapes_in_kernel: bool = False
-  early_escape_x: bool = False
 
   def __post_init__(self):
     if self.tile_n % 64:
@@ -73,8 +69,6 @@ class TuningConfig:
       raise ValueError(f"decode must be 'smem' or 'registers', got {self.decode!r}")
     if self.escapes_in_kernel and self.decode != "registers":
       raise ValueError("escapes_in_kernel needs decode='registers'")
-    if self.early_escape_x and not self.escapes_in_kernel:
-      raise ValueError("early_escape_x needs escapes_in_kernel=True")
     if self.max_concurrent_steps < 1 or self.split_k < 0 or self.blocks_per_sm < 1:
       raise ValueError(
           f"max_concurrent_steps and blocks_per_sm must be >= 1 and split_k >= 0, got "

@@ -586,19 +586,6 @@ def _load_escape_entries(count: int, splits: int, row_blocks: int):
   return load
 
 
-EARLY_X_TILE_M = 16
-"""Token tiles up to which ``TuningConfig.early_escape_x`` loads the in-kernel escape correction's ``x`` values in the
-pipeline's first step (``_gather_escape_x`` with ``early``) and carries them through it in registers (``count * tile_m
-/ 2`` a thread a row block: at wider tiles they would crowd the accumulators). Loaded after the pipeline, each block
-waits on their L2 round trip with nothing else in flight: on the H200 at M = 1 the correction cost 1.4 us of gate|up's
-39.9 kernel us and 0.4-0.7 on the other layer shapes (call 1 of docs/results/2026-12-04-w12-early-x-h200/)."""
-
-
-def _x_loads_early(early_escape_x: bool, tile_m: int) -> bool:
-  """Whether the in-kernel correction's ``x`` loads go into the pipeline's first step (``EARLY_X_TILE_M``)."""
-  return early_escape_x and tile_m <= EARLY_X_TILE_M
-
-
 def _x_loader(ops, x_ref, m: int):
   """``load_x(col, k, used)`` for ``register_decode.escape_x``: ``x`` ``[m, K]`` read from GMEM only for a used entry
   of one of its rows (a predicated load), else 0."""
@@ -620,42 +607,24 @@ def _x_loader(ops, x_ref, m: int):
   return load_x
 
 
-def _gather_escape_x(tile_m: int, count: int, m: int, row_blocks: int, early: bool):
+def _gather_escape_x(tile_m: int, count: int, m: int, row_blocks: int):
   """An ``inline_mgpu`` function: (this thread's share of the block's escape lists, ``_load_escape_entries``' arrays;
   ``x`` ``[m, K]`` in GMEM) -> the ``x`` bits each entry multiplies (``register_decode.escape_x``), one
-  ``_x_bits_type`` array a row block, for ``_add_escape_sums``. With ``early`` it is a pipeline step's: its first
-  arguments are a flag (``_SCALAR_LAYOUT``: nonzero in the first step) and the bits carried from the previous step,
-  and only the first step loads (one branch a step), the others pass the carried bits on. For one token block
-  (``m <= tile_m``): a thread's columns past ``m`` load nothing."""
+  ``_x_bits_type`` array a row block, for ``_add_escape_sums``. For one token block (``m <= tile_m``): a thread's
+  columns past ``m`` load nothing."""
   bits_type = _x_bits_type(count, tile_m)
-  carried = [_SCALAR_LAYOUT, *[bits_type.layout] * row_blocks] if early else []
 
   @plgpu.inline_mgpu(
-      arg_types=(*carried, *[_entries_type(count).layout] * row_blocks, plgpu.RefType()),
+      arg_types=(*[_entries_type(count).layout] * row_blocks, plgpu.RefType()),
       return_type=(bits_type,) * row_blocks,
   )
   def gather(ctx, *refs):
     del ctx
     ops = _MlirOps()
-    *arrays, x_ref = refs
-
-    def load_all(lists):
-      thread, load_x = _thread(), _x_loader(ops, x_ref, m)
-      return [bits for array in lists
+    *lists, x_ref = refs
+    thread, load_x = _thread(), _x_loader(ops, x_ref, m)
+    values = [bits for array in lists
               for bits in register_decode.escape_x(ops, thread, _entries(array, count), load_x, tile_m)]
-
-    if not early:
-      values = load_all(arrays)
-    else:
-      first, previous, lists = arrays[0], arrays[1:row_blocks + 1], arrays[row_blocks + 1:]
-      kept = [word for array in previous for word in _words(array)]
-      branch = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ne, _scalar(first), ops.const(0)), [ops.i32] * len(kept),
-                        has_else=True)
-      with ir.InsertionPoint(branch.then_block):
-        scf.yield_(load_all(lists))
-      with ir.InsertionPoint(branch.else_block):
-        scf.yield_(kept)
-      values = list(branch.results)
     per_block = len(values) // row_blocks
     return tuple(_thread_values(values[b * per_block:(b + 1) * per_block], bits_type.layout)
                  for b in range(row_blocks))
@@ -690,8 +659,7 @@ def _add_escape_sums(tile_m: int, count: int, row_blocks: int):
 
 
 def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, group_k, tile_n, tile_m, tile_k,
-                          max_concurrent_steps, split_k, halves, overlap_decode=False, escape_lists=None, m=None,
-                          early_escape_x=False):
+                          max_concurrent_steps, split_k, halves, overlap_decode=False, escape_lists=None, m=None):
   """One warpgroup per (``tile_n`` channels, tile_m tokens, K split); each step's W12 tiles are decoded by
   ``register_decode`` straight into wgmma's A registers, 64 K at a time, one wgmma M group per 64 channels (all
   against the one activation tile of the step: ``REGISTER_TILE_N``), in logical K order (the planes' stored
@@ -705,8 +673,7 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   (``(column_escape_rows, column_escape_bits)``, one token block: ``mp == tile_m``, ``m`` real rows) every block loads
   its split's share of its channels' lists before the pipeline (entries ``s``, ``s + split_k``, ...:
   ``_load_escape_entries``) and adds their correction to its accumulators after it (``_add_escape_sums``), the ``x``
-  values it multiplies loaded after the pipeline or, with ``early_escape_x``, in its first step
-  (``_gather_escape_x``). Shared by the splits, not left to the first: at 64 token rows on the H200 the
+  values it multiplies loaded after the pipeline (``_gather_escape_x``). Shared by the splits, not left to the first: at 64 token rows on the H200 the
   first split's blocks alone took 52 us on 12288x4096 where the shared form takes 42 (the kernel without any: 37;
   docs/results/2026-12-04-w12-wide-blocks-h200/).
 
@@ -734,13 +701,12 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   groups = split_groups(steps * tile_k, group_k, total_groups)
   load_bases = _load_bases(groups)
   add_sums = gather_x = load_entries = None
-  early = escape_lists is not None and _x_loads_early(early_escape_x, tile_m)
   if escape_lists is not None:
     if mp != tile_m:
       raise ValueError(f"the in-kernel escape correction takes one token block, got Mp={mp}, tile_m={tile_m}")
     count = register_decode.split_share(escape_lists[0].shape[1], split_k)
     load_entries = _load_escape_entries(count, split_k, row_blocks)
-    gather_x = _gather_escape_x(tile_m, count, m, row_blocks, early)
+    gather_x = _gather_escape_x(tile_m, count, m, row_blocks)
     add_sums = _add_escape_sums(tile_m, count, row_blocks)
 
   def w12_matmul_body(byte_gmem, nibble_gmem, base_gmem, x_gmem, *refs, out_smem):  # profile name
@@ -766,9 +732,7 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
     )
 
     def accumulate(acc_ref):
-      def step(idx, byte_smem, nibble_smem, x_smem, *carry):
-        if early:  # the first step issues the correction's x loads; the rest carry their bits on
-          x_bits = gather_x(jnp.full((128,), idx[0] == 0, jnp.int32), *carry[0], *entries, x_gmem)
+      def step(idx, byte_smem, nibble_smem, x_smem):
         group = (first + idx[0]) * tile_k // group_k - first_group
         step_bases = []
         for block_bases in bases:
@@ -783,19 +747,13 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
         # previous step's are done, so its activation tiles (released a step late) are free
         plgpu.wgmma_wait(chunks if overlap else 0)
         _warpgroup_barrier()
-        return x_bits if early else None
 
-      bits = _x_bits_type(count, tile_m) if early else None
-      pipeline = plgpu.emit_pipeline(
-          step, grid=(steps,), in_specs=in_specs, max_concurrent_steps=depth,
-          init_carry=(plgpu.layout_cast(jnp.zeros(bits.shape, bits.dtype), bits.layout),) * row_blocks if early
-          else None)
-      x_bits = pipeline(byte_gmem.at[n_slice], nibble_gmem.at[n_slice], x_gmem.at[m_slice])
+      pipeline = plgpu.emit_pipeline(step, grid=(steps,), in_specs=in_specs, max_concurrent_steps=depth)
+      pipeline(byte_gmem.at[n_slice], nibble_gmem.at[n_slice], x_gmem.at[m_slice])
       if overlap:
         plgpu.wgmma_wait(0)
       if add_sums is not None:
-        if not early:
-          x_bits = gather_x(*entries, x_gmem)
+        x_bits = gather_x(*entries, x_gmem)  # before the accumulator is read, as the sums need it
         acc_ref[...] = add_sums(acc_ref[...], *entries, *x_bits)
       return acc_ref[...]
 
@@ -863,8 +821,7 @@ def w12_matmul(
         tile_k=step_config.tile_k,
         max_concurrent_steps=step_config.max_concurrent_steps, split_k=split_k, halves=halves,
         overlap_decode=config.overlap_decode,
-        escape_lists=(packed.column_escape_rows, packed.column_escape_bits) if in_kernel else None, m=m,
-        early_escape_x=config.early_escape_x)
+        escape_lists=(packed.column_escape_rows, packed.column_escape_bits) if in_kernel else None, m=m)
   else:
     # one base row per K step, [Kp / tile_k, N]: one small TMA box per step
     steps_per_group = packed.group_k // config.tile_k

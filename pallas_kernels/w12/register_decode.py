@@ -273,7 +273,7 @@ def escape_correction(ops, thread, entries, load_x, tile_m: int):
   """One thread's share of the channel lists' escape correction, in wgmma's accumulator layout: the f32 values
   ``sum_c x[col, rows[n, c]] * W[rows[n, c], n]`` to add to its accumulator registers, so a kernel can patch its
   own output instead of leaving a gather or a scatter to XLA (``TuningConfig.escapes_in_kernel``):
-  ``escape_sums`` of ``escape_x``, which a kernel may also call apart (the loads early, the sums late).
+  ``escape_sums`` of ``escape_x``, which a kernel may also call apart (the loads, then the sums).
 
   The accumulator fragment of ``[64, tile_m]`` gives thread ``t`` rows ``16 (t // 32) + (t % 32) // 4`` and that
   + 8 (``half``), and in every 8-wide column tile the columns ``2 (t % 4)`` and that + 1. ``entries`` is

@@ -2,7 +2,7 @@
 # Issue #8 on one H200 (device tool, `carry: [".whl"]`): the W12 decode loop against the best bf16 loop in the same
 # process (Mosaic GPU matmuls, add + norm and q/k norm + rope kernels, the tree-attention kernel as a one-node tree,
 # command buffers over the loop), with each step's kernel split. Extra arguments go to bench_roofline.py (for example
-# `--w12-config early_escape_x=True`). Results: $OUT/roofline.md, $OUT/roofline.json, $OUT/logs.tgz.
+# `--w12-config blocks_per_sm=4`). Results: $OUT/roofline.md, $OUT/roofline.json, $OUT/logs.tgz.
 # Usage (repo root): SPECPILOT_COMMIT=<hash> bash scripts/h200/w12_loop.sh [bench_roofline.py arguments]
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \

@@ -54,14 +54,13 @@ def stand_in_decode():
 @contextlib.contextmanager
 def recorded_forms():
   """Yields a list that gets one line a W12 register-decode kernel traced inside this (its split, step, depth, output
-  form and where the escape correction's x loads go), so a probe's output says what ``default`` ran."""
+  form and whether it corrects the escapes itself), so a probe's output says what ``default`` ran."""
   forms, real = [], mosaic_gpu._register_decode_call
 
   def record(*args, **kw):
-    x_loads = "none" if kw.get("escape_lists") is None else (
-        "early" if mosaic_gpu._x_loads_early(kw.get("early_escape_x", False), kw["tile_m"]) else "after")
+    escapes = "none" if kw.get("escape_lists") is None else "in the kernel"
     forms.append(f"split {kw['split_k']}, {kw['tile_k']} a step, {kw['max_concurrent_steps']} deep, "
-                 f"{'f32 halves' if kw['halves'] == 2 else 'bf16'}, x loads {x_loads}")
+                 f"{'f32 halves' if kw['halves'] == 2 else 'bf16'}, escapes {escapes}")
     return real(*args, **kw)
 
   mosaic_gpu._register_decode_call = record

@@ -673,9 +673,9 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   (``(column_escape_rows, column_escape_bits)``, one token block: ``mp == tile_m``, ``m`` real rows) every block loads
   its split's share of its channels' lists before the pipeline (entries ``s``, ``s + split_k``, ...:
   ``_load_escape_entries``) and adds their correction to its accumulators after it (``_add_escape_sums``), the ``x``
-  values it multiplies loaded after the pipeline (``_gather_escape_x``). Shared by the splits, not left to the first: at 64 token rows on the H200 the
-  first split's blocks alone took 52 us on 12288x4096 where the shared form takes 42 (the kernel without any: 37;
-  docs/results/2026-12-04-w12-wide-blocks-h200/).
+  values it multiplies loaded after the pipeline (``_gather_escape_x``). Shared by the splits, not left to the first:
+  at 64 token rows on the H200 the first split's blocks alone took 52 us on 12288x4096 where the shared form takes 42
+  (the kernel without any: 37; docs/results/2026-12-04-w12-wide-blocks-h200/).
 
   A step is three TMA copies (both planes and the ``[tile_m, tile_k]`` activation tile, whose 64-wide chunks wgmma
   reads in place) and one warpgroup barrier (``_warpgroup_barrier``; Pallas' automatic barriers are off). On the H200

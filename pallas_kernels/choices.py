@@ -23,7 +23,6 @@ OPS = {
     "swiglu": "pallas_kernels.swiglu.ops",  # the MLP's activation
     "swiglu_matmul": "pallas_kernels.swiglu_matmul.ops",  # gate|up with SwiGLU in the matmul's epilogue
 }
-IMPLEMENTATIONS = ("xla", "mosaic_gpu")
 
 
 def _module(op: str):
@@ -40,12 +39,14 @@ def current() -> dict:
 def use(*, pdl: bool | None = None, **implementations: str | None) -> dict:
     """Set the named ops' implementations (``None`` leaves one as it is) and PDL (``pallas_kernels.pdl``: every
     Mosaic GPU kernel launched with programmatic dependent launch); returns the settings before, for restoring.
-    An unknown op or implementation is a ``ValueError`` naming it, raised before anything is set."""
+    An unknown op or implementation (the op module's own ``_IMPLEMENTATIONS``) is a ``ValueError`` naming it, raised
+    before anything is set."""
     for op, impl in implementations.items():
         if op not in OPS:
             raise ValueError(f"kernels: unknown op {op!r}; expected one of {', '.join(OPS)}")
-        if impl is not None and impl not in IMPLEMENTATIONS:
-            raise ValueError(f"kernels.{op}: unknown implementation {impl!r}; expected one of {IMPLEMENTATIONS}")
+        known = _module(op)._IMPLEMENTATIONS
+        if impl is not None and impl not in known:
+            raise ValueError(f"kernels.{op}: unknown implementation {impl!r}; expected one of {known}")
     before = current()
     for op, impl in implementations.items():
         if impl is not None:

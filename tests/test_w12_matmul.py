@@ -440,6 +440,24 @@ def test_default_step_narrows_to_what_k_the_groups_and_the_activation_tile_allow
                                   w12_mosaic_gpu.CONSUMER_DEPTH)]
 
 
+def test_wide_activation_tiles_aim_the_split_at_more_blocks_than_one_wave(monkeypatch):
+  """At 64 token rows the automatic split aims at ``WIDE_TILE_BLOCKS_PER_SM`` blocks an SM (then capped at
+  ``CONSUMER_SPLIT_K``), not the default's one wave: a layer with between 2 and 4 channel blocks an SM (gate|up on
+  the H200) gets two splits at 64 rows and one at 1 row. Scaled down: 5 channel blocks on 2 SMs."""
+  monkeypatch.setattr(w12_mosaic_gpu, "num_sms", lambda: 2)
+  assert w12_mosaic_gpu.DEFAULT_CONFIG.blocks_per_sm == 2 < w12_mosaic_gpu.WIDE_TILE_BLOCKS_PER_SM == 4
+  packed = w12.pack(jnp.asarray(np.random.default_rng(4).normal(size=(2048, 320)), jnp.bfloat16), group_k=1024)
+  traced = []
+  real = w12_mosaic_gpu._register_decode_call
+  monkeypatch.setattr(w12_mosaic_gpu, "_register_decode_call", lambda *a, **kw: (
+      traced.append((kw["split_k"], kw["tile_k"], kw["max_concurrent_steps"])), real(*a, **kw))[1])
+  for m in (1, 64):
+    jax.jit(w12_mosaic_gpu.w12_matmul).trace(jax.ShapeDtypeStruct((m, 2048), jnp.bfloat16), packed).lower(
+        lowering_platforms=("cuda",))
+  # 1 row: one wave (5 blocks >= 2 an SM), 256 a step; 64 rows: 10 blocks, the narrowed step as the config has it
+  assert traced == [(1, 256, 2), (2, 128, 2)]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not w12_ops._on_hopper(), reason="needs an H100/H200")
 @pytest.mark.parametrize("k,n,m,tile_n", [(4096, 12288, 64, 128), (12288, 4096, 64, 128), (4096, 6144, 16, 256),

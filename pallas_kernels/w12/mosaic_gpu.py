@@ -150,6 +150,14 @@ beyond L2, the whole call, us; docs/results/2026-12-04-w12-m64-h200/):
   two splits: 37.2, 24.1, 72.5 on the last three, with 384, 192 and 768 blocks)."""
 
 
+WIDE_TILE_BLOCKS_PER_SM = 4
+"""What the automatic split aims at (before its cap at ``CONSUMER_SPLIT_K``) at a wide activation tile, whatever the
+config's ``blocks_per_sm``. There one wave of blocks loses: gate|up (4096x24576, 384 channel blocks) at one split
+against two, on the H200 (escapes in the kernel, 128 a step, 2 deep, the whole call, us): 65.5 / 63.6 at 64 rows,
+63.9 / 59.3 at 48 (docs/results/2026-12-05-w12-one-wave-check-h200/ against docs/results/2026-12-04-w12-m64-h200/).
+The other layer shapes get two splits either way."""
+
+
 def _wide_activation_tile(tile_m: int, tile_k: int = DEFAULT_CONFIG.tile_k) -> bool:
   """Whether a step of ``tile_k`` would load more than ``ACTIVATION_STEP_BYTES`` of ``tile_m`` bf16 token rows (by
   default the default's 256-wide step: tiles over 32 rows)."""
@@ -806,8 +814,13 @@ def w12_matmul(
   split_k = config.split_k or auto_split_k((n // config.tile_n) * (mp // tile_m), k_steps, num_sms(),
                                            config.blocks_per_sm)
   auto_split = split_k
-  # a consumer kernel reads every split (as skinny_matmul's); at a wide activation tile fewer splits stream faster
-  if not config.split_k and (complete and not reduce or config.decode == "registers" and _wide_activation_tile(tile_m)):
+  # a consumer kernel reads every split (as skinny_matmul's); at a wide activation tile fewer splits stream faster,
+  # though not fewer than WIDE_TILE_BLOCKS_PER_SM asks for
+  wide = config.decode == "registers" and _wide_activation_tile(tile_m)
+  if not config.split_k and (complete and not reduce or wide):
+    if wide:
+      split_k = auto_split_k((n // config.tile_n) * (mp // tile_m), k_steps, num_sms(),
+                             max(config.blocks_per_sm, WIDE_TILE_BLOCKS_PER_SM))
     split_k = consumer_split_k(split_k, k_steps)
   # f32 partial sums, or the bf16 result where nothing is added after the kernel
   halves = 2 if split_k > 1 or not complete else 1

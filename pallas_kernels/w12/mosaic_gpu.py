@@ -134,7 +134,10 @@ mode runs ``TuningConfig()`` (SMEM decode).
 Two blocks an SM, not four (2026-12-05, docs/results/2026-12-05-w12-m1-forms-h200/; weights beyond L2, whole call,
 us, the four-block split first): 42.1 -> 38.7 on 4096x24576 (split 2 -> 1, which also stores bf16 and drops the XLA
 sum after it), 23.4 -> 22.6 on 12288x4096 (12 -> 6), 23.6 -> 22.6 on 4096x12288 (4 -> 2), 13.8 -> 13.2 on 4096x6144
-(8 -> 4) at M = 1; 44.2 -> 39.9, 25.6 -> 24.4, 25.4 -> 24.6, 15.2 -> 14.4 at M = 16."""
+(8 -> 4) at M = 1; 44.2 -> 39.9, 25.6 -> 24.4, 25.4 -> 24.6, 15.2 -> 14.4 at M = 16. Not at 48-64 token rows
+(``WIDE_TILE_BLOCKS_PER_SM``). Against the best bf16 matmul, one call at 79f03e0
+(docs/results/2026-12-05-w12-table-h200/): 0.85-0.88x at M = 1 on 4096x12288, 12288x4096 and 4096x6144, 0.79x on the
+LM head; 0.89-0.98x at 16; 0.85-1.20x at 64."""
 
 
 ACTIVATION_STEP_BYTES = 16 * 1024

@@ -427,17 +427,24 @@ def test_default_step_narrows_to_what_k_the_groups_and_the_activation_tile_allow
   assert widest(default, 12288, 1024, 32).tile_k == 256 and widest(default, 12288, 1024, 64).tile_k == 128
   rng = np.random.default_rng(3)
   packed = w12.pack(jnp.asarray(rng.normal(size=(2048, 64)), jnp.bfloat16), group_k=1024)
+  # 16 rows: 256 a step, the automatic split (all 8 steps); 64 rows: narrowed to 128, the split capped at two, and
+  # with 2 blocks in all (fewer than SMs) the capped form's wide, deep step
+  assert default_register_calls(monkeypatch, packed, (16, 64)) == [
+      (8, 256, 2), (split_k.CONSUMER_SPLIT_K, w12_mosaic_gpu.CONSUMER_TILE_K, w12_mosaic_gpu.CONSUMER_DEPTH)]
+
+
+def default_register_calls(monkeypatch, packed, rows):
+  """(split_k, tile_k, max_concurrent_steps) of the register-decode kernel that ``w12_matmul`` without a config traces
+  (and lowers for sm_90) at each token count of ``rows``."""
   traced = []
   real = w12_mosaic_gpu._register_decode_call
   monkeypatch.setattr(w12_mosaic_gpu, "_register_decode_call", lambda *a, **kw: (
-      traced.append((kw["tile_k"], kw["split_k"], kw["max_concurrent_steps"])), real(*a, **kw))[1])
-  for m in (16, 64):
-    jax.jit(w12_mosaic_gpu.w12_matmul).trace(jax.ShapeDtypeStruct((m, 2048), jnp.bfloat16), packed).lower(
+      traced.append((kw["split_k"], kw["tile_k"], kw["max_concurrent_steps"])), real(*a, **kw))[1])
+  k = packed.shape[0]
+  for m in rows:
+    jax.jit(w12_mosaic_gpu.w12_matmul).trace(jax.ShapeDtypeStruct((m, k), jnp.bfloat16), packed).lower(
         lowering_platforms=("cuda",))
-  # 16 rows: 256 a step, the automatic split (all 8 steps); 64 rows: narrowed to 128, the split capped at two, and
-  # with 2 blocks in all (fewer than SMs) the capped form's wide, deep step
-  assert traced == [(256, 8, 2), (w12_mosaic_gpu.CONSUMER_TILE_K, split_k.CONSUMER_SPLIT_K,
-                                  w12_mosaic_gpu.CONSUMER_DEPTH)]
+  return traced
 
 
 def test_wide_activation_tiles_aim_the_split_at_more_blocks_than_one_wave(monkeypatch):
@@ -447,15 +454,8 @@ def test_wide_activation_tiles_aim_the_split_at_more_blocks_than_one_wave(monkey
   monkeypatch.setattr(w12_mosaic_gpu, "num_sms", lambda: 2)
   assert w12_mosaic_gpu.DEFAULT_CONFIG.blocks_per_sm == 2 < w12_mosaic_gpu.WIDE_TILE_BLOCKS_PER_SM == 4
   packed = w12.pack(jnp.asarray(np.random.default_rng(4).normal(size=(2048, 320)), jnp.bfloat16), group_k=1024)
-  traced = []
-  real = w12_mosaic_gpu._register_decode_call
-  monkeypatch.setattr(w12_mosaic_gpu, "_register_decode_call", lambda *a, **kw: (
-      traced.append((kw["split_k"], kw["tile_k"], kw["max_concurrent_steps"])), real(*a, **kw))[1])
-  for m in (1, 64):
-    jax.jit(w12_mosaic_gpu.w12_matmul).trace(jax.ShapeDtypeStruct((m, 2048), jnp.bfloat16), packed).lower(
-        lowering_platforms=("cuda",))
   # 1 row: one wave (5 blocks >= 2 an SM), 256 a step; 64 rows: 10 blocks, the narrowed step as the config has it
-  assert traced == [(1, 256, 2), (2, 128, 2)]
+  assert default_register_calls(monkeypatch, packed, (1, 64)) == [(1, 256, 2), (2, 128, 2)]
 
 
 @pytest.mark.gpu

@@ -15,54 +15,33 @@ decode's default: each K split adds its share of the lists), else as gathers ins
 sums.
 
 Two decodes (``TuningConfig.decode``):
-- ``"registers"`` (``DEFAULT_CONFIG``, ``_register_decode_call``): ``register_decode.py``
-  turns 32-bit words of the planes into wgmma's register A fragment, 4 weights per 9
-  integer instructions (~15 before format version 3, 11 before 4). On the H200 (docs/results/2026-11-30-w12-registers-h200/): 1.0-1.06x
-  a bf16 dot at M = 1 (0.73x on 4096x12288, where XLA's dot is slow), 1.1-1.3x at M = 16
-  and 64; the kernel alone is 0.84x at M = 1 and the XLA ops around it (then: x padding and
-  permutation, escape scatter, split-K sum and transpose) are the rest. Since format version 2
-  the planes are stored in the order the threads read them and the activation tiles are TMA
-  boxes that read past ``x``'s rows and columns as zeros, so ``x`` goes in as it is. Needs a
-  real Hopper: GPU interpret mode's wgmma reads SMEM only.
-- ``"smem"`` (``_smem_decode_call``): 16-bit element ops on SMEM tiles, written back as
-  bf16 SMEM tiles for wgmma. 2.1-2.9x slower than the register decode; it runs in GPU
-  interpret mode, so the CPU test suite runs it (``tests/test_w12_matmul.py``).
+- ``"registers"`` (``DEFAULT_CONFIG``, ``_register_decode_call``): ``register_decode.py`` turns 32-bit words of the
+  planes into wgmma's register A fragment, 4 weights per 9 integer instructions. The planes are stored in the order
+  the threads read them, and the activation tiles are TMA boxes that read past ``x``'s rows and columns as zeros, so
+  ``x`` goes in as it is. Needs a real Hopper: GPU interpret mode's wgmma reads SMEM only. It writes the skinny
+  kernel's tokens-major split halves (``split_k.store_split``), so with every escape corrected in the kernel
+  ``w12_matmul(..., reduce=False)`` hands its splits to the add + norm and q/k norm + rope kernels
+  (``SplitKPartials``), and at one split it stores the bf16 result itself: no XLA op after it.
+- ``"smem"`` (``_smem_decode_call``): 16-bit element ops on SMEM tiles, written back as bf16 SMEM tiles for wgmma.
+  2.1-2.9x slower than the register decode; it runs in GPU interpret mode, so the CPU test suite runs it
+  (``tests/test_w12_matmul.py``).
 
 Learned on the H200: Mosaic GPU has no 8-bit arithmetic (widen before shifts), and
 a 1-D uint8 SMEM row (the per-step bases) faults with a misaligned shared address,
 hence ``_BASE_DTYPE`` for the SMEM decode (the register decode loads its bases from GMEM into registers).
 
-Where it stands (format version 3, docs/results/2026-12-01-partials-w12v3-h200/): 0.98-0.99x the best
-bf16 matmul at M = 1 on the layer shapes, the kernel alone ~3.2 TB/s of stored bytes. Four fewer decode
-instructions a word (format 3 drops the window test, ~15 -> ~11) moved it 2.5 %: it is bound by latency with
-too few eligible warps (Nsight Compute: issue slots 52 % busy), not by instruction count. In the H200's decode
-loop the W12 matmuls take what the bf16 ones take, and the XLA epilogues carrying the escape gathers cost
-~0.85 ms a step. ``TuningConfig.escapes_in_kernel`` (then opt-in) adds the lists' correction in the kernel's first split
-instead (the probe: 0.1 us a call faster, docs/results/2026-12-01-rope-swiglu-h200/). The register decode writes the
-skinny kernel's tokens-major split halves (``split_k.store_split``), so with every escape corrected in the kernel
-``w12_matmul(..., reduce=False)`` hands the splits to the add + norm and q/k norm + rope kernels (``SplitKPartials``)
-and the o, down and q|k|v projections need no XLA epilogue at all. The decode loop so: 5.100 against bf16's 4.443 ms,
-tokens identical, with the W12 kernels at two splits 0.52 ms a step slower than at the auto split
-(docs/results/2026-12-03-skinny-resident-w12-loop-h200/): one block an SM leaves one warpgroup decoding.
-With the capped splits loading ``CONSUMER_DEPTH`` steps ahead the loop took 4.806 against 4.434 ms, tokens
-identical (docs/results/2026-12-03-w12-depth-cluster-h200/).
-
-The SASS with Nsight Compute's per-instruction samples (2026-12-03, docs/results/2026-12-03-w12-sass-h200/) then showed
-a step's overhead, not the decode, as the waste: six TMA copies a step each behind a warpgroup barrier, the bases
-reloaded from L2 per 64-wide chunk, and two LOP3 where one select does. With one activation copy a step, one barrier,
-the bases in registers and 256 K a step the kernel is 0.86-0.91x the bf16 skinny kernel at M = 1 (weights beyond L2),
-3.5-3.6 TB/s of stored bytes where the bf16 kernel streams 4.0-4.3. Format version 4 (9 decode instructions a word,
-was 11) and refilling the planes' slots before a step's decode (instead of after it) each moved it by less than a
-microsecond (docs/results/2026-12-03-w12-pipeline-h200/). On gate|up, 36 % of the warp samples wait for a step's
-TMA data, though DRAM is only 71 % busy.
-
-What bounds it (2026-12-04, docs/results/2026-12-04-w12-ablate-sweep-h200/). With a 3-instruction stand-in decode
-(``scripts/h200/w12_probe.py --ablate-decode``) the kernel is only 0.5-1.8 us faster, so the decode is not the bound.
-The split-K grid with an empty pipeline body (``scripts/h200/stream_probe.py``) copies W12's bytes in 0.76-0.79x the
-bf16 kernel's time on the layer shapes, because a call's fixed costs do not shrink with its bytes. This kernel is ~4 us
-a call over that copy, and ~2 of them on gate|up are the escape correction after the pipeline
-(since moved: the lists' loads before the pipeline, the correction shared by the K splits). The ``[N, Kp]`` planes are why narrow steps are
-slow: each row gives one run of ``tile_k`` bytes a step. Tile-major planes would stream as fast at 128 a step as at 256.
+Where it stands (docs/results/2026-12-05-w12-table-h200/; how it got there, session by session, and what was tried
+and lost: docs/h200_runbook.md). Against the best bf16 matmul on the H200, weights beyond L2, the whole call:
+0.85-0.88x at M = 1 on Qwen3-8B's layer shapes and 0.79x on its LM head, 0.89-0.98x at 16, 0.85-1.20x at 64. The
+decode loop with W12 weights: 0.888x the bf16 loop's step, tokens identical
+(docs/results/2026-12-05-w12-loop-one-wave-h200/). What bounds it at M = 1: copying W12's bytes through this grid
+with nothing computed (``scripts/h200/stream_probe.py``) already takes 0.76-0.79x the bf16 kernel, because a call's
+fixed costs (launch, ramp, tail) do not shrink with its bytes; the kernel sits 1-4 us above that copy, 1-2 us of it
+the decode itself (a 3-instruction stand-in, ``scripts/h200/w12_probe.py --ablate-decode``; fewer decode
+instructions a word moved it < 1 us each time: it is bound by latency with few eligible warps, not by instruction
+count). At 64 rows it decodes every weight and multiplies it by 64 tokens from SMEM: 1.8-2.7 TB/s of stored bytes.
+The ``[N, Kp]`` planes give each row one run of ``tile_k`` bytes a step, which is why narrow steps are slow
+(tile-major planes streamed as fast at 128 a step as at 256 in the copy probe).
 """
 
 from __future__ import annotations

@@ -133,11 +133,11 @@ beyond L2, the whole call, us; docs/results/2026-12-04-w12-m64-h200/):
 
 
 WIDE_TILE_BLOCKS_PER_SM = 4
-"""What the automatic split aims at (before its cap at ``CONSUMER_SPLIT_K``) at a wide activation tile, whatever the
-config's ``blocks_per_sm``. There one wave of blocks loses: gate|up (4096x24576, 384 channel blocks) at one split
-against two, on the H200 (escapes in the kernel, 128 a step, 2 deep, the whole call, us): 65.5 / 63.6 at 64 rows,
-63.9 / 59.3 at 48 (docs/results/2026-12-05-w12-one-wave-check-h200/ against docs/results/2026-12-04-w12-m64-h200/).
-The other layer shapes get two splits either way."""
+"""The fewest blocks an SM the automatic split aims at (before its cap at ``CONSUMER_SPLIT_K``) at a wide activation
+tile, whatever smaller ``blocks_per_sm`` the config asks. There one wave of blocks loses: gate|up (4096x24576, 384
+channel blocks) at two splits against one, on the H200 in one process (escapes in the kernel, 128 a step, 2 deep, the
+whole call, us): 62.5 / 64.1 at 64 rows, 58.1 / 62.6 at 48 (docs/results/2026-12-05-w12-table-h200/). The other
+layer shapes get two splits either way."""
 
 
 def _wide_activation_tile(tile_m: int, tile_k: int = DEFAULT_CONFIG.tile_k) -> bool:

@@ -793,16 +793,12 @@ def w12_matmul(
                    and mp == tile_m)
   complete = not has_escapes or (in_kernel and not packed.escape_index.shape[0])  # nothing to patch after it
   k_steps = kp // config.tile_k
-  split_k = config.split_k or auto_split_k((n // config.tile_n) * (mp // tile_m), k_steps, num_sms(),
-                                           config.blocks_per_sm)
-  auto_split = split_k
-  # a consumer kernel reads every split (as skinny_matmul's); at a wide activation tile fewer splits stream faster,
-  # though not fewer than WIDE_TILE_BLOCKS_PER_SM asks for
   wide = config.decode == "registers" and _wide_activation_tile(tile_m)
+  blocks_per_sm = max(config.blocks_per_sm, WIDE_TILE_BLOCKS_PER_SM) if wide else config.blocks_per_sm
+  split_k = config.split_k or auto_split_k((n // config.tile_n) * (mp // tile_m), k_steps, num_sms(), blocks_per_sm)
+  auto_split = split_k
+  # a consumer kernel reads every split (as skinny_matmul's); at a wide activation tile fewer splits stream faster
   if not config.split_k and (complete and not reduce or wide):
-    if wide:
-      split_k = auto_split_k((n // config.tile_n) * (mp // tile_m), k_steps, num_sms(),
-                             max(config.blocks_per_sm, WIDE_TILE_BLOCKS_PER_SM))
     split_k = consumer_split_k(split_k, k_steps)
   # f32 partial sums, or the bf16 result where nothing is added after the kernel
   halves = 2 if split_k > 1 or not complete else 1

@@ -45,8 +45,10 @@ class TuningConfig:
   registers (``early_escape_x``): on the H200 (2026-12-05, docs/results/2026-12-05-w12-m1-forms-h200/) it moved M = 1
   by -0.4 to +0.9 us a call and cost M = 16 up to 4.5 us; removed (the code is at commit fafafe9).
   A warp-specialised form (blocks of 128 channels: two compute warpgroups and a TMA warpgroup) was built and measured
-  slower on the H200 (35.8 against 23.3 us at 4096x12288, M = 1; docs/results/2026-12-02-verify-skinny-barrier-h200/);
-  its code is at commit 854cbfd.
+  slower on the H200 (35.8 against 23.3 us at 4096x12288, M = 1; docs/results/2026-12-02-verify-skinny-barrier-h200/)
+  and, its two compute warpgroups sharing each activation tile, no faster at 16 or 64 rows either (3.7-6.3 us slower
+  at 16, a tie at best at 64; docs/results/2026-12-05-w12-warp-specialized-m16-m64-h100/); its code is at commit
+  854cbfd.
   """
 
   tile_n: int = 64

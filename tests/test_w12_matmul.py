@@ -449,13 +449,17 @@ def default_register_calls(monkeypatch, packed, rows):
 
 def test_wide_activation_tiles_aim_the_split_at_more_blocks_than_one_wave(monkeypatch):
   """At 64 token rows the automatic split aims at ``WIDE_TILE_BLOCKS_PER_SM`` blocks an SM (then capped at
-  ``CONSUMER_SPLIT_K``), not the default's one wave: a layer with between 2 and 4 channel blocks an SM (gate|up on
-  the H200) gets two splits at 64 rows and one at 1 row. Scaled down: 5 channel blocks on 2 SMs."""
+  ``CONSUMER_SPLIT_K``), not the default's one block an SM: a layer with between 1 and 4 channel blocks an SM
+  (gate|up on the H200) gets two splits at 64 rows and one at 1 row, and one with fewer than one an SM (the
+  down projection) splits at 1 row just enough to fill the SMs. Scaled down: 5 and 1 channel blocks on 2 SMs."""
   monkeypatch.setattr(w12_mosaic_gpu, "num_sms", lambda: 2)
-  assert w12_mosaic_gpu.DEFAULT_CONFIG.blocks_per_sm == 2 < w12_mosaic_gpu.WIDE_TILE_BLOCKS_PER_SM == 4
+  assert w12_mosaic_gpu.DEFAULT_CONFIG.blocks_per_sm == 1 < w12_mosaic_gpu.WIDE_TILE_BLOCKS_PER_SM == 4
   packed = w12.pack(jnp.asarray(np.random.default_rng(4).normal(size=(2048, 320)), jnp.bfloat16), group_k=1024)
-  # 1 row: one wave (5 blocks >= 2 an SM), 256 a step; 64 rows: 10 blocks, the narrowed step as the config has it
+  # 1 row: 5 blocks >= 1 an SM, no split, 256 a step; 64 rows: 10 blocks, the narrowed step as the config has it
   assert default_register_calls(monkeypatch, packed, (1, 64)) == [(1, 256, 2), (2, 128, 2)]
+  narrow = w12.pack(jnp.asarray(np.random.default_rng(5).normal(size=(2048, 64)), jnp.bfloat16), group_k=1024)
+  # 1 channel block at 1 row: 2 splits fill the 2 SMs (two blocks an SM would take 4)
+  assert default_register_calls(monkeypatch, narrow, (1,)) == [(2, 256, 2)]
 
 
 @pytest.mark.gpu

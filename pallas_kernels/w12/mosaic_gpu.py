@@ -97,10 +97,10 @@ _BASE_DTYPE = jnp.uint16
 """Bases widened for the kernel: a 1-D uint8 SMEM row faults (misaligned) on H200."""
 
 
-DEFAULT_CONFIG = TuningConfig(decode="registers", blocks_per_sm=2, max_concurrent_steps=2, tile_k=256,
+DEFAULT_CONFIG = TuningConfig(decode="registers", blocks_per_sm=1, max_concurrent_steps=2, tile_k=256,
                               escapes_in_kernel=True)
-"""What ``w12_matmul`` runs on a GPU without a config: the register decode with the automatic split aiming at 2
-blocks an SM (one wave: 384 blocks on the Qwen3-8B layer shapes, the splits the bf16 skinny kernel takes), 256 K a
+"""What ``w12_matmul`` runs on a GPU without a config: the register decode with the automatic split aiming at one
+block an SM (the fewest K splits that fill the SMs: 192 blocks on 4096x12288, 12288x4096 and 4096x6144), 256 K a
 step (narrowed to 128 or 64 where K, the base-exponent groups or a wide activation tile need it: ``_widest_step``),
 the channel lists' escapes corrected in the kernel (on the H200, weights beyond L2, the whole call with and without,
 us: 23.3 / 25.2 at M = 1, 27.2 / 35.3 at 16, 47.0 / 85.9 at 64 on 12288x4096,
@@ -116,7 +116,15 @@ sum after it), 23.4 -> 22.6 on 12288x4096 (12 -> 6), 23.6 -> 22.6 on 4096x12288 
 (8 -> 4) at M = 1; 44.2 -> 39.9, 25.6 -> 24.4, 25.4 -> 24.6, 15.2 -> 14.4 at M = 16. Not at 48-64 token rows
 (``WIDE_TILE_BLOCKS_PER_SM``). Against the best bf16 matmul, one call at 79f03e0
 (docs/results/2026-12-05-w12-table-h200/): 0.85-0.88x at M = 1 on 4096x12288, 12288x4096 and 4096x6144, 0.79x on the
-LM head; 0.89-0.98x at 16; 0.85-1.20x at 64."""
+LM head; 0.89-0.98x at 16; 0.85-1.20x at 64.
+
+One block an SM, not two (2026-12-05, on an H100 twice, no H200 lent;
+docs/results/2026-12-05-w12-fewer-splits-m1-m16-h100/; whole call, us, two blocks an SM first): 30.4 / 30.3 -> 29.8 /
+30.0 on 4096x12288 (split 2 -> 1: bf16 stored, no XLA sum), 31.9 / 31.5 -> 30.2 / 30.4 on 12288x4096 (6 -> 3), 17.6
+-> 17.5 on 4096x6144 (4 -> 2) at M = 1; 32.2 / 32.4 -> 30.2 / 30.3, 32.7 / 33.1 -> 32.1 / 32.6, 18.6 -> 18.7 at 16.
+The decode loop's splits do not move (its consumers cap them at two), but q|k|v's two splits are now its automatic
+ones, so it keeps this config's 2-deep pipeline instead of the capped ``CONSUMER_DEPTH`` (13.6 against 13.4 us on the
+H200 when measured, docs/results/2026-12-03-w12-sass-h200/); the sums' order, and so the tokens, are unchanged."""
 
 
 ACTIVATION_STEP_BYTES = 16 * 1024

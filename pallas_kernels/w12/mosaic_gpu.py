@@ -125,7 +125,10 @@ docs/results/2026-12-05-w12-fewer-splits-m1-m16-h100/; whole call, us, two block
 -> 17.5 on 4096x6144 (4 -> 2) at M = 1; 32.2 / 32.4 -> 30.2 / 30.3, 32.7 / 33.1 -> 32.1 / 32.6, 18.6 -> 18.7 at 16.
 The decode loop's splits do not move (its consumers cap them at two), but q|k|v's two splits are now its automatic
 ones, so it keeps this config's 2-deep pipeline instead of the capped ``CONSUMER_DEPTH`` (13.6 against 13.4 us on the
-H200 when measured, docs/results/2026-12-03-w12-sass-h200/); the sums' order, and so the tokens, are unchanged."""
+H200 when measured, docs/results/2026-12-03-w12-sass-h200/); the sums' order, and so the tokens, are unchanged. A call
+whose result is not handed to a consumer now splits less than the bf16 skinny kernel (two blocks an SM) where one
+split leaves fewer than two blocks an SM, so its f32 sums run in another order than bf16's; in Qwen3-8B's decode step
+the only such calls (gate|up, the LM head) take one split in both."""
 
 
 ACTIVATION_STEP_BYTES = 16 * 1024

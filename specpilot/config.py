@@ -322,6 +322,13 @@ class RootConfig(_Strict):
             raise _field_error("prompt", "give either prompt or prompt_ids, not both")
         return self
 
+    @model_validator(mode="after")
+    def _w12_packs_bf16(self):
+        if self.engine.weight_format == "w12" and self.target.dtype != "bfloat16":
+            raise _field_error("engine.weight_format",
+                               f"w12 packs bfloat16 weights; set target.dtype=bfloat16 (now {self.target.dtype})")
+        return self
+
     @property
     def needs_drafter(self) -> bool:
         return self.engine.name != "ar"

@@ -92,6 +92,13 @@ def test_both_prompts_rejected():
     assert "prompt: give either prompt or prompt_ids, not both" in error_of("prompt=hi", "prompt_ids=[1]")
 
 
+def test_w12_weights_need_a_bfloat16_target():
+    """W12 packs bf16 bit patterns: on a float32 target the config says so in one line, before any weight loads."""
+    assert error_of("engine=ddtree", "engine.weight_format=w12") == (
+        "config error: engine.weight_format: w12 packs bfloat16 weights; set target.dtype=bfloat16 (now float32)")
+    assert composed("engine=ddtree", "engine.weight_format=w12", "target.dtype=bfloat16").engine.weight_format == "w12"
+
+
 def test_is_known_key():
     assert is_known_key("model.rms_norm_eps") and is_known_key("engine.tree_budget")
     assert not is_known_key("engine.foo") and not is_known_key("model.bar") and not is_known_key("foo")

@@ -94,13 +94,26 @@ def apply_kernel_choices(cfg: RootConfig) -> None:
     choices.use(**cfg.kernels.model_dump())
 
 
+def check_backend(cfg: RootConfig) -> None:
+    """ConfigError for an engine this JAX backend cannot run: `engine.attention=cudnn` needs an NVIDIA GPU (on
+    another backend `jax.nn.dot_product_attention` raises from inside the first trace)."""
+    import jax
+
+    platform = jax.devices()[0].platform
+    if cfg.engine.attention == "cudnn" and platform != "gpu":
+        raise ConfigError.at("engine.attention", f"cudnn needs an NVIDIA GPU; this backend is {platform!r} "
+                             "(use xla or pallas_tree)")
+
+
 def load_models(cfg: RootConfig, with_drafter: bool | None = None):
     """(target_cfg, target_weights, drafter_cfg | None, drafter_weights | None, tokenizer | None).
 
     The drafter is loaded when the engine needs one, or when `with_drafter` says so. Every script's path goes
-    through here first, so the `kernels` group is applied here (`apply_kernel_choices`), before any trace."""
+    through here first, so the `kernels` group is applied here (`apply_kernel_choices`), before any trace, and
+    what this backend cannot run fails here, before any weight loads (`check_backend`)."""
     from specpilot.models import hf, weights
 
+    check_backend(cfg)
     apply_kernel_choices(cfg)
 
     dtype = _dtype(cfg.target.dtype)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jax
 import pytest
 from hydra import compose, initialize_config_dir
 
@@ -156,6 +157,15 @@ def test_make_prompts():
 
 def test_load_tokenizer_absent(tmp_path):
     assert build.load_tokenizer(tmp_path) is None
+
+
+def test_cudnn_attention_off_a_gpu_is_one_line_before_any_load(monkeypatch):
+    """engine.attention=cudnn where JAX has no NVIDIA GPU: a ConfigError naming the key, raised before weights load."""
+    if jax.devices()[0].platform == "gpu":
+        pytest.skip("this machine has a GPU: cudnn attention is valid here")
+    monkeypatch.setattr(build, "apply_kernel_choices", lambda cfg: pytest.fail("loading went on past the check"))
+    with pytest.raises(ConfigError, match=r"^config error: engine.attention: cudnn needs an NVIDIA GPU; this backend"):
+        build.load_models(validate(composed("engine=ddtree", "engine.attention=cudnn", "deployment.models=config")))
 
 
 def test_load_random_models_and_engine():

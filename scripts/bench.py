@@ -41,6 +41,14 @@ ENGINES = ("ar", "stock", "ddtree", "tlv", "specpilot")
 COMMAND_BUFFER_FLAGS = "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"
 
 
+def positive_int(text: str) -> int:
+    """argparse type of the counts (batches, budgets, layers, rounds, ...): an integer >= 1."""
+    value = int(text)  # argparse reports a ValueError as "invalid positive_int value: 'x'"
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -53,13 +61,13 @@ def parse_args(argv=None):
     ap.add_argument("--target", help="HF target checkpoint folder (real weights; needs --drafter)")
     ap.add_argument("--drafter", help="z-lab DFlash drafter folder")
     ap.add_argument("--dtype", default=None, help="bfloat16 | float32 (default: bfloat16 on GPU, float32 on CPU)")
-    ap.add_argument("--drafter-layers", type=int, default=5, help="synthetic drafter depth (DFlash-b16: 5)")
-    ap.add_argument("--block-size", type=int, default=16, help="synthetic drafter block size")
+    ap.add_argument("--drafter-layers", type=positive_int, default=5, help="synthetic drafter depth (DFlash-b16: 5)")
+    ap.add_argument("--block-size", type=positive_int, default=16, help="synthetic drafter block size")
     ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
-    ap.add_argument("--budgets", nargs="+", type=int, default=[64, 256], help="DDTree tree budgets")
-    ap.add_argument("--specpilot-candidates", nargs="+", type=int, default=None,
+    ap.add_argument("--budgets", nargs="+", type=positive_int, default=[64, 256], help="DDTree tree budgets")
+    ap.add_argument("--specpilot-candidates", nargs="+", type=positive_int, default=None,
                     help="the specpilot engine's budget candidates (default: --budgets)")
-    ap.add_argument("--tlv-budget", type=int, default=128, help="TLV level-1 tree size")
+    ap.add_argument("--tlv-budget", type=positive_int, default=128, help="TLV level-1 tree size")
     ap.add_argument("--level1-format", default="int8", choices=("int8", "fp8"))
     ap.add_argument("--formats", nargs="+", default=["bf16"], choices=("bf16", "w12"), help="weight formats")
     ap.add_argument("--attentions", nargs="+", default=["xla"], choices=("xla", "pallas_tree"),
@@ -81,9 +89,9 @@ def parse_args(argv=None):
                          "went 5.87 -> 5.29 ms on the H200 (docs/results/2026-11-30-skinny-matmul-h200/)")
     ap.add_argument("--gpu-time", action="store_true",
                     help="also time each stage's kernels with CUPTI (stage_gpu_ms: no host dispatch, no launch gaps)")
-    ap.add_argument("--batches", nargs="+", type=int, default=[1, 8])
-    ap.add_argument("--context", type=int, default=1024, help="committed tokens per request")
-    ap.add_argument("--rounds", type=int, default=6,
+    ap.add_argument("--batches", nargs="+", type=positive_int, default=[1, 8])
+    ap.add_argument("--context", type=positive_int, default=1024, help="committed tokens per request")
+    ap.add_argument("--rounds", type=positive_int, default=6,
                     help="timed rounds per configuration (6 = the reproduction scripts' default: same shapes, so "
                          "their programs come from the compilation cache)")
     ap.add_argument("--budget-s", type=float, default=None,
@@ -91,14 +99,14 @@ def parse_args(argv=None):
     ap.add_argument("--calibration", choices=("on", "off"), default="on",
                     help="also measure the cost model's curves on a grid in separate runs (role 'calibration': "
                          "fitted, never checked): AR, stock, DDTree and TLV at the --calibration-*-budgets")
-    ap.add_argument("--calibration-ddtree-budgets", nargs="*", type=int, default=[16, 64, 256],
+    ap.add_argument("--calibration-ddtree-budgets", nargs="*", type=positive_int, default=[16, 64, 256],
                     help="the verify curve's grid (tree budgets), when a tree engine runs")
-    ap.add_argument("--calibration-tlv-budgets", nargs="*", type=int, default=[64, 256],
+    ap.add_argument("--calibration-tlv-budgets", nargs="*", type=positive_int, default=[64, 256],
                     help="the level-1 curve's grid, when tlv runs")
-    ap.add_argument("--calibration-specpilot-candidates", nargs="*", type=int, default=[16, 64],
+    ap.add_argument("--calibration-specpilot-candidates", nargs="*", type=positive_int, default=[16, 64],
                     help="a specpilot run of its own (other candidates than the configuration's), when specpilot "
                          "runs: it measures what verifying through lax.switch adds (the switch overhead)")
-    ap.add_argument("--compile-workers", type=int, default=None,
+    ap.add_argument("--compile-workers", type=positive_int, default=None,
                     help="threads compiling a batch's configs before the timed pass (default 4 on an accelerator, "
                          "else 1)")
     ap.add_argument("--compile-cache", default=".cache/jax-compile",
@@ -106,14 +114,22 @@ def parse_args(argv=None):
     ap.add_argument("--eager-prefill", choices=("auto", "on", "off"), default="auto",
                     help="run the untimed prefill op by op (auto: on an accelerator) to skip compiling it")
     ap.add_argument("--tau-profile", help="JSON τ profile (tau_profile.json of a real-pair run) for projections")
-    ap.add_argument("--max-new", type=int, default=48, help="real pairs: tokens generated per prompt for τ")
-    ap.add_argument("--num-prompts", type=int, default=8, help="real pairs without their own prompts: random ones")
+    ap.add_argument("--max-new", type=positive_int, default=48, help="real pairs: tokens generated per prompt for τ")
+    ap.add_argument("--num-prompts", type=positive_int, default=8, help="real pairs without their own prompts: random ones")
     ap.add_argument("--prompts", help="real pairs: JSON list of token-id prompts (default: the pair's own, else "
                                       "random)")
     ap.add_argument("--refresh-calibration", action="store_true")
     ap.add_argument("--wandb", action="store_true", help="log rows to W&B (offline unless configured)")
     ap.add_argument("--seed", type=int, default=0)
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if not args.replot and not args.target:
+        from specpilot.costmodel.measure import model_config
+
+        try:
+            model_config(args.model)  # the synthetic shapes exist before anything is built
+        except ValueError as e:
+            ap.error(f"--model: {e}")
+    return args
 
 
 def engine_configs(args) -> list[dict]:

@@ -162,3 +162,20 @@ def test_warm_up_compiles_exactly_the_programs_the_timed_pass_runs(tmp_path):
         jax.config.update("jax_compilation_cache_dir", old[0])
         jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
         compilation_cache.reset_cache()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--model", "nonexistent"], "--model: model 'nonexistent': no "),
+    (["--batches", "0"], "argument --batches: must be >= 1, got 0"),
+    (["--budgets", "64", "x"], "argument --budgets: invalid positive_int value: 'x'"),
+])
+def test_bench_rejects_bad_arguments_in_one_line(argv, message, capsys):
+    """A bad count or an unknown model is argparse's one-line error (exit 2), before anything is built."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import bench
+
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) >= 1 and ": error: " + message in err[-1]

@@ -19,6 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a bare checkout (GPU machine)
 
+from specpilot.argtypes import positive_int  # noqa: E402
+
 
 def _engine_overrides(items: list[str]) -> dict:
     import yaml
@@ -41,10 +43,10 @@ def main(argv=None) -> int:
     ap.add_argument("--engines", nargs="+", default=["stock", "ddtree", "specpilot"])
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--prompts", default="heldout", choices=["heldout", "humaneval", "both"])
-    ap.add_argument("--num-prompts", type=int, help="default: the recipe's eval.num_prompts")
-    ap.add_argument("--prompt-tokens", type=int, help="default: the recipe's eval.prompt_tokens")
-    ap.add_argument("--max-new-tokens", type=int, help="default: the recipe's eval.max_new_tokens")
-    ap.add_argument("--batch-size", type=int, help="default: the recipe's eval.batch_size")
+    ap.add_argument("--num-prompts", type=positive_int, help="default: the recipe's eval.num_prompts")
+    ap.add_argument("--prompt-tokens", type=positive_int, help="default: the recipe's eval.prompt_tokens")
+    ap.add_argument("--max-new-tokens", type=positive_int, help="default: the recipe's eval.max_new_tokens")
+    ap.add_argument("--batch-size", type=positive_int, help="default: the recipe's eval.batch_size")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--set", action="append", default=[], metavar="ENGINE.KEY=VALUE",

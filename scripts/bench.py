@@ -35,18 +35,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from specpilot.argtypes import positive_int  # noqa: E402
+
 ENGINES = ("ar", "stock", "ddtree", "tlv", "specpilot")
 
 
 COMMAND_BUFFER_FLAGS = "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"
-
-
-def positive_int(text: str) -> int:
-    """argparse type of the counts (batches, budgets, layers, rounds, ...): an integer >= 1."""
-    value = int(text)  # argparse reports a ValueError as "invalid positive_int value: 'x'"
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def parse_args(argv=None):
@@ -115,7 +109,8 @@ def parse_args(argv=None):
                     help="run the untimed prefill op by op (auto: on an accelerator) to skip compiling it")
     ap.add_argument("--tau-profile", help="JSON τ profile (tau_profile.json of a real-pair run) for projections")
     ap.add_argument("--max-new", type=positive_int, default=48, help="real pairs: tokens generated per prompt for τ")
-    ap.add_argument("--num-prompts", type=positive_int, default=8, help="real pairs without their own prompts: random ones")
+    ap.add_argument("--num-prompts", type=positive_int, default=8,
+                    help="real pairs without their own prompts: random ones")
     ap.add_argument("--prompts", help="real pairs: JSON list of token-id prompts (default: the pair's own, else "
                                       "random)")
     ap.add_argument("--refresh-calibration", action="store_true")

@@ -90,6 +90,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from specpilot.argtypes import positive_int  # noqa: E402
+
 L2_BYTES = 60 * 2**20  # H200
 ROTATE_L2_MULTIPLE = 4
 MAX_COPIES = 16
@@ -168,10 +170,11 @@ def parse_args(argv=None):
     ap.add_argument("--shapes", nargs="+", default=None, metavar="KxN",
                     help="W12 and skinny weight shapes (default: W12 " + " ".join(f"{k}x{n}" for k, n, _ in W12_SHAPES)
                          + "; skinny " + " ".join(f"{k}x{n}" for k, n, _ in SKINNY_SHAPES) + ")")
-    ap.add_argument("--tokens", type=int, nargs="+", default=None, help=f"W12 / skinny M values (default {W12_TOKENS})")
-    ap.add_argument("--trials", type=int, default=None, help="timed trials per method (default 30)")
-    ap.add_argument("--calls", type=int, default=None, help="back-to-back calls per trial (default 32)")
-    ap.add_argument("--ceiling-mib", type=int, default=None, help="buffer of the ceiling measurement (2048)")
+    ap.add_argument("--tokens", type=positive_int, nargs="+", default=None,
+                    help=f"W12 / skinny M values (default {W12_TOKENS})")
+    ap.add_argument("--trials", type=positive_int, default=None, help="timed trials per method (default 30)")
+    ap.add_argument("--calls", type=positive_int, default=None, help="back-to-back calls per trial (default 32)")
+    ap.add_argument("--ceiling-mib", type=positive_int, default=None, help="buffer of the ceiling measurement (2048)")
     ap.add_argument("--interpret", choices=("auto", "on", "off"), default="auto",
                     help="kernels in Pallas GPU-interpret mode (auto: when the device is not an H100/H200)")
     ap.add_argument("--case-timeout", type=float, default=150.0, help="seconds one case may take")

@@ -101,6 +101,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from specpilot.argtypes import positive_int  # noqa: E402
+
 NOMINAL_BYTES_PER_S = 4.3e12  # the H200's device-to-device copy rate (shared/GPU.md)
 XLA_JOB = ("xla_forward", "xla_decode_loop", "verify_nodes", "verify_loop", "drafter")
 DRAFTER_ROWS = {"drafter_b16": "xla", "drafter_b16_tree": "pallas_tree", "drafter_round_b16_tree": "pallas_tree",
@@ -990,7 +992,7 @@ def parse_args(argv=None):
     ap.add_argument("--quick", action="store_true", help="tiny shapes, float32, few steps: a CPU smoke run")
     ap.add_argument("--model", default=None, help="conf/model/<name>.yaml (default qwen3_8b; --quick: tiny)")
     ap.add_argument("--dtype", default=None, help="bfloat16 | float32 (default bfloat16; --quick: float32)")
-    ap.add_argument("--context", type=int, default=None, help="committed tokens (default 1024; --quick: 32)")
+    ap.add_argument("--context", type=positive_int, default=None, help="committed tokens (default 1024; --quick: 32)")
     ap.add_argument("--variants", nargs="+", default=None,
                     help="subset of: " + ", ".join([*XLA_JOB, *SKINNY_VARIANTS, *FUSED_NORM_VARIANTS, *SKINNY_FLAG_VARIANTS,
                                                     *W12_JOB, "xla_flags",
@@ -999,7 +1001,8 @@ def parse_args(argv=None):
                                                     *TORCH_MODES]))
     ap.add_argument("--xla-flags", action="append", default=[], metavar="NAME=FLAGS",
                     help="an extra xla_flags variant: the decode loop under XLA_FLAGS=FLAGS (repeatable)")
-    ap.add_argument("--nodes", nargs="+", type=int, default=None, help="verify_nodes tree sizes (default 16 64 256)")
+    ap.add_argument("--nodes", nargs="+", type=positive_int, default=None,
+                    help="verify_nodes tree sizes (default 16 64 256)")
     ap.add_argument("--verify-attention", default="xla", choices=("xla", "cudnn", "pallas_tree"))
     ap.add_argument("--ar-attention", default="xla", choices=("xla", "cudnn", "pallas_tree"),
                     help="attention of the JAX AR rows (forward, decode loops, W12 job): pallas_tree runs the "
@@ -1026,7 +1029,7 @@ def parse_args(argv=None):
     ap.add_argument("--swiglu-matmul", choices=("xla", "mosaic_gpu"), default=None,
                     help="the gate|up projection with SwiGLU in its epilogue in every JAX job (mosaic_gpu: one kernel "
                          "for few rows; sets swiglu_matmul.ops.DEFAULT; default: leave it as it is)")
-    ap.add_argument("--swiglu-matmul-config", type=int, nargs=2, default=None, metavar=("TILE_K", "STEPS"),
+    ap.add_argument("--swiglu-matmul-config", type=positive_int, nargs=2, default=None, metavar=("TILE_K", "STEPS"),
                     help="that kernel's tile_k and max_concurrent_steps (swiglu_matmul.mosaic_gpu.DEFAULT_CONFIG)")
     ap.add_argument("--combine-kernel", action="store_true",
                     help="the tree-attention kernel's split merge on its Mosaic GPU kernel in every JAX job (sets "
@@ -1042,8 +1045,8 @@ def parse_args(argv=None):
     ap.add_argument("--kernel-split", action="store_true",
                     help="after timing, one more call of each forward / verify / drafter pass under CUPTI: GPU time "
                          "per kernel name")
-    ap.add_argument("--iters", type=int, default=None, help="timed steps per variant (default 100)")
-    ap.add_argument("--loop-steps", type=int, default=None, help="steps per decode loop (default 64)")
+    ap.add_argument("--iters", type=positive_int, default=None, help="timed steps per variant (default 100)")
+    ap.add_argument("--loop-steps", type=positive_int, default=None, help="steps per decode loop (default 64)")
     ap.add_argument("--torch-python", default=sys.executable, help="interpreter with torch for the peer")
     ap.add_argument("--torch-weights", choices=("auto", "export", "random"), default="auto",
                     help="the peer's weights: the JAX pytree exported via numpy (same greedy tokens expected), or "
@@ -1055,7 +1058,8 @@ def parse_args(argv=None):
                          "longer compiles)")
     ap.add_argument("--torch-compile-backend", default=None,
                     help="torch.compile backend instead of the mode (e.g. aot_eager for a fast CPU check)")
-    ap.add_argument("--pack-workers", type=int, default=None, help="W12 packing processes (default: half the cores)")
+    ap.add_argument("--pack-workers", type=positive_int, default=None,
+                    help="W12 packing processes (default: half the cores)")
     ap.add_argument("--w12-config", default="", metavar="FIELD=VALUE,...",
                     help="w12.TuningConfig fields set on the W12 job's mosaic_gpu.DEFAULT_CONFIG, e.g. "
                          "overlap_decode=True,max_concurrent_steps=3 (escapes_in_kernel=False: the escape "

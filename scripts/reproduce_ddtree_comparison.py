@@ -16,11 +16,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specpilot.costmodel import reproduce as R  # noqa: E402
+from specpilot.argtypes import positive_int  # noqa: E402
 
 
 def main(argv=None) -> int:
     ap = R.base_parser(__doc__, batches=[1])
-    ap.add_argument("--ddtree-budgets", nargs="+", type=int, default=[4, 16, 64, 256])
+    ap.add_argument("--ddtree-budgets", nargs="+", type=positive_int, default=[4, 16, 64, 256])
     args = ap.parse_args(argv)
     configs = [{"name": "ddtree", "tree_budget": n} for n in args.ddtree_budgets] + R.specpilot_configs(args)
     res = R.run(args, configs, "reproduce_ddtree_comparison")

@@ -16,11 +16,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specpilot.costmodel import reproduce as R  # noqa: E402
+from specpilot.argtypes import positive_int  # noqa: E402
 
 
 def main(argv=None) -> int:
     ap = R.base_parser(__doc__, batches=[1])
-    ap.add_argument("--ddtree-budget", type=int, default=64, help="DDTree's budget in this table (its default)")
+    ap.add_argument("--ddtree-budget", type=positive_int, default=64,
+                    help="DDTree's budget in this table (its default)")
     args = ap.parse_args(argv)
     args.batches = [1]
     configs = [{"name": "stock"}, {"name": "ddtree", "tree_budget": args.ddtree_budget}, *R.specpilot_configs(args)]

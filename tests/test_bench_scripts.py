@@ -179,3 +179,22 @@ def test_bench_rejects_bad_arguments_in_one_line(argv, message, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) >= 1 and ": error: " + message in err[-1]
+
+
+@pytest.mark.parametrize("script,argv,flag", [
+    ("bench_roofline", ["--nodes", "64", "0"], "--nodes"),
+    ("bench_kernels", ["--out", "unused", "--tokens", "0"], "--tokens"),
+    ("reproduce_table2", ["--out", "unused", "--batches", "0"], "--batches"),
+    ("acceptance", ["--batch-size", "-1"], "--batch-size"),
+])
+def test_scripts_reject_a_count_below_one(script, argv, flag, capsys):
+    """The scripts' counts (`specpilot.argtypes.positive_int`) fail at parse time, in one line, before any work."""
+    import importlib
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    module = importlib.import_module(script)
+    parse = getattr(module, "parse_args", None) or module.main
+    with pytest.raises(SystemExit) as e:
+        parse(argv)
+    assert e.value.code == 2
+    assert f"argument {flag}: must be >= 1, got" in capsys.readouterr().err.strip().splitlines()[-1]

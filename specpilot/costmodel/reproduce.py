@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from specpilot.argtypes import positive_int
 from specpilot.costmodel.predict import TauProfile, config_label, project, speedup
 
 
@@ -31,19 +32,20 @@ def base_parser(doc: str, batches: list[int]) -> argparse.ArgumentParser:
     ap.add_argument("--models", nargs="*", default=None,
                     help="synthetic target shapes (conf/model/*.yaml); default: tiny on CPU, qwen3_8b on GPU")
     ap.add_argument("--tau-profile", help="τ profile JSON for the projections when no real pair runs here")
-    ap.add_argument("--batches", nargs="+", type=int, default=batches)
-    ap.add_argument("--context", type=int, default=None, help="synthetic: committed tokens (default 64 CPU, 1024 GPU)")
-    ap.add_argument("--rounds", type=int, default=6, help="timed rounds per step-time measurement")
-    ap.add_argument("--max-new", type=int, default=48, help="real pair: tokens generated per prompt")
-    ap.add_argument("--num-prompts", type=int, default=8, help="real pair: prompts used (its own first)")
+    ap.add_argument("--batches", nargs="+", type=positive_int, default=batches)
+    ap.add_argument("--context", type=positive_int, default=None,
+                    help="synthetic: committed tokens (default 64 CPU, 1024 GPU)")
+    ap.add_argument("--rounds", type=positive_int, default=6, help="timed rounds per step-time measurement")
+    ap.add_argument("--max-new", type=positive_int, default=48, help="real pair: tokens generated per prompt")
+    ap.add_argument("--num-prompts", type=positive_int, default=8, help="real pair: prompts used (its own first)")
     ap.add_argument("--prompts", help="real pair: JSON list of token-id prompts (default: the pair's oracle.json/"
                                       "prompts.json, topped up with random tokens)")
-    ap.add_argument("--specpilot-candidates", nargs="+", type=int, default=[16, 64, 256])
-    ap.add_argument("--tlv-budgets", nargs="*", type=int, default=[128])
+    ap.add_argument("--specpilot-candidates", nargs="+", type=positive_int, default=[16, 64, 256])
+    ap.add_argument("--tlv-budgets", nargs="*", type=positive_int, default=[128])
     ap.add_argument("--configs", help="JSON list of extra SpecPilot engine configs (e.g. the search's best)")
     ap.add_argument("--budget-s", type=float, default=None, help="time budget per synthetic deployment's sweep")
     ap.add_argument("--compile-cache", default=".cache/jax-compile")
-    ap.add_argument("--compile-workers", type=int, default=None,
+    ap.add_argument("--compile-workers", type=positive_int, default=None,
                     help="threads compiling a batch's configs before timing (default 4 on an accelerator, else 1)")
     ap.add_argument("--dtype", default=None, help="synthetic weights: bfloat16 (GPU default) | float32 (CPU default)")
     ap.add_argument("--seed", type=int, default=0)

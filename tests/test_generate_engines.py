@@ -43,6 +43,10 @@ def test_every_engine_runs_from_generate(engine, capsys):
         assert result["stats"]["mean_tree_nodes"] <= 6
 
 
+TINY = ModelConfig(family="qwen3", vocab_size=256, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=1,
+                   num_kv_heads=1, head_dim=8)
+
+
 @pytest.mark.parametrize(
     "prompts, max_new, context, needle",
     [
@@ -53,8 +57,15 @@ def test_every_engine_runs_from_generate(engine, capsys):
     ],
 )
 def test_bad_prompts_are_clear_errors(prompts, max_new, context, needle):
-    cfg = ModelConfig(family="qwen3", vocab_size=256, hidden_size=8, intermediate_size=8, num_layers=1,
-                      num_heads=1, num_kv_heads=1, head_dim=8)
     with pytest.raises(PromptError, match=needle) as err:
-        check_prompts(prompts, cfg, max_new, context)
+        check_prompts(prompts, TINY, max_new, context)
     assert "\n" not in str(err.value)
+
+
+def test_a_round_s_scratch_slots_count_against_the_context():
+    """A tree engine keeps its tree's slots free past the text: the error names them, and a prompt that fits
+    without them is still refused (a budget larger than the context reads as such, not as a negative room)."""
+    check_prompts([[1] * 50], TINY, 8, 64, reserved=6)  # 58 + 6 fit 64 exactly
+    with pytest.raises(PromptError, match=r"^prompt 0: 50 prompt tokens \+ max_new_tokens 8, plus the 7 scratch "
+                                          r"slots a round writes past them, exceed the context of 64$"):
+        check_prompts([[1] * 50], TINY, 8, 64, reserved=7)

@@ -18,7 +18,11 @@ class PromptError(ValueError):
     """A prompt cannot be decoded as given (empty, too long, token id out of range)."""
 
 
-def check_prompts(prompts: Sequence[Sequence[int]], cfg: ModelConfig, max_new_tokens: int, context: int) -> None:
+def check_prompts(prompts: Sequence[Sequence[int]], cfg: ModelConfig, max_new_tokens: int, context: int,
+                  reserved: int = 0) -> None:
+    """PromptError (one line) for a prompt the engine cannot decode: none, empty, a token id outside the vocabulary,
+    or too long for `context` cache slots once `reserved` more are kept for the scratch slots a round writes past
+    the committed text (an engine's `slack`: its tree or block)."""
     if not prompts:
         raise PromptError("no prompts given")
     if max_new_tokens < 1:
@@ -29,10 +33,11 @@ def check_prompts(prompts: Sequence[Sequence[int]], cfg: ModelConfig, max_new_to
         bad = [t for t in p if not 0 <= int(t) < cfg.vocab_size]
         if bad:
             raise PromptError(f"prompt {i}: token id {bad[0]} outside the vocabulary [0, {cfg.vocab_size})")
-        if len(p) + max_new_tokens > context:
-            raise PromptError(
-                f"prompt {i}: {len(p)} prompt tokens + max_new_tokens {max_new_tokens} exceed the context of {context}"
-            )
+        need = len(p) + max_new_tokens
+        if need + reserved > context:
+            scratch = f", plus the {reserved} scratch slots a round writes past them," if reserved else ""
+            raise PromptError(f"prompt {i}: {len(p)} prompt tokens + max_new_tokens {max_new_tokens}{scratch} "
+                              f"exceed the context of {context}")
 
 
 def pad_prompts(prompts: Sequence[Sequence[int]], pad_to: int | None = None) -> tuple[jax.Array, jax.Array]:

@@ -145,7 +145,7 @@ class Engine:
         import time
         import warnings
 
-        check_prompts(prompts, self.cfg, max_new_tokens, self.max_prompt_plus_new())
+        check_prompts(prompts, self.cfg, max_new_tokens, self.context, self.slack)
         tokens, lens = pad_prompts(prompts)
         prefill = self.prefill if eager_prefill else jax.jit(self.prefill, static_argnums=(3,))
         stage_fns = [(name, jax.jit(fn, donate_argnums=(1, 2))) for name, fn in self.stages()]
@@ -224,10 +224,6 @@ class Engine:
             times.append(time.perf_counter() - t0)
         return float(np.median(times))
 
-    def max_prompt_plus_new(self) -> int:
-        """Longest prompt + max_new_tokens that fits: rounds write up to `slack` scratch slots past it."""
-        return self.context - self.slack
-
     # Batches at least this large drop finished requests: the loop pauses when at most half the rows
     # are live, keeps the live ones (batch rounded up to a power of two, so few shapes compile) and
     # goes on. Smaller batches just run finished rows along (cheaper than another compile).
@@ -247,7 +243,7 @@ class Engine:
     def generate(
         self, prompts: Sequence[Sequence[int]], max_new_tokens: int, seed: int = 0, pad_to: int | None = None
     ) -> GenerateResult:
-        check_prompts(prompts, self.cfg, max_new_tokens, self.max_prompt_plus_new())
+        check_prompts(prompts, self.cfg, max_new_tokens, self.context, self.slack)
         tokens, lens = pad_prompts(prompts, pad_to)
         state = self._prefill(self.params, tokens, lens, max_new_tokens, jax.random.key(seed))
         rows = np.arange(len(prompts))  # request index of each row; -1 = padding

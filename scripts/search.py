@@ -118,8 +118,15 @@ def run(hydra_cfg: DictConfig) -> None:
     from specpilot.tracking import Tracker, scrub
 
     settings = SearchSettings.from_config(cfg)
+    memory = MemoryStore(cfg.search.memory_dir)
+    if cfg.search.write_memory:
+        try:  # a search writes its records after its last round: a folder it cannot write fails now
+            memory.check_writable()
+        except OSError as e:
+            raise ConfigError.at("search.memory_dir", f"cannot write records under {memory.root}: "
+                                 f"{e.strerror or e}") from None
     run_id = re.sub(r"[^A-Za-z0-9_-]+", "-", f"{cfg.deployment.name}-{run_dir.parent.name}-{run_dir.name}")[:60]
-    search = Search(None, proposer, run_dir, settings, memory=MemoryStore(cfg.search.memory_dir),
+    search = Search(None, proposer, run_dir, settings, memory=memory,
                     identity=_identity(cfg), run_id=run_id, offline_fallback=OfflineProposer())
     try:
         run_id = search.open()

@@ -61,3 +61,16 @@ def test_search_runs_end_to_end_and_resumes_from_its_log(tmp_path):
 def test_a_negative_passthrough_count_is_refused(tmp_path):
     bad = run_search(tmp_path, f"hydra.run.dir={tmp_path / 'bad'}", "deployment.target_passthrough_layers=-1")
     assert bad.returncode != 0 and "target_passthrough_layers" in bad.stderr
+
+
+def test_a_memory_folder_it_cannot_write_fails_before_the_first_trial(tmp_path):
+    """Records are written after the last round; a `search.memory_dir` that cannot hold them is a one-line config
+    error at start, with no trial run (here its parent is a file, which no user, root included, can make a folder
+    under)."""
+    (tmp_path / "a_file").write_text("")
+    run_dir = tmp_path / "run"
+    bad = run_search(tmp_path, f"hydra.run.dir={run_dir}", f"search.memory_dir={tmp_path / 'a_file' / 'memory'}")
+    assert bad.returncode == 2, bad.stderr[-2000:]
+    assert bad.stderr.strip().splitlines()[-1].startswith(
+        f"config error: search.memory_dir: cannot write records under {tmp_path / 'a_file' / 'memory'}: ")
+    assert not (run_dir / "trials.jsonl").exists()

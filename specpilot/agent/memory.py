@@ -143,6 +143,14 @@ class MemoryStore:
         self.root = Path(root) if root else DEFAULT_DIR
         self.records_dir = self.root / "records"
 
+    def check_writable(self) -> None:
+        """OSError now, not after a search's last round, when records cannot be written here: the folder is made and
+        a file written into it and removed."""
+        self.records_dir.mkdir(parents=True, exist_ok=True)
+        probe = self.records_dir / f".write-check-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+
     def load_all(self) -> list[tuple[Path, MemoryRecord]]:
         out = []
         if not self.records_dir.is_dir():

@@ -11,6 +11,8 @@ that the YAML defines has no default here (a key missing from the YAML is an err
 
 from __future__ import annotations
 
+import re
+
 import typing
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Union
@@ -445,5 +447,26 @@ def validate(cfg: Any) -> RootConfig:
         return RootConfig.model_validate(data)
     except ValidationError as e:
         errs = e.errors()
-        more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
-        raise ConfigError(_format(errs[0]) + more) from None
+        line, used = _format_union(errs) or (_format(errs[0]), 1)
+        more = f" (and {len(errs) - used} more)" if len(errs) > used else ""
+        raise ConfigError(line + more) from None
+
+
+_UNION_MEMBER = re.compile(r"(literal\[.*\]|(constrained-)?(int|float|str|bool)|none|list\[.*\]|dict\[.*\])")
+
+
+def _format_union(errs: list[dict]) -> tuple[str, int] | None:
+    """One line for a value every member of a union refused (pydantic reports one error per member, each at a
+    location ending in the member's tag, `search.workers.literal['auto']` and `search.workers.int`): the key without
+    the tags, each member's expectation, the value once. None when the first error is not such a one."""
+    loc = errs[0]["loc"]
+    if not loc or not isinstance(loc[-1], str) or not _UNION_MEMBER.fullmatch(loc[-1]):
+        return None
+    members = [e for e in errs if e["loc"][:-1] == loc[:-1] and isinstance(e["loc"][-1], str)
+               and _UNION_MEMBER.fullmatch(e["loc"][-1])]
+    got = f", got {_short(errs[0].get('input'))}"
+    lines = [_format({**e, "loc": e["loc"][:-1]}) for e in members]
+    head = lines[0].rsplit(": ", 1)[0] if ": " in lines[0] else lines[0]
+    wants = [line[len(head) + 2:].removesuffix(got) for line in lines]
+    wants = [w if i == 0 else w.removeprefix("expected ") for i, w in enumerate(wants)]
+    return f"{head}: {' or '.join(wants)}{got}", len(members)

@@ -93,6 +93,14 @@ def test_both_prompts_rejected():
     assert "prompt: give either prompt or prompt_ids, not both" in error_of("prompt=hi", "prompt_ids=[1]")
 
 
+@pytest.mark.parametrize("value,problem", [("abc", "expected 'auto' or an integer, got 'abc'"),
+                                           ("-1", "expected 'auto' or must be >= 0, got -1")])
+def test_a_value_every_union_member_refuses_is_one_line_at_its_key(value, problem):
+    """`search.workers` is `'auto'` or a count: pydantic refuses a bad value once per member (at keys ending in the
+    member's tag); the error is one line at the field's own key, naming what each member wanted."""
+    assert error_of(f"search.workers={value}") == f"config error: search.workers: {problem}"
+
+
 def test_w12_weights_need_a_bfloat16_target():
     """W12 packs bf16 bit patterns: on a float32 target the config says so in one line, before any weight loads."""
     assert error_of("engine=ddtree", "engine.weight_format=w12") == (

@@ -12,7 +12,6 @@ that the YAML defines has no default here (a key missing from the YAML is an err
 from __future__ import annotations
 
 import re
-
 import typing
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Union
@@ -457,8 +456,8 @@ _UNION_MEMBER = re.compile(r"(literal\[.*\]|(constrained-)?(int|float|str|bool)|
 
 def _format_union(errs: list[dict]) -> tuple[str, int] | None:
     """One line for a value every member of a union refused (pydantic reports one error per member, each at a
-    location ending in the member's tag, `search.workers.literal['auto']` and `search.workers.int`): the key without
-    the tags, each member's expectation, the value once. None when the first error is not such a one."""
+    location ending in the member's tag, `search.workers.literal['auto']` and `search.workers.constrained-int`): the
+    key without the tags, each member's expectation, the value once. None when the first error is not such a one."""
     loc = errs[0]["loc"]
     if not loc or not isinstance(loc[-1], str) or not _UNION_MEMBER.fullmatch(loc[-1]):
         return None
@@ -466,7 +465,7 @@ def _format_union(errs: list[dict]) -> tuple[str, int] | None:
                and _UNION_MEMBER.fullmatch(e["loc"][-1])]
     got = f", got {_short(errs[0].get('input'))}"
     lines = [_format({**e, "loc": e["loc"][:-1]}) for e in members]
-    head = lines[0].rsplit(": ", 1)[0] if ": " in lines[0] else lines[0]
+    head = _format({"loc": loc[:-1], "type": "missing"}).removesuffix(": missing required key")
     wants = [line[len(head) + 2:].removesuffix(got) for line in lines]
     wants = [w if i == 0 else w.removeprefix("expected ") for i, w in enumerate(wants)]
     return f"{head}: {' or '.join(wants)}{got}", len(members)

@@ -134,6 +134,16 @@ def store_split(acc, out_smem, out_gmem, split, m_slice, n_slice) -> None:
   exit_wait()
 
 
+def exact_rows(m: int, mp: int, halves: int, reduce: bool) -> int:
+  """Rows of a split-K kernel's ``[split_k, halves, rows, N]`` output: ``m``, the token rows asked, where the result
+  is the bf16 output itself (``halves`` = 1: one split), is returned as it is (``reduce``) and is one box of fewer
+  than 8 rows (TMA clips the box's store at ``m``, as ``tma.pad_for_tma`` says); else ``mp``. Why: a result of ``mp``
+  rows is returned as a row slice, which XLA makes a copy kernel when nothing consumes it in the same fusion: 1.2 us
+  a call on 4096x12288 at M = 1 (docs/results/2026-12-05-w12-fewer-splits-m1-m16-h100/). Consumer kernels
+  (``reduce=False``) keep the ``mp`` rows their loads expect."""
+  return m if reduce and halves == 1 and m < 8 and mp == 8 else mp
+
+
 def halves_from_f32(y: jax.Array) -> jax.Array:
   """f32 ``[..., Mp, N]`` -> ``[..., 2, Mp, N]`` bf16 bit patterns of their high and low 16 bits: the inverse of
   ``f32_from_halves``, exactly."""

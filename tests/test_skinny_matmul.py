@@ -56,6 +56,7 @@ class SkinnyMatmulSuite:
           ((3,), 512, 64, Config(tile_k=64, blocks_per_sm=4)),  # the automatic split: one step per split
           ((20,), 256, 192, Config(tile_m=8, tile_k=64, max_concurrent_steps=2)),  # 3 token blocks
           ((2, 7), 384, 64, Config(tile_k=128, split_k=1)),  # leading dims, 3 steps, no split: bf16 out
+          ((3,), 384, 128, Config(tile_k=128, split_k=1)),  # bf16 out of exactly 3 rows, the 8-row stores clipped
           ((4,), 512, 64, Config(tile_k=256, split_k=2, max_concurrent_steps=1)),
           ((65,), 256, 128, Config()),  # a 64-node verify's rows: one token block of 72
       ],
@@ -109,6 +110,19 @@ def test_hopper_lowering_of_odd_token_counts(lead, k, config):
   x, w = jnp.ones((*lead, k), jnp.bfloat16), jnp.ones((k, 192), jnp.bfloat16)
   run = functools.partial(skinny_mosaic_gpu.skinny_matmul, config=config)
   assert "mosaic_gpu" in jax.jit(run).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize("m,reduce,rows", [(3, True, 3), (1, True, 1), (3, False, 8), (8, True, 8), (12, True, 16)])
+def test_a_returned_unsplit_result_has_exactly_its_rows(m, reduce, rows):
+  """Below 8 token rows a returned one-split result is the kernel's output itself, of ``m`` rows (the 8-row box's
+  store clipped by TMA), so no row slice (an XLA copy kernel) follows it; a consumer (``reduce=False``) gets the box's
+  8 rows its loads expect. Lowered for sm_90: the Mosaic GPU call's result type."""
+  x, w = jnp.ones((m, 384), jnp.bfloat16), jnp.ones((384, 128), jnp.bfloat16)
+  run = functools.partial(skinny_mosaic_gpu.skinny_matmul, config=Config(tile_k=128, split_k=1), reduce=reduce)
+  text = jax.jit(run).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+  calls = [line for line in text.splitlines() if "custom_call" in line and "mosaic_gpu" in line]
+  assert len(calls) == 1 and f"-> tensor<1x1x{rows}x128xbf16>" in calls[0]
+  assert split_k.exact_rows(3, 8, halves=2, reduce=True) == 8  # f32 halves are summed by XLA: the box's rows
 
 
 @pytest.mark.parametrize("m,tile_m,blocks", [(1, 8, 1), (64, 64, 1), (65, 72, 1), (200, 200, 1), (256, 256, 1),

@@ -244,7 +244,9 @@ def test_register_kernel_hands_its_splits_on_when_it_corrects_every_escape(overf
   if not overflow:
     assert out.halves.shape == (splits, 2 if splits > 1 else 1, 8, 128) and out.shape == (1, 128)
     eqns = jax.make_jaxpr(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config))(x, packed).jaxpr.eqns
-    assert eqns[0].outvars[0].aval.shape == out.halves.shape  # the kernel (its custom_vmap_call), then XLA's ops
+    rows = 1 if splits == 1 else 8  # a returned bf16 result has exactly its rows (split_k.exact_rows)
+    # the kernel (its custom_vmap_call), then XLA's ops
+    assert eqns[0].outvars[0].aval.shape == (*out.halves.shape[:2], rows, 128)
     after = {v.aval.dtype for e in eqns[1:] for v in e.outvars}
     assert (jnp.dtype(jnp.float32) in after) == (splits > 1)  # a sum after the kernel only for splits
 
@@ -449,17 +451,34 @@ def default_register_calls(monkeypatch, packed, rows):
 
 def test_wide_activation_tiles_aim_the_split_at_more_blocks_than_one_wave(monkeypatch):
   """At 64 token rows the automatic split aims at ``WIDE_TILE_BLOCKS_PER_SM`` blocks an SM (then capped at
-  ``CONSUMER_SPLIT_K``), not the default's one block an SM: a layer with between 1 and 4 channel blocks an SM
-  (gate|up on the H200) gets two splits at 64 rows and one at 1 row, and one with fewer than one an SM (the
-  down projection) splits at 1 row just enough to fill the SMs. Scaled down: 5 and 1 channel blocks on 2 SMs."""
+  ``CONSUMER_SPLIT_K``), not the default's two: a layer with between 2 and 4 channel blocks an SM (gate|up on the
+  H200) gets two splits at 64 rows and one at 1 row, and one with fewer than one an SM (the down projection) splits
+  at 1 row to give every SM two blocks. Scaled down: 5 and 1 channel blocks on 2 SMs."""
   monkeypatch.setattr(w12_mosaic_gpu, "num_sms", lambda: 2)
-  assert w12_mosaic_gpu.DEFAULT_CONFIG.blocks_per_sm == 1 < w12_mosaic_gpu.WIDE_TILE_BLOCKS_PER_SM == 4
+  assert w12_mosaic_gpu.DEFAULT_CONFIG.blocks_per_sm == 2 < w12_mosaic_gpu.WIDE_TILE_BLOCKS_PER_SM == 4
   packed = w12.pack(jnp.asarray(np.random.default_rng(4).normal(size=(2048, 320)), jnp.bfloat16), group_k=1024)
   # 1 row: 5 blocks >= 1 an SM, no split, 256 a step; 64 rows: 10 blocks, the narrowed step as the config has it
   assert default_register_calls(monkeypatch, packed, (1, 64)) == [(1, 256, 2), (2, 128, 2)]
   narrow = w12.pack(jnp.asarray(np.random.default_rng(5).normal(size=(2048, 64)), jnp.bfloat16), group_k=1024)
-  # 1 channel block at 1 row: 2 splits fill the 2 SMs (two blocks an SM would take 4)
-  assert default_register_calls(monkeypatch, narrow, (1,)) == [(2, 256, 2)]
+  # 1 channel block at 1 row: 4 splits give the 2 SMs two blocks each
+  assert default_register_calls(monkeypatch, narrow, (1,)) == [(4, 256, 2)]
+
+
+def test_one_split_where_it_fills_the_sms_and_its_result_is_returned_exactly(monkeypatch):
+  """``ONE_SPLIT_FILLS``: a layer with between 1 and 2 channel blocks an SM (4096x12288 on the H200) takes one split
+  at 1 and 16 rows, not the two that two blocks an SM would ask, and at 1 row the kernel's bf16 output has exactly
+  the one row (``split_k.exact_rows``): nothing runs after it. Without the rule, two splits. Scaled down: 3 channel
+  blocks on 2 SMs, lowered for sm_90."""
+  monkeypatch.setattr(w12_mosaic_gpu, "num_sms", lambda: 2)
+  packed = w12.pack(jnp.asarray(np.random.default_rng(6).normal(size=(2048, 192)), jnp.bfloat16), group_k=1024)
+  assert default_register_calls(monkeypatch, packed, (1, 16)) == [(1, 256, 2), (1, 256, 2)]
+  text = jax.jit(w12_mosaic_gpu.w12_matmul).trace(jax.ShapeDtypeStruct((1, 2048), jnp.bfloat16), packed).lower(
+      lowering_platforms=("cuda",)).as_text()
+  calls = [line for line in text.splitlines() if "custom_call" in line and "mosaic_gpu" in line]
+  assert len(calls) == 1 and "-> tensor<1x1x1x192xbf16>" in calls[0]
+  monkeypatch.setattr(w12_mosaic_gpu, "ONE_SPLIT_FILLS", False)
+  jax.clear_caches()  # the rule is read at trace time
+  assert default_register_calls(monkeypatch, packed, (1,)) == [(2, 256, 2)]
 
 
 @pytest.mark.gpu

@@ -47,6 +47,7 @@ from pallas_kernels.split_k import (
     SplitKPartials,
     auto_split_k,
     consumer_split_k,
+    exact_rows,
     halves_scratch,
     num_sms,
     round_up,
@@ -110,13 +111,14 @@ def _pipeline_depth(config: TuningConfig, tile_m: int, steps: int, halves: int) 
   return depth
 
 
-def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, interpret, mp):
+def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, interpret, mp, out_rows):
   """``[split_k, halves, Mp, N]`` bf16: each block's accumulator stored transposed (tokens-major). With
   ``halves`` = 1 the bf16 result; with 2 the f32 partial sum's high and low 16 bits (``f32_from_halves``):
   Mosaic GPU stores a transposed wgmma accumulator into swizzled SMEM for 16-bit types only.
 
   ``x2`` has at most ``mp`` rows (``pad_for_tma``): the activation tiles are TMA boxes of ``tile_m`` rows, and TMA
-  fills the rows past ``x2``'s with zeros. The output rows past them are zeros."""
+  fills the rows past ``x2``'s with zeros. The output rows past them are zeros; ``out_rows`` (``split_k.exact_rows``)
+  may be fewer than ``mp``, the stores clipped."""
   k, n = w.shape
   steps = k // tile_k // split_k
   depth = min(max_concurrent_steps, steps)
@@ -166,7 +168,7 @@ def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, inter
     store_split(acc, out_smem, out_gmem, split, m_slice, n_slice)
 
   call = plgpu.kernel(
-      skinny_matmul_body, out_type=jax.ShapeDtypeStruct((split_k, halves, mp, n), jnp.bfloat16),
+      skinny_matmul_body, out_type=jax.ShapeDtypeStruct((split_k, halves, out_rows, n), jnp.bfloat16),
       grid=(n // TILE_N, mp // tile_m, split_k), grid_names=("n", "m", "s"),
       scratch_types={
           "w_smem": plgpu.SMEM((depth, tile_k, TILE_N), jnp.bfloat16, transforms=w_transforms),
@@ -208,6 +210,6 @@ def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = N
   depth = _pipeline_depth(config, tile_m, k_steps // split_k, halves)
   x2 = pad_for_tma(x.reshape(m, k), X_TILE)
   partial = _call(x2, w, tile_m=tile_m, tile_k=config.tile_k, max_concurrent_steps=depth, split_k=split_k,
-                  halves=halves, interpret=interpret, mp=mp)
+                  halves=halves, interpret=interpret, mp=mp, out_rows=exact_rows(m, mp, halves, reduce))
   partials = SplitKPartials(partial, lead, jnp.dtype(x.dtype).name)  # split_k == 1: the padded result itself
   return partials.sum() if reduce else partials

@@ -42,18 +42,18 @@ with every matmul on the kernel (one 72-row token block, its K splits handed to 
 XLA's dots: 5.278 against 5.306 ms a pass. The splits passed saved 0.32 ms of small kernels; the kernel streamed 3.5
 TB/s at 72 rows against XLA's 3.7 and lost it back (docs/results/2026-12-02-verify-skinny-barrier-h200/)."""
 
-MAX_TOKENS_BY_SHAPE: dict[tuple[int, int], int] = {(4096, 4096): 32, (12288, 4096): 32, (4096, 6144): 32}
-"""``MAX_TOKENS`` for one weight shape ``(K, N)``. Qwen3-8B's o and down projections take the kernel up to 32 rows:
-at a DFlash-b16 drafter's 16 block rows (24 in a round with the committed rows) the kernel streams them as fast as
-XLA's dots (178.6 against 177.6 us for the 10 calls) and hands its K splits to the add + norm kernel unsummed, which
-spares XLA's split-K reduce kernels: the drafter pass 0.897 -> 0.881 ms of GPU time, the round 0.974 -> 0.962, in one
-machine start (docs/results/2026-12-01-drafter-norm-h200/). The q|k|v projection (4096 x 6144) too: the kernel
-streams it no faster than XLA's dot (76.1 against 73.7 us for the 5 calls of a round) but hands its splits to the q/k
-norm + rope kernel unsummed, and XLA's split-K sum kernel (8.2 us) goes: -6 us a round attributable, 0.953 -> 0.939 ms
-with the LM head's run-to-run movement, in one machine start (docs/results/2026-12-02-drafter-qkv-merge-h200/). The
-gate|up shape (4096 x 24576) stays on XLA's dot above 8 rows: all five shapes on the kernel at 16 rows tied XLA. A
-target verify of 9-32 tree nodes takes the kernel on these three shapes too: not timed. ``bench_roofline.py
---skinny-max-tokens KxN=ROWS`` changes entries. Read at trace time."""
+MAX_TOKENS_BY_SHAPE: dict[tuple[int, int], int] = {(4096, 4096): 72, (12288, 4096): 72, (4096, 6144): 72}
+"""``MAX_TOKENS`` for one weight shape ``(K, N)``: Qwen3-8B's o, down and q|k|v projections take the kernel up to 72
+rows (one token block of 72: a 64-node verify's 65 rows), gate|up and the LM head stay on XLA's dot above 8. Why:
+these three hand their K splits to the add + norm and q/k norm + rope kernels unsummed, which spares XLA's split-K
+reduce kernels. A 64-node verify on the H200 took 5.022 against 5.257 ms a pass with every matmul on XLA's dot above
+8 rows, in one machine start (-0.235 ms: the three shapes' kernels streamed 2085 against XLA's 2116 us a pass, and
+0.38 ms of reduce kernels went; docs/results/2026-12-05-verify-hybrid-h200/); with gate|up on the kernel too it had
+tied XLA (``MAX_TOKENS``). At a DFlash-b16 drafter's 16 block rows (24 in a round with the committed rows) the kernel
+streams them as fast as XLA's dots and the drafter round went 0.974 -> 0.962 ms
+(docs/results/2026-12-01-drafter-norm-h200/, docs/results/2026-12-02-drafter-qkv-merge-h200/); batched drafter
+passes of 32-64 rows take it too, not timed. ``bench_roofline.py --skinny-max-tokens KxN=ROWS`` changes entries.
+Read at trace time."""
 
 PASS_SPLITS = True
 """``matmul(..., reduce=False)`` hands the kernel's K splits to the consumer unsummed (``SplitKPartials``). False:

@@ -68,6 +68,7 @@ from pallas_kernels.split_k import (
   SplitKPartials,
   auto_split_k,
   consumer_split_k,
+  exact_rows,
   f32_from_halves,
   halves_from_f32,
   halves_scratch,
@@ -98,10 +99,11 @@ _BASE_DTYPE = jnp.uint16
 """Bases widened for the kernel: a 1-D uint8 SMEM row faults (misaligned) on H200."""
 
 
-DEFAULT_CONFIG = TuningConfig(decode="registers", blocks_per_sm=1, max_concurrent_steps=2, tile_k=256,
+DEFAULT_CONFIG = TuningConfig(decode="registers", blocks_per_sm=2, max_concurrent_steps=2, tile_k=256,
                               escapes_in_kernel=True)
-"""What ``w12_matmul`` runs on a GPU without a config: the register decode with the automatic split aiming at one
-block an SM (the fewest K splits that fill the SMs: 192 blocks on 4096x12288, 12288x4096 and 4096x6144), 256 K a
+"""What ``w12_matmul`` runs on a GPU without a config: the register decode with the automatic split aiming at two
+blocks an SM (384 blocks on 4096x12288, 12288x4096 and 4096x6144) unless one split already gives every SM a block
+(``ONE_SPLIT_FILLS``: gate|up, 4096x12288, the LM head at up to 32 token rows), 256 K a
 step (narrowed to 128 or 64 where K, the base-exponent groups or a wide activation tile need it: ``_widest_step``),
 the channel lists' escapes corrected in the kernel (on the H200, weights beyond L2, the whole call with and without,
 us: 23.3 / 25.2 at M = 1, 27.2 / 35.3 at 16, 47.0 / 85.9 at 64 on 12288x4096,
@@ -119,16 +121,23 @@ sum after it), 23.4 -> 22.6 on 12288x4096 (12 -> 6), 23.6 -> 22.6 on 4096x12288 
 (docs/results/2026-12-05-w12-table-h200/): 0.85-0.88x at M = 1 on 4096x12288, 12288x4096 and 4096x6144, 0.79x on the
 LM head; 0.89-0.98x at 16; 0.85-1.20x at 64.
 
-One block an SM, not two (2026-12-05, on an H100 twice, no H200 lent;
-docs/results/2026-12-05-w12-fewer-splits-m1-m16-h100/; whole call, us, two blocks an SM first): 30.4 / 30.3 -> 29.8 /
-30.0 on 4096x12288 (split 2 -> 1: bf16 stored, no XLA sum), 31.9 / 31.5 -> 30.2 / 30.4 on 12288x4096 (6 -> 3), 17.6
--> 17.5 on 4096x6144 (4 -> 2) at M = 1; 32.2 / 32.4 -> 30.2 / 30.3, 32.7 / 33.1 -> 32.1 / 32.6, 18.6 -> 18.7 at 16.
-The decode loop's splits do not move (its consumers cap them at two), but q|k|v's two splits are now its automatic
-ones, so it keeps this config's 2-deep pipeline instead of the capped ``CONSUMER_DEPTH`` (13.6 against 13.4 us on the
-H200 when measured, docs/results/2026-12-03-w12-sass-h200/); the sums' order, and so the tokens, are unchanged. A call
-whose result is not handed to a consumer now splits less than the bf16 skinny kernel (two blocks an SM) where one
-split leaves fewer than two blocks an SM, so its f32 sums run in another order than bf16's; in Qwen3-8B's decode step
-the only such calls (gate|up, the LM head) take one split in both."""
+Two blocks an SM, not one, where one split would leave SMs idle (the H200, 2026-12-05, thirty-second session,
+docs/results/2026-12-05-w12-split-check-h200/; each shape in one process, the whole call, us, one block an SM first):
+22.8 / 22.4 on 12288x4096 (split 3 / 6), 13.7 / 13.2 on 4096x6144 (2 / 4) at M = 1; 24.8 / 24.1, 14.8 / 14.3 at 16.
+An H100 had timed the opposite (0.1-1.7 us the other way, docs/results/2026-12-05-w12-fewer-splits-m1-m16-h100/); the
+issue's GPU decides. The decode loop's splits and pipelines are again those its 0.888x was timed with
+(docs/results/2026-12-05-w12-loop-one-wave-h200/)."""
+
+
+ONE_SPLIT_FILLS = True
+"""The automatic split of the register decode takes one split, whatever ``blocks_per_sm`` asks, where one split
+already gives every SM a block, its result needs nothing after the kernel (every escape corrected in it) and the
+activation tile is not wide (``_wide_activation_tile``). One split stores the bf16 result itself; two store f32
+halves that an XLA kernel adds after (1.3-2.0 us). On the H200 (docs/results/2026-12-05-w12-split-check-h200/, the
+whole call, us): 23.0 / 24.1 on 4096x12288 at M = 16 (192 channel blocks: one split against two). At M = 1 the
+kernel at one split is 0.8 us slower (21.9 / 21.1) and the result was a row slice of its 8-row box (1.2 us of XLA
+copy); the kernel now stores exactly the rows asked (``exact_rows``). The H100 took one split there at both M
+(30.4 -> 29.8 at 1, 32.2 -> 30.2 at 16; docs/results/2026-12-05-w12-fewer-splits-m1-m16-h100/)."""
 
 
 ACTIVATION_STEP_BYTES = 16 * 1024
@@ -661,7 +670,8 @@ def _add_escape_sums(tile_m: int, count: int, row_blocks: int):
 
 
 def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, group_k, tile_n, tile_m, tile_k,
-                          max_concurrent_steps, split_k, halves, overlap_decode=False, escape_lists=None, m=None):
+                          max_concurrent_steps, split_k, halves, overlap_decode=False, escape_lists=None, m=None,
+                          out_rows=None):
   """One warpgroup per (``tile_n`` channels, tile_m tokens, K split); each step's W12 tiles are decoded by
   ``register_decode`` straight into wgmma's A registers, 64 K at a time, one wgmma M group per 64 channels (all
   against the one activation tile of the step: ``REGISTER_TILE_N``), in logical K order (the planes' stored
@@ -670,8 +680,9 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   ``K`` (up to ``Kp``) with zeros, so no padded or permuted copy of ``x`` is made. Before its pipeline each thread
   loads its two rows' base exponents for the split's K groups from ``base_exponent`` ``[N, groups]`` in GMEM into
   registers (``_load_bases``), so no per-call XLA op rearranges them and no step waits on L2 for them. The output
-  is the skinny kernel's, tokens-major ``[split_k, halves, Mp, N]`` (``split_k.store_split``): with every escape
-  corrected in the kernel, a consumer kernel can add the splits itself (``SplitKPartials``). With ``escape_lists``
+  is the skinny kernel's, tokens-major ``[split_k, halves, Mp, N]`` (``split_k.store_split``; ``out_rows`` in place
+  of ``Mp``: ``split_k.exact_rows``): with every escape corrected in the kernel, a consumer kernel can add the splits
+  itself (``SplitKPartials``). With ``escape_lists``
   (``(column_escape_rows, column_escape_bits)``, one token block: ``mp == tile_m``, ``m`` real rows) every block loads
   its split's share of its channels' lists before the pipeline (entries ``s``, ``s + split_k``, ...:
   ``_load_escape_entries``) and adds their correction to its accumulators after it (``_add_escape_sums``), the ``x``
@@ -763,7 +774,7 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
     store_split(acc, out_smem, out_gmem, split, m_slice, n_slice)
 
   call = plgpu.kernel(
-      w12_matmul_body, out_type=jax.ShapeDtypeStruct((split_k, halves, mp, n), jnp.bfloat16),
+      w12_matmul_body, out_type=jax.ShapeDtypeStruct((split_k, halves, out_rows or mp, n), jnp.bfloat16),
       grid=(n // tile_n, mp // tile_m, split_k), grid_names=("n", "m", "s"),
       scratch_types={"out_smem": halves_scratch(halves, tile_m, tile_n)},
       compiler_params=plgpu.CompilerParams(unsafe_no_auto_barriers=True),
@@ -807,7 +818,10 @@ def w12_matmul(
   k_steps = kp // config.tile_k
   wide = config.decode == "registers" and _wide_activation_tile(tile_m)
   blocks_per_sm = max(config.blocks_per_sm, WIDE_TILE_BLOCKS_PER_SM) if wide else config.blocks_per_sm
-  split_k = config.split_k or auto_split_k((n // config.tile_n) * (mp // tile_m), k_steps, num_sms(), blocks_per_sm)
+  n_blocks = (n // config.tile_n) * (mp // tile_m)
+  one_split = (ONE_SPLIT_FILLS and config.decode == "registers" and complete and not wide
+               and n_blocks >= num_sms())
+  split_k = config.split_k or (1 if one_split else auto_split_k(n_blocks, k_steps, num_sms(), blocks_per_sm))
   auto_split = split_k
   # a consumer kernel reads every split (as skinny_matmul's); at a wide activation tile fewer splits stream faster
   if not config.split_k and (complete and not reduce or wide):
@@ -824,7 +838,8 @@ def w12_matmul(
         tile_k=step_config.tile_k,
         max_concurrent_steps=step_config.max_concurrent_steps, split_k=split_k, halves=halves,
         overlap_decode=config.overlap_decode,
-        escape_lists=(packed.column_escape_rows, packed.column_escape_bits) if in_kernel else None, m=m)
+        escape_lists=(packed.column_escape_rows, packed.column_escape_bits) if in_kernel else None, m=m,
+        out_rows=exact_rows(m, mp, halves, reduce))
   else:
     # one base row per K step, [Kp / tile_k, N]: one small TMA box per step
     steps_per_group = packed.group_k // config.tile_k

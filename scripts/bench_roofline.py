@@ -73,8 +73,9 @@ table per row: where a step's time goes, kernel by kernel.
 
 Every job runs in its own subprocess with its own timeout, one at a time on the GPU; an error or a timeout is
 reported in its rows and the next job runs. JAX would preallocate 75 % of GPU memory, and the W12 job's
-process lives beside the others, so it gets XLA_PYTHON_CLIENT_MEM_FRACTION=0.30 and the other JAX jobs 0.60
-(torch jobs have the rest; an explicit fraction in the environment wins). JAX jobs that share weights (xla_forward,
+process lives beside the others, so it gets XLA_PYTHON_CLIENT_MEM_FRACTION=0.30 and the other JAX jobs 0.60 on an
+H200, 0.45 and 0.50 on an 80 GB H100 (`memory_fractions`; torch jobs have the rest; an explicit fraction in the
+environment wins). JAX jobs that share weights (xla_forward,
 xla_decode_loop, verify_nodes, drafter) share one process and compile their programs in parallel threads;
 `--isolate` gives each its own. Plain argparse, no Hydra: the GPU machine has jax, torch and numpy only.
 """
@@ -1375,6 +1376,28 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES, width: int = 240) -> list[
     return [line[:width] for line in text.splitlines() if line.strip()][-lines:]
 
 
+def gpu_memory_mib() -> float | None:
+    """The first GPU's memory in MiB from nvidia-smi (the harness itself never starts JAX on the GPU); None without
+    one."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+        return float(out.split()[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def memory_fractions(total_mib: float | None) -> tuple[str, str]:
+    """XLA_PYTHON_CLIENT_MEM_FRACTION for (the foreground JAX jobs, the background W12 job). The W12 job holds the
+    bf16 weights and their W12 copy (16.4 + 12.3 GB for Qwen3-8B) plus its loops' buffers: 0.30 of an H200's 141 GB,
+    but on an 80 GB H100 0.30 ran out of memory putting the W12 copy on the device (2026-12-05,
+    docs/results/2026-12-05-w12-split-rule-h100/), so there 0.45 (36 GB) and 0.50 for the foreground (its jobs hold
+    one bf16 copy: 16.4 GB and their caches). Unknown memory: the H200's."""
+    if total_mib is not None and total_mib < 100 * 1024:
+        return "0.50", "0.45"
+    return "0.60", "0.30"
+
+
 def kill(proc: subprocess.Popen) -> None:
     """End a job and the processes it started (its own session), by its process group id."""
     try:
@@ -1740,7 +1763,8 @@ def main(argv=None) -> int:
     log(f"bench_roofline: {s['model']} {s['dtype']}, context {s['context']}; jobs: "
         f"{', '.join(j.name for j in jobs)}{' + w12 (background)' if w12 else ''}; budget {budget:.0f}s")
     # Memory: the background W12 process keeps ~30 GB; a foreground JAX process must leave room for it.
-    fg_fraction = "0.60" if w12 else None
+    fg_fraction, w12_fraction = memory_fractions(gpu_memory_mib())
+    fg_fraction = fg_fraction if w12 else None
 
     def report():
         results = collect(out, jobs + ([w12] if w12 else []))
@@ -1760,7 +1784,7 @@ def main(argv=None) -> int:
     try:
         if w12:
             bg = W12Background(runner, w12)
-            bg.start("0.30", wait_s=min(150.0, runner.remaining()))
+            bg.start(w12_fraction, wait_s=min(150.0, runner.remaining()))
         min_start = 5.0 if args.quick else 20.0
         for job in jobs:
             if bg:

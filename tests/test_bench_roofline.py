@@ -459,3 +459,13 @@ def test_report_names_the_xla_flags_its_jobs_inherited(monkeypatch):
     monkeypatch.delenv("XLA_FLAGS")
     rep = br.build_report(s, {"rope_decode_loop": {"ms": 4.4}}, [], ["rope_decode_loop"], None, 1.0)
     assert rep["provenance"]["xla_flags"] == "" and "XLA_FLAGS of every job" not in br.markdown(rep)
+
+
+def test_memory_fractions_leave_the_w12_job_its_two_weight_copies_on_an_h100():
+    """The background W12 job holds the bf16 weights and their W12 copy (~29 GB for Qwen3-8B): 0.30 of an 80 GB H100
+    is 24 GB (it ran out of memory there), of a 141 GB H200 42 GB. Both fractions together stay under the device."""
+    mod = _load_script()
+    h100, h200 = mod.memory_fractions(81559.0), mod.memory_fractions(143771.0)
+    assert h200 == ("0.60", "0.30") and mod.memory_fractions(None) == h200
+    fg, w12 = map(float, h100)
+    assert w12 * 80 >= 35 and fg + w12 <= 0.95

@@ -32,10 +32,10 @@ hence ``_BASE_DTYPE`` for the SMEM decode (the register decode loads its bases f
 
 Where it stands (docs/results/2026-12-05-w12-table-h200/; how it got there, session by session, and what was tried and
 lost: docs/h200_runbook.md). Against the best bf16 matmul on the H200, weights beyond L2, the whole call: 0.85-0.88x
-at M = 1 on Qwen3-8B's layer shapes and 0.79x on its LM head, 0.89-0.98x at 16, 0.85-1.20x at 64 (with the automatic
-split at two blocks an SM; at one, timed only on an H100: 0.80-0.83x, 0.80-0.93x and 0.85-1.03x there,
-docs/results/2026-12-05-w12-table-h100/). The decode loop with W12 weights: 0.888x the bf16 loop's step, tokens
-identical (docs/results/2026-12-05-w12-loop-one-wave-h200/). What bounds it at M = 1: copying W12's bytes through this
+at M = 1 on Qwen3-8B's layer shapes and 0.79x on its LM head, 0.89-0.98x at 16, 0.85-1.20x at 64. With
+``ONE_SPLIT_FILLS`` and ``split_k.exact_rows`` since, timed only on an H100: 0.78-0.84x, 0.78-0.94x and 0.82-1.03x
+there (docs/results/2026-12-05-w12-split-rule-h100/). The decode loop with W12 weights: 0.888x the bf16 loop's step on
+the H200, 0.850x on an H100, tokens identical (docs/results/2026-12-05-w12-loop-one-wave-h200/, the same H100 folder). What bounds it at M = 1: copying W12's bytes through this
 grid with nothing computed (``scripts/h200/stream_probe.py``) already takes 0.76-0.79x the bf16 kernel, because a
 call's fixed costs (launch, ramp, tail) do not shrink with its bytes; the kernel sits 1-4 us above that copy, 1-2 us
 of it the decode itself (a 3-instruction stand-in, ``scripts/h200/w12_probe.py --ablate-decode``; fewer decode

@@ -31,18 +31,18 @@ a 1-D uint8 SMEM row (the per-step bases) faults with a misaligned shared addres
 hence ``_BASE_DTYPE`` for the SMEM decode (the register decode loads its bases from GMEM into registers).
 
 Where it stands (docs/results/2026-12-05-w12-table-h200/; how it got there, session by session, and what was tried and
-lost: docs/h200_runbook.md). Against the best bf16 matmul on the H200, weights beyond L2, the whole call: 0.85-0.88x
-at M = 1 on Qwen3-8B's layer shapes and 0.79x on its LM head, 0.89-0.98x at 16, 0.85-1.20x at 64. With
-``ONE_SPLIT_FILLS`` and ``split_k.exact_rows`` since, timed only on an H100: 0.78-0.84x, 0.78-0.94x and 0.82-1.03x
-there (docs/results/2026-12-05-w12-split-rule-h100/). The decode loop with W12 weights: 0.888x the bf16 loop's step on
-the H200, 0.850x on an H100, tokens identical (docs/results/2026-12-05-w12-loop-one-wave-h200/, the same H100 folder). What bounds it at M = 1: copying W12's bytes through this
-grid with nothing computed (``scripts/h200/stream_probe.py``) already takes 0.76-0.79x the bf16 kernel, because a
-call's fixed costs (launch, ramp, tail) do not shrink with its bytes; the kernel sits 1-4 us above that copy, 1-2 us
-of it the decode itself (a 3-instruction stand-in, ``scripts/h200/w12_probe.py --ablate-decode``; fewer decode
-instructions a word moved it < 1 us each time: it is bound by latency with few eligible warps, not by instruction
-count). At 64 rows it decodes every weight and multiplies it by 64 tokens from SMEM: 1.8-2.7 TB/s of stored bytes. The
-``[N, Kp]`` planes give each row one run of ``tile_k`` bytes a step, which is why narrow steps are slow (tile-major
-planes streamed as fast at 128 a step as at 256 in the copy probe).
+lost: docs/h200_runbook.md). Against the best bf16 matmul on the H200, weights beyond L2, the whole call: 0.85-0.88x at
+M = 1 on Qwen3-8B's layer shapes and 0.79x on its LM head, 0.89-0.98x at 16, 0.85-1.20x at 64. With ``ONE_SPLIT_FILLS``
+and ``split_k.exact_rows`` since, timed only on an H100: 0.78-0.84x, 0.78-0.94x and 0.82-1.03x there
+(docs/results/2026-12-05-w12-split-rule-h100/). The decode loop with W12 weights: 0.888x the bf16 loop's step on the
+H200, 0.850x on an H100, tokens identical (docs/results/2026-12-05-w12-loop-one-wave-h200/, the same H100 folder). What
+bounds it at M = 1: copying W12's bytes through this grid with nothing computed (``scripts/h200/stream_probe.py``)
+already takes 0.76-0.79x the bf16 kernel, because a call's fixed costs (launch, ramp, tail) do not shrink with its
+bytes; the kernel sits 1-4 us above that copy, 1-2 us of it the decode itself (a 3-instruction stand-in,
+``scripts/h200/w12_probe.py --ablate-decode``; fewer decode instructions a word moved it < 1 us each time: it is bound
+by latency with few eligible warps, not by instruction count). At 64 rows it decodes every weight and multiplies it by
+64 tokens from SMEM: 1.8-2.7 TB/s of stored bytes. The ``[N, Kp]`` planes give each row one run of ``tile_k`` bytes a
+step, which is why narrow steps are slow (tile-major planes streamed as fast at 128 a step as at 256 in the copy probe).
 """
 
 from __future__ import annotations
@@ -670,8 +670,8 @@ def _add_escape_sums(tile_m: int, count: int, row_blocks: int):
 
 
 def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, group_k, tile_n, tile_m, tile_k,
-                          max_concurrent_steps, split_k, halves, overlap_decode=False, escape_lists=None, m=None,
-                          out_rows=None):
+                          max_concurrent_steps, split_k, halves, out_rows, overlap_decode=False, escape_lists=None,
+                          m=None):
   """One warpgroup per (``tile_n`` channels, tile_m tokens, K split); each step's W12 tiles are decoded by
   ``register_decode`` straight into wgmma's A registers, 64 K at a time, one wgmma M group per 64 channels (all
   against the one activation tile of the step: ``REGISTER_TILE_N``), in logical K order (the planes' stored
@@ -680,15 +680,14 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   ``K`` (up to ``Kp``) with zeros, so no padded or permuted copy of ``x`` is made. Before its pipeline each thread
   loads its two rows' base exponents for the split's K groups from ``base_exponent`` ``[N, groups]`` in GMEM into
   registers (``_load_bases``), so no per-call XLA op rearranges them and no step waits on L2 for them. The output
-  is the skinny kernel's, tokens-major ``[split_k, halves, Mp, N]`` (``split_k.store_split``; ``out_rows`` in place
-  of ``Mp``: ``split_k.exact_rows``): with every escape corrected in the kernel, a consumer kernel can add the splits
-  itself (``SplitKPartials``). With ``escape_lists``
-  (``(column_escape_rows, column_escape_bits)``, one token block: ``mp == tile_m``, ``m`` real rows) every block loads
-  its split's share of its channels' lists before the pipeline (entries ``s``, ``s + split_k``, ...:
-  ``_load_escape_entries``) and adds their correction to its accumulators after it (``_add_escape_sums``), the ``x``
-  values it multiplies loaded after the pipeline (``_gather_escape_x``). Shared by the splits, not left to the first:
-  at 64 token rows on the H200 the first split's blocks alone took 52 us on 12288x4096 where the shared form takes 42
-  (the kernel without any: 37; docs/results/2026-12-04-w12-wide-blocks-h200/).
+  is the skinny kernel's, tokens-major ``[split_k, halves, Mp, N]`` (``split_k.store_split``; ``out_rows`` in place of
+  ``Mp``: ``split_k.exact_rows``): with every escape corrected in the kernel, a consumer kernel can add the splits
+  itself (``SplitKPartials``). With ``escape_lists`` (``(column_escape_rows, column_escape_bits)``, one token block:
+  ``mp == tile_m``, ``m`` real rows) every block loads its split's share of its channels' lists before the pipeline
+  (entries ``s``, ``s + split_k``, ...: ``_load_escape_entries``) and adds their correction to its accumulators after it
+  (``_add_escape_sums``), the ``x`` values it multiplies loaded after the pipeline (``_gather_escape_x``). Shared by the
+  splits, not left to the first: at 64 token rows on the H200 the first split's blocks alone took 52 us on 12288x4096
+  where the shared form takes 42 (the kernel without any: 37; docs/results/2026-12-04-w12-wide-blocks-h200/).
 
   A step is three TMA copies (both planes and the ``[tile_m, tile_k]`` activation tile, whose 64-wide chunks wgmma
   reads in place) and one warpgroup barrier (``_warpgroup_barrier``; Pallas' automatic barriers are off). On the H200
@@ -774,7 +773,7 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
     store_split(acc, out_smem, out_gmem, split, m_slice, n_slice)
 
   call = plgpu.kernel(
-      w12_matmul_body, out_type=jax.ShapeDtypeStruct((split_k, halves, out_rows or mp, n), jnp.bfloat16),
+      w12_matmul_body, out_type=jax.ShapeDtypeStruct((split_k, halves, out_rows, n), jnp.bfloat16),
       grid=(n // tile_n, mp // tile_m, split_k), grid_names=("n", "m", "s"),
       scratch_types={"out_smem": halves_scratch(halves, tile_m, tile_n)},
       compiler_params=plgpu.CompilerParams(unsafe_no_auto_barriers=True),
@@ -837,9 +836,8 @@ def w12_matmul(
         packed.base_exponent, mp=mp, group_k=packed.group_k, tile_n=config.tile_n, tile_m=tile_m,
         tile_k=step_config.tile_k,
         max_concurrent_steps=step_config.max_concurrent_steps, split_k=split_k, halves=halves,
-        overlap_decode=config.overlap_decode,
-        escape_lists=(packed.column_escape_rows, packed.column_escape_bits) if in_kernel else None, m=m,
-        out_rows=exact_rows(m, mp, halves, reduce))
+        out_rows=exact_rows(m, mp, halves, reduce), overlap_decode=config.overlap_decode,
+        escape_lists=(packed.column_escape_rows, packed.column_escape_bits) if in_kernel else None, m=m)
   else:
     # one base row per K step, [Kp / tile_k, N]: one small TMA box per step
     steps_per_group = packed.group_k // config.tile_k

@@ -117,8 +117,10 @@ def w12_sweep():
     return (
         DEFAULT_CONFIG,  # what w12.matmul runs on a Hopper: decode into wgmma's A registers (register_decode.py)
         dataclasses.replace(DEFAULT_CONFIG, blocks_per_sm=8),
-        dataclasses.replace(DEFAULT_CONFIG, blocks_per_sm=2),
-        dataclasses.replace(at_128, blocks_per_sm=2),  # twice the pipeline steps
+        # one block an SM, the other side of DEFAULT_CONFIG's two (faster on an H100, slower on the H200:
+        # docs/results/2026-12-05-w12-split-check-h200/)
+        dataclasses.replace(DEFAULT_CONFIG, blocks_per_sm=1),
+        dataclasses.replace(at_128, blocks_per_sm=1),
         at_128,
         TuningConfig(),  # SMEM decode, split_k auto: every SM gets a block
         # the escape lists' correction in XLA, the default before 2026-12-04 (since: in the kernel)

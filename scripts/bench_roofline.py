@@ -1763,8 +1763,7 @@ def main(argv=None) -> int:
     log(f"bench_roofline: {s['model']} {s['dtype']}, context {s['context']}; jobs: "
         f"{', '.join(j.name for j in jobs)}{' + w12 (background)' if w12 else ''}; budget {budget:.0f}s")
     # Memory: the background W12 process keeps ~30 GB; a foreground JAX process must leave room for it.
-    fg_fraction, w12_fraction = memory_fractions(gpu_memory_mib())
-    fg_fraction = fg_fraction if w12 else None
+    fg_fraction, w12_fraction = memory_fractions(gpu_memory_mib()) if w12 else (None, None)
 
     def report():
         results = collect(out, jobs + ([w12] if w12 else []))

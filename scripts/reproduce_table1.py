@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specpilot.costmodel import reproduce as R  # noqa: E402
 from specpilot.argtypes import positive_int  # noqa: E402
+from specpilot.costmodel import reproduce as R  # noqa: E402
 
 
 def main(argv=None) -> int:

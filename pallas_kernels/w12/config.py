@@ -24,10 +24,10 @@ class TuningConfig:
   blocks_per_sm: what the automatic split aims at: at least this many blocks per SM. More
     resident blocks (with a shallower pipeline, so their SMEM fits) hide more of the decode's
     latency, but each split adds partial sums to write and add: the SMEM decode went from 89 to 63 us at 4 on the
-    H200 (docs/results/2026-11-30-w12-registers-h200/), and the register decode, once it stores bf16 at one split and
-    corrects its escapes itself, is fastest at 1 (``mosaic_gpu.DEFAULT_CONFIG``). At a wide activation tile (48-64
-    token rows) the register decode aims at no fewer than ``mosaic_gpu.WIDE_TILE_BLOCKS_PER_SM`` before capping the
-    split.
+    H200 (docs/results/2026-11-30-w12-registers-h200/), and the register decode is fastest at 2 on the H200
+    (``mosaic_gpu.DEFAULT_CONFIG``), where one split does not already give every SM a block
+    (``mosaic_gpu.ONE_SPLIT_FILLS``). At a wide activation tile (48-64 token rows) the register decode aims at no
+    fewer than ``mosaic_gpu.WIDE_TILE_BLOCKS_PER_SM`` before capping the split.
   decode: where the weights are decoded. ``"smem"``: 16-bit element ops on SMEM tiles, written back
     as bf16 SMEM tiles that wgmma reads (runs in GPU interpret mode, so the CPU tests run it).
     ``"registers"``: ``register_decode``, 32-bit words into wgmma's register A fragment (tile_n

@@ -138,6 +138,8 @@ class TreeAttentionSuite:
             (1, 70, 8, 2, 64, 192, "star", [130], ta.TuningConfig(num_splits=3)),
             # nodes out of order, D=128, the automatic split
             (1, 64, 4, 1, 128, 256, "shuffled", [200], ta.TuningConfig()),
+            # nodes out of order over three tree blocks: ancestors in later blocks than their descendants
+            (1, 130, 4, 1, 64, 128, "shuffled", [64], ta.TuningConfig(num_splits=2)),
             # an AR step: one node, unpadded (TMA reads zeros past it, stores nothing there), split and combined
             (1, 1, 4, 1, 64, 128, "chain", [37], ta.TuningConfig(num_splits=2)),
             # 8 nodes in a 16-node row block, unpadded, one split: the kernel's own store is clipped

@@ -47,3 +47,20 @@ def test_passthrough_layers_deepen_the_target_without_changing_its_tokens():
         assert deep == shallow, engine
     with pytest.raises(ValueError, match="passthrough"):
         add_passthrough_layers(cfg, w, -1)
+
+
+def test_tlv_of_a_w12_target_quantizes_the_bf16_weights_it_holds():
+    """TLV's level 1 of a W12 target is the int8 quantization of the same bf16 weights (not a crash on the packed
+    leaf), and its tokens are the bf16 AR target's."""
+    from pallas_kernels import w12
+    from specpilot.models.weights import quantize
+
+    cfg, w, dcfg, dw = tiny_pair(jnp.bfloat16)
+    packed, plain = quantize(w12.pack(w.lm_head), "int8"), quantize(w.lm_head, "int8")
+    assert bool(jnp.all(packed.q_t == plain.q_t)) and bool(jnp.all(packed.scale == plain.scale))
+    prompts = [[1, 2, 3, 4], [9, 8, 7]]
+    ar = make_engine({"name": "ar"}, cfg, w, context=128).generate(prompts, 12).tokens
+    tlv = make_engine({"name": "tlv", "tree_budget": 6, "level1_format": "int8", "weight_format": "w12"},
+                      cfg, w, dcfg, dw, context=128)
+    assert type(tlv.params["target"].layers[0].w_qkv).__name__ == "W12Array"
+    assert tlv.generate(prompts, 12).tokens == ar

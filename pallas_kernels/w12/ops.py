@@ -46,6 +46,10 @@ def matmul(
   the kernel does not support falls back to the reference with a warning (at trace
   time), so the result is never silently wrong. Naming an
   implementation disables the fallback, which is what tests and benchmarks want.
+
+  Activations are taken to be finite: the fused paths multiply an escaped weight as +0.0 and add its true product
+  afterwards, so an infinite ``x[m, k]`` where column ``n`` has an escape at row ``k`` gives NaN at ``[m, n]`` where
+  the reference gives ±inf (0 × inf). A model whose activations overflow has diverged on either path.
   """
   if implementation not in (None, *_IMPLEMENTATIONS):
     raise ValueError(f"unknown w12 implementation {implementation!r}; expected one of {_IMPLEMENTATIONS}")

@@ -46,7 +46,12 @@ class QuantArray:
 
 
 def quantize(w: jax.Array, fmt: str) -> QuantArray:
-    """Symmetric per-output-column weight-only quantization ("int8" or "fp8") of a `[K, N]` weight."""
+    """Symmetric per-output-column weight-only quantization ("int8" or "fp8") of a `[K, N]` weight: a bf16 / f32
+    array, or a `W12Array` (TLV's level 1 of a W12 target quantizes the bf16 weights the W12 leaf holds)."""
+    if _is_w12(w):
+        from pallas_kernels import w12
+
+        w = w12.unpack(w)
     w32 = jnp.asarray(w, jnp.float32)
     amax = jnp.max(jnp.abs(w32), axis=0)
     if fmt == "int8":

@@ -26,16 +26,16 @@ def test_batch_shrinks_and_matches_unbatched(monkeypatch):
     cfg = cfg.replace(eos_token_ids=(eos,))
     engine = make_engine({"name": "ddtree", "tree_budget": 6}, cfg, w, dcfg, dw, context=96)
     batch_sizes = []
-    run = type(engine)._run
+    run = engine._run  # the engine's jitted loop
 
-    def spy(self, params, state, pause_at_live):
+    def spy(params, state, pause_at_live):
         batch_sizes.append(int(state.done.shape[0]))
-        return run(self, params, state, pause_at_live)
+        return run(params, state, pause_at_live)
 
-    monkeypatch.setattr(type(engine), "_run", spy)
+    monkeypatch.setattr(engine, "_run", spy)
     together = engine.generate(prompts, 24)
     assert batch_sizes[0] == 8 and min(batch_sizes) < 8, batch_sizes  # finished rows were dropped
-    monkeypatch.setattr(type(engine), "_run", run)
+    monkeypatch.setattr(engine, "_run", run)
     for i, p in enumerate(prompts):
         alone = engine.generate([p], 24)
         assert alone.tokens[0] == together.tokens[i]

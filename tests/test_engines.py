@@ -185,6 +185,36 @@ def test_no_round_after_eos(eos_runs, eos_setup):
     assert not any(extra.values()), f"requests that ran a round after finishing: {extra}"
 
 
+def test_a_request_the_prefill_finishes_runs_no_round(pair, prompts, ar_tokens):
+    """The prefill's token can finish a request (max_new_tokens = 1, or it is an EOS): no round runs or is counted
+    for it, while a request beside it in the batch runs as before."""
+    i = next(j for j in range(1, N_PROMPTS) if ar_tokens[0][0] not in ar_tokens[j])  # never emits prompt 0's first
+    for name in ("ar", "stock"):
+        eng = engine(name, dict(name=name), pair[0], pair)
+        r = tm.generate(eng, [prompts[0]], 1)
+        assert r.tokens == [ar_tokens[0][:1]] and r.acceptance_lengths == [[]] and r.stats["tau"] == 0.0
+    eos = ar_tokens[0][0]
+    eng = engine("stock", dict(name="stock"), pair[0].replace(eos_token_ids=(eos,)), pair)
+    r = tm.generate(eng, [prompts[0], prompts[i]], MAX_NEW)
+    assert r.tokens == [[eos], ar_tokens[i]]
+    assert r.acceptance_lengths[0] == [] and sum(r.acceptance_lengths[1]) >= MAX_NEW - 1
+
+
+def test_an_engine_is_freed_with_its_last_reference(pair):
+    """The jitted loop belongs to the engine, so dropping an engine frees it and the weight copies it made (the agent
+    keeps a few engines and drops the rest)."""
+    import gc
+    import weakref
+
+    _, tw, dcfg, dw = pair
+    eng = make_engine(dict(name="tlv", tree_budget=3, level1_format="int8"), pair[0], tw, dcfg, dw, context=CONTEXT)
+    tm.generate(eng, [[1, 2, 3]], 4)
+    ref = weakref.ref(eng)
+    del eng
+    gc.collect()
+    assert ref() is None
+
+
 def test_profile_times_stages_and_reports_the_budgets_specpilot_chose(pair, prompts):
     """`Engine.profile`: every stage timed (the smaller of a synchronised and a pipelined estimate, less the
     host's dispatch cost) in every round, the round is their sum, and a cost-aware engine's verified node

@@ -145,3 +145,57 @@ def test_biased_verifier_fails(pair, all_logits):
     samples, _ = sample_engine(eng)
     stat, p = chi_square_p(samples, exact_joint(all_logits, s))
     assert p < 1e-6, f"biased verifier passed: chi-square {stat:.1f}, p = {p:.2e}"
+
+
+# ---- several rounds: after acceptance, KV compaction and the drafter's ingest of the committed tokens -------------
+
+MR_VOCAB, MR_BLOCK, MR_NEW, MR_N = 5, 3, 5, 20_000
+MR_PROMPT = [1, 2, 0]
+MR_ENGINES = {
+    "stock_T1": (dict(name="stock"), Sampling(1.0)),
+    "ddtree_T0.7_topk3": (dict(name="ddtree", tree_budget=4), Sampling(0.7, top_k=3)),
+    "tlv_T1": (dict(name="tlv", tree_budget=4, level1_format="int8"), Sampling(1.0)),
+    "specpilot_T1_topp0.8": (dict(name="specpilot", tree_budget=6, budget_candidates=[2, 6],
+                                  verify_cost_ms={1: 1.0, 6: 1.05}), Sampling(1.0, top_p=0.8)),
+}
+
+
+@pytest.fixture(scope="module")
+def mr_pair():
+    cfg = tm.target_config(vocab=MR_VOCAB, hidden=16, heads=2, kv_heads=1, head_dim=8, intermediate=32)
+    return tm.repeat_pair(cfg, block_size=MR_BLOCK, embed_scale=0.6, seed=3)
+
+
+@pytest.fixture(scope="module")
+def mr_logits(mr_pair):
+    """Target logits of MR_PROMPT + every continuation of MR_NEW - 1 tokens: one forward pass."""
+    cfg, tw = mr_pair[0], mr_pair[1]
+    seqs = np.array([MR_PROMPT + list(s) for s in itertools.product(range(MR_VOCAB), repeat=MR_NEW - 1)], np.int32)
+    pos = jnp.broadcast_to(jnp.arange(seqs.shape[1]), seqs.shape)
+    return forward(tw, cfg, jnp.asarray(seqs), pos, new_cache(cfg, len(seqs), seqs.shape[1], jnp.float32)).logits
+
+
+def mr_exact_joint(logits, sampling: Sampling) -> np.ndarray:
+    """P(t1..t_NEW) [V] * NEW: the product of the target's sampling distributions along each prefix."""
+    v, new, p = MR_VOCAB, MR_NEW, len(MR_PROMPT)
+    probs = np.asarray(target_probs(logits, sampling), np.float64).reshape((v,) * (new - 1) + (p + new - 1, v))
+    joint = np.ones((v,) * new)
+    for k in range(new):  # P(t_{k+1} | t_1..t_k): the sequences whose first k free tokens are t_1..t_k
+        pk = probs[(slice(None),) * k + (0,) * (new - 1 - k) + (p - 1 + k,)]
+        joint = joint * pk.reshape(pk.shape + (1,) * (new - 1 - k))
+    return joint / joint.sum()
+
+
+@pytest.mark.parametrize("case", list(MR_ENGINES))
+def test_sampling_is_exact_over_several_rounds(case, mr_pair, mr_logits):
+    """The joint law of the first five tokens, which take two to five rounds, equals the target's: rounds after an
+    accepted run (KV compaction, the drafter's context) sample exactly too."""
+    engine_cfg, s = MR_ENGINES[case]
+    eng = tm.whole_batch(make_engine(engine_cfg, *mr_pair, sampling=s, context=32))
+    r = tm.generate(eng, [MR_PROMPT] * MR_N, MR_NEW)
+    samples = np.array([t[:MR_NEW] for t in r.tokens], np.int64)
+    # many requests accept a run of drafts and then go on to another round
+    after_accept = np.mean([len(a) >= 2 and a[0] >= 2 for a in r.acceptance_lengths])
+    assert after_accept > 0.1, after_accept
+    stat, p = chi_square_p(samples, mr_exact_joint(mr_logits, s))
+    assert p > 1e-3, f"{case}: chi-square {stat:.1f}, p = {p:.2e}"

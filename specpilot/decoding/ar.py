@@ -29,7 +29,7 @@ class AREngine(Engine):
         cache = new_cache(self.cfg, tokens.shape[0], self.context, self.dtype)
         logits, cache, _ = prefill(params, self.cfg, tokens, lens, cache)
         key, sub = jax.random.split(key)
-        return init_loop_state(pick(sub, logits, self.sampling), max_new, self.slack, key, cache)
+        return init_loop_state(pick(sub, logits, self.sampling), max_new, self.slack, key, cache, self.cfg.eos_token_ids)
 
     def stages(self):
         return [("verify", self._stage_step), ("commit", self._stage_commit)]

@@ -38,15 +38,22 @@ class LoopState:
 
 
 def init_loop_state(
-    first: jax.Array, max_new: int, slack: int, key: jax.Array, extra: Any, reference_stop: bool = False
+    first: jax.Array, max_new: int, slack: int, key: jax.Array, extra: Any, eos_ids: tuple[int, ...] = (),
+    reference_stop: bool = False,
 ) -> LoopState:
+    """The loop's state after prefill committed `first` [B]. A request that `first` already finishes (max_new = 1, or
+    an EOS) starts done, so no round runs or is counted for it; `reference_stop` keeps the reference loops' rule
+    (rounds while fewer than max_new tokens follow the first, whatever it is)."""
     b = first.shape[0]
     out = jnp.zeros((b, max_new + slack + 1), jnp.int32).at[:, 0].set(first)
+    done = jnp.full((b,), max_new + int(reference_stop) <= 1)
+    if eos_ids and not reference_stop:
+        done = done | jnp.isin(first, jnp.asarray(eos_ids))
     return LoopState(
         out=out,
         n_out=jnp.ones((b,), jnp.int32),
         last=first,
-        done=jnp.zeros((b,), bool),
+        done=done,
         acc=jnp.zeros((b, max_new + 1), jnp.int32),  # each round commits >= 1; +1 for reference_stop
         n_rounds=jnp.zeros((b,), jnp.int32),
         key=key,
@@ -94,7 +101,8 @@ class Engine:
     """Base class. Subclasses set `name`, `cfg` (the target's ModelConfig), `params` (a pytree of all
     weights the engine reads), `context` (cache capacity) and `slack` (most tokens one round commits),
     and define `prefill(params, tokens, lens, max_new, key) -> LoopState` and
-    `round(params, state) -> LoopState`. Weights are jit arguments, never baked-in constants.
+    `round(params, state) -> LoopState`. Weights are jit arguments, never baked-in constants; every other setting
+    (sampling, context, attention) is fixed when the engine is built: the first `generate` traces it into the loop.
     """
 
     name = "engine"
@@ -229,16 +237,21 @@ class Engine:
     # goes on. Smaller batches just run finished rows along (cheaper than another compile).
     shrink_from = 4
 
-    @functools.partial(jax.jit, static_argnums=(0, 4))
-    def _prefill(self, params, tokens, lens, max_new: int, key):
-        return self.prefill(params, tokens, lens, max_new, key)
+    # The jitted prefill and loop are made per engine, on first use: a jit with the engine as a static argument would
+    # keep every engine (and the weight copies it holds: W12, TLV's level 1) alive in JAX's cache for the process.
+    @functools.cached_property
+    def _prefill(self):
+        return jax.jit(self.prefill, static_argnums=(3,))
 
-    @functools.partial(jax.jit, static_argnums=(0, 3), donate_argnums=(2,))
-    def _run(self, params, state: LoopState, pause_at_live: int) -> LoopState:
-        """Rounds until every request is done or at most `pause_at_live` are live: one while_loop."""
-        return jax.lax.while_loop(
-            lambda s: jnp.any(~s.done) & (jnp.sum(~s.done) > pause_at_live), lambda s: self.round(params, s), state
-        )
+    @functools.cached_property
+    def _run(self):
+        def run(params, state: LoopState, pause_at_live: int) -> LoopState:
+            """Rounds until every request is done or at most `pause_at_live` are live: one while_loop."""
+            return jax.lax.while_loop(
+                lambda s: jnp.any(~s.done) & (jnp.sum(~s.done) > pause_at_live), lambda s: self.round(params, s), state
+            )
+
+        return jax.jit(run, static_argnums=(2,), donate_argnums=(1,))
 
     def generate(
         self, prompts: Sequence[Sequence[int]], max_new_tokens: int, seed: int = 0, pad_to: int | None = None

@@ -115,7 +115,8 @@ class SpecEngine(Engine):
         pending = jnp.zeros((b, self.depth + 1, feats.shape[-1]), feats.dtype)
         extra = SpecState(cache=cache, ctx=ctx, pending_feats=pending, pending_n=zeros, prompt_lens=lens, nodes=zeros,
                           level1_right=zeros)
-        return init_loop_state(pick(sub, logits, self.sampling), max_new, self.slack, key, extra, self.reference_loop)
+        return init_loop_state(pick(sub, logits, self.sampling), max_new, self.slack, key, extra,
+                               self.cfg.eos_token_ids, self.reference_loop)
 
     # ---- one round ----------------------------------------------------------------------------------
     def _draft(self, params, state: LoopState, ex: SpecState):

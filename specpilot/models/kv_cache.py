@@ -63,7 +63,8 @@ def compact(cache: KVCache, src: jax.Array, n: jax.Array) -> KVCache:
     pos_src = cache.lengths[:, None] + src  # [B, P] absolute slots of the accepted nodes
 
     def move(x):  # x: [L, B, S, Hkv, D]
-        picked = jnp.take_along_axis(x, pos_src[None, :, :, None, None], axis=2)  # [L, B, P, Hkv, D]
+        # clip: a finished row near a full cache may point past its end; it reads the last slot, never NaN
+        picked = jnp.take_along_axis(x, pos_src[None, :, :, None, None], axis=2, mode="clip")  # [L, B, P, Hkv, D]
         slots = cache.lengths[:, None] + jnp.arange(src.shape[1])[None, :]
         return x.at[:, jnp.arange(x.shape[1])[:, None], slots].set(picked, mode="drop")
 

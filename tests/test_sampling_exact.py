@@ -199,3 +199,14 @@ def test_sampling_is_exact_over_several_rounds(case, mr_pair, mr_logits):
     assert after_accept > 0.1, after_accept
     stat, p = chi_square_p(samples, mr_exact_joint(mr_logits, s))
     assert p > 1e-3, f"{case}: chi-square {stat:.1f}, p = {p:.2e}"
+
+
+@pytest.mark.parametrize("case", ["stock_T1", "tlv_T1"])
+def test_top_k_1_sampling_is_greedy(case, mr_pair):
+    """Sampling at top-k = 1 leaves the target one token of probability 1 and gives every other draft probability
+    0: a speculative engine must then commit exactly the greedy tokens."""
+    engine_cfg = MR_ENGINES[case][0]  # its sampling replaced by top-k = 1
+    prompts = [MR_PROMPT, [4, 3], [0, 0, 1, 2]]
+    greedy = make_engine(dict(name="ar"), *mr_pair[:2], context=32).generate(prompts, 12).tokens
+    sampled = make_engine(engine_cfg, *mr_pair, sampling=Sampling(1.0, top_k=1), context=32).generate(prompts, 12, seed=7)
+    assert sampled.tokens == greedy

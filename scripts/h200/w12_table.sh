@@ -18,5 +18,5 @@ for s in "4096 12288 3" "12288 4096 2" "4096 6144 5" "4096 151936 1"; do set -- 
     --config default >> $OUT/probe.txt 2>&1
 done
 cat $OUT/probe.txt
-timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_w12_matmul.py 2>&1 | tail -n 15 > $OUT/tests.txt
+timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_w12_matmul.py 2>&1 | tail -n 15 > $OUT/tests.txt
 cat $OUT/tests.txt

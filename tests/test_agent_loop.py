@@ -204,7 +204,39 @@ def test_parallel_workers_give_the_same_search(tmp_path):
         runner.close()
     assert [(t["id"], t["config"], t.get("speedup")) for t in par["trials"]] == \
            [(t["id"], t["config"], t.get("speedup")) for t in seq["trials"]]
-    assert all(not p.is_alive() for p in runner.procs)
+    assert all(not p.is_alive() for p in runner.procs.values())
+
+
+def dies_on_budget_32(cfg: dict) -> dict:
+    """A fake model whose worker process dies (as on a GPU out of memory) when it builds a DDTree of 32 nodes."""
+    from specpilot.agent.backend import scripted_fake_model
+
+    if cfg["name"] == "ddtree" and cfg.get("tree_budget") == 32:
+        os._exit(3)
+    return scripted_fake_model(cfg)
+
+
+class TwoDDTrees:
+    name = "scripted"
+
+    def propose(self, ctx):
+        return ProposalBatch([Proposal({"engine": "ddtree", "tree_budget": b}, "h", "s") for b in (32, 64)])
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_worker_that_dies_costs_its_trial_only(tmp_path, workers):
+    """The dying worker's trial is an error in the log; with a worker left the other trial runs, with none it is an
+    error too (not a hang, not a lost trial)."""
+    runner = PoolRunner(FakeBackend(model_fn=dies_on_budget_32).spec(), workers, envs=[{}] * workers)
+    try:
+        summary = Search(runner, TwoDDTrees(), tmp_path / "run", SearchSettings(rounds=1, candidates_per_round=2)).run()
+    finally:
+        runner.close()
+    errors = {e["trial"]: e["error"] for e in summary["errors"]}
+    assert "exited with code 3" in errors["r1/c0"]
+    assert ("r1/c1" in errors) == (workers == 1)
+    logged = [json.loads(line) for line in (tmp_path / "run" / "trials.jsonl").read_text().splitlines()]
+    assert {"r1/c0", "r1/c1"} <= {t.get("id") for t in logged}
 
 
 def test_resume_with_a_different_deployment_is_refused(tmp_path):

@@ -71,7 +71,22 @@ def test_memory_skips_other_schema_versions_and_broken_files(tmp_path):
     path = store.write(_record())
     (path.parent / "future.json").write_text(json.dumps({**json.loads(path.read_text()), "schema_version": 99}))
     (path.parent / "broken.json").write_text("{not json")
+    (path.parent / "binary.json").write_bytes(b"\xff\xfe\x00")  # not UTF-8
+    for name, value in (("list", []), ("null", None), ("number", 42)):  # JSON, but not a record
+        (path.parent / f"{name}.json").write_text(json.dumps(value))
+    data = json.loads(path.read_text())
+    for name, forcing, gain in (("failed", {"passed": False, "num_violations": 3}, 0.2),  # never validated
+                                ("loss", data["gain"]["forcing"], -0.5)):
+        bad = {**data, "name": name, "gain": {**data["gain"], "forcing": forcing, "relative_gain": gain}}
+        (path.parent / f"{name}.json").write_text(json.dumps(bad))
     assert [p.name for p, _ in store.load_all()] == [path.name]
+    here = {"name": "cpu", "gpu": "none", "platform": "cpu", "batch": 1, "temperature": 0.0, "stock_tau": 2.0,
+            "max_tree_budget": 64}
+    (path.parent / "odd_precondition.json").write_text(
+        json.dumps({**data, "name": "odd", "preconditions": {**data["preconditions"], "batch": {"min": "one"}}}))
+    assert [r.name for r in store.matching(here)] == [data["name"]]  # the odd one skipped, not a crash
+    with pytest.raises(ValueError, match="token forcing did not pass"):
+        Evidence(**{**data["gain"], "forcing": {"passed": False, "num_violations": 1}})
 
 
 def test_tracker_disabled_is_a_no_op(tmp_path):

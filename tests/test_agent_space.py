@@ -47,6 +47,8 @@ def test_engine_switch_starts_from_defaults_and_clamps(space, stock):
     ({"attention": "cudnn"}, "attention=cudnn: needs an NVIDIA GPU, this deployment runs on cpu"),
     ({"tlv_paths": 2}, "tlv_paths: not available yet"),
     ({"engine": "beam"}, "engine: expected one of 'ar'"),
+    ({"engine": {"x": 1}}, "engine: expected one of 'ar'"),  # unhashable values are reasons, not tracebacks
+    ({"attention": ["xla"]}, "attention: expected one of 'xla'"),
     ({"tree_size": 8}, "tree_size: unknown knob"),
     ({"verify_cost_ms": {1: 2.0}}, "verify_cost_ms: not searched"),
     ({"engine": "specpilot", "budget_candidates": [4, 256]}, "budget_candidates: 256 outside"),

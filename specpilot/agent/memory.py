@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from specpilot.tracking import scrub
 
@@ -45,6 +45,16 @@ class Evidence(BaseModel):
     tau: float
     ms_per_token: float
     forcing: dict  # token-forcing summary: passed, reference, positions_checked, num_violations, num_ties
+
+    @model_validator(mode="after")
+    def _validated(self) -> "Evidence":
+        """Only evidence of a validated mechanism is memory: forcing passed with no violation, and a gain."""
+        if self.forcing.get("passed") is not True or self.forcing.get("num_violations", 0) != 0:
+            raise ValueError(f"trial {self.trial_id}: token forcing did not pass ({self.forcing.get('num_violations')} "
+                             "violations)")
+        if not self.relative_gain > 0:
+            raise ValueError(f"trial {self.trial_id}: relative_gain {self.relative_gain} is no gain")
+        return self
 
 
 class MemoryRecord(BaseModel):
@@ -158,8 +168,11 @@ class MemoryStore:
         for path in sorted(self.records_dir.glob("*.json")):
             try:
                 data = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError) as e:
+            except (OSError, ValueError) as e:  # ValueError: bad JSON, or bytes that are not UTF-8
                 log.warning("memory: skipping unreadable %s (%s)", path.name, e)
+                continue
+            if not isinstance(data, dict):
+                log.warning("memory: skipping %s (a JSON %s, not a record)", path.name, type(data).__name__)
                 continue
             if data.get("schema_version") != SCHEMA_VERSION:
                 log.warning("memory: skipping %s (schema_version %s, this code reads %s)", path.name,
@@ -175,7 +188,11 @@ class MemoryStore:
         """Records whose preconditions `descriptor` meets; most similar deployment, then largest gain first."""
         found = []
         for path, rec in self.load_all():
-            why = unmet(rec.preconditions, descriptor)
+            try:
+                why = unmet(rec.preconditions, descriptor)
+            except TypeError as e:  # a precondition of the wrong type for its fact, e.g. {"min": "4"}
+                log.warning("memory: skipping %s (precondition not comparable: %s)", path.name, e)
+                continue
             if why is None:
                 found.append(rec)
             else:
@@ -198,7 +215,7 @@ class MemoryStore:
                 if (record.gain.run_id, record.gain.trial_id) in seen:
                     return path  # the same evidence (a resumed search replaying its round): nothing new
                 record = record.model_copy(update={"history": ([old.gain] + old.history)[:MAX_HISTORY]})
-            except (OSError, json.JSONDecodeError, ValidationError):
+            except (OSError, ValueError, TypeError, AttributeError):  # unreadable or invalid: replaced
                 pass
         atomic_write(path, json.dumps(scrub(record.model_dump()), indent=2, sort_keys=True) + "\n")
         return path

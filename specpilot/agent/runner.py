@@ -1,7 +1,7 @@
 """Where trials run: in this process (one device, or the CPU), or one worker process per GPU.
 
 With several GPUs each worker is pinned to one (`CUDA_VISIBLE_DEVICES`), builds the deployment's
-backend itself and takes trials from a shared queue, so K candidates run K-wide. The parent then never
+backend itself and runs the trials the parent hands it one at a time, so K candidates run K-wide. The parent then never
 initialises a GPU (it would take memory on GPU 0 from worker 0); even the baseline runs in a worker.
 """
 
@@ -61,27 +61,33 @@ class InProcessRunner:
         pass
 
 
-def _worker_main(spec, env: dict, tasks, results) -> None:
+def _worker_main(spec, env: dict, wid: int, tasks, results) -> None:
     os.environ.update(env)  # before JAX initialises any backend in this process
     from specpilot.agent.backend import backend_from_spec
 
     try:
         backend = backend_from_spec(spec)
-        results.put(("ready", None, backend.descriptor))
+        results.put(("ready", wid, backend.descriptor))
     except Exception as e:
-        results.put(("failed", None, f"{type(e).__name__}: {e}"))
+        results.put(("failed", wid, f"{type(e).__name__}: {e}"))
         return
     while True:
         item = tasks.get()
         if item is None:
             return
         idx, job = item
-        results.put(("start", idx, os.getpid()))
-        results.put(("done", idx, evaluate(backend, job)))
+        results.put(("done", wid, (idx, evaluate(backend, job))))
+
+
+def _error_result(job: dict, error: str) -> dict:
+    return {"id": job["id"], "role": job["role"], "config": job["engine"], "status": "error", "error": error}
 
 
 class PoolRunner:
-    """`n` spawned workers; worker i sees GPU i only (or `envs[i]`)."""
+    """`n` spawned workers; worker i sees GPU i only (or `envs[i]`).
+
+    Each worker has a queue of its own and holds one job at a time, given by the parent when it is idle, so the parent
+    always knows which job a worker that dies was running: that trial becomes an error and the rest go on."""
 
     def __init__(self, spec, n: int, envs: list[dict] | None = None):
         import multiprocessing as mp
@@ -91,17 +97,18 @@ class PoolRunner:
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             ids = visible.split(",") if visible else [str(i) for i in range(n)]
             envs = [{"CUDA_VISIBLE_DEVICES": ids[i % len(ids)]} for i in range(n)]
-        self.tasks, self.results = ctx.Queue(), ctx.Queue()
-        self.procs = [ctx.Process(target=_worker_main, args=(spec, envs[i], self.tasks, self.results), daemon=True)
-                      for i in range(n)]
-        for p in self.procs:
+        self.tasks = [ctx.Queue() for _ in range(n)]
+        self.results = ctx.Queue()
+        self.procs = {i: ctx.Process(target=_worker_main, args=(spec, envs[i], i, self.tasks[i], self.results),
+                                     daemon=True) for i in range(n)}
+        for p in self.procs.values():
             p.start()
         self.workers = n
         self.descriptor = None
         ready = 0
         while ready < n:
             kind, _, payload = self._get()
-            if kind == "failed":
+            if kind in ("failed", "died"):
                 self.close()
                 raise RuntimeError(f"search worker failed to start: {payload}")
             if kind == "ready":
@@ -110,53 +117,59 @@ class PoolRunner:
         log.info("%d search workers ready", n)
 
     def _get(self, timeout: float = 5.0):
+        """The next message, or ("died", worker, why) for a worker that exited (it is forgotten)."""
         while True:
             try:
                 return self.results.get(timeout=timeout)
             except queue.Empty:
-                dead = [p for p in self.procs if not p.is_alive()]
-                if dead:
-                    return ("died", None, f"worker pid {dead[0].pid} exited with code {dead[0].exitcode}")
+                for w, p in list(self.procs.items()):
+                    if not p.is_alive():
+                        del self.procs[w]
+                        return ("died", w, f"worker pid {p.pid} exited with code {p.exitcode}")
 
     def describe(self) -> dict:
         return self.descriptor
 
     def run(self, jobs: list[dict], on_result: Callable[[dict], None] | None = None) -> list[dict]:
-        for i, job in enumerate(jobs):
-            self.tasks.put((i, job))
         results: dict[int, dict] = {}
-        running: dict[int, int] = {}  # job index -> worker pid
+        pending = list(range(len(jobs)))  # job indices not yet given to a worker
+        holding: dict[int, int] = {}  # worker -> the job index it runs
+
+        def finish(i: int, result: dict) -> None:
+            results[i] = result
+            if on_result:
+                on_result(result)
+
+        def give(w: int) -> None:
+            if pending and w in self.procs:
+                holding[w] = pending.pop(0)
+                self.tasks[w].put((holding[w], jobs[holding[w]]))
+
+        for w in list(self.procs):
+            give(w)
         while len(results) < len(jobs):
-            kind, idx, payload = self._get()
-            if kind == "start":
-                running[idx] = payload
-            elif kind == "done":
-                running.pop(idx, None)
-                results[idx] = payload
-                if on_result:
-                    on_result(payload)
-            elif kind == "died":
+            if not self.procs:  # every worker is gone: what is left cannot run
+                for i in [*holding.values(), *pending]:
+                    finish(i, _error_result(jobs[i], "no search worker left"))
+                holding.clear()
+                pending.clear()
+                break
+            kind, w, payload = self._get()
+            if kind == "done":
+                i, result = payload
+                holding.pop(w, None)
+                finish(i, result)
+                give(w)
+            elif kind == "died" and w in holding:
                 # a worker crashed (e.g. out of memory in XLA): its trial is an error; the rest go on
-                alive = {p.pid for p in self.procs if p.is_alive()}
-                for i, pid in list(running.items()):
-                    if pid not in alive:
-                        running.pop(i)
-                        results[i] = {"id": jobs[i]["id"], "role": jobs[i]["role"], "config": jobs[i]["engine"],
-                                      "status": "error", "error": payload}
-                        if on_result:
-                            on_result(results[i])
-                if not alive:
-                    for i, job in enumerate(jobs):
-                        if i not in results:
-                            results[i] = {"id": job["id"], "role": job["role"], "config": job["engine"],
-                                          "status": "error", "error": "no search worker left"}
-                self.procs = [p for p in self.procs if p.is_alive()]
+                i = holding.pop(w)
+                finish(i, _error_result(jobs[i], payload))
         return [results[i] for i in range(len(jobs))]
 
     def close(self) -> None:
-        for _ in self.procs:
-            self.tasks.put(None)
-        for p in self.procs:
+        for w in self.procs:
+            self.tasks[w].put(None)
+        for p in self.procs.values():
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()

@@ -63,6 +63,8 @@ class Knob:
                 return None
             raise SpaceError(f"{self.name}: null is not allowed")
         if self.kind == "categorical":
+            if not isinstance(value, str):  # a list or dict from a proposer is no choice (and is unhashable)
+                raise SpaceError(f"{self.name}: expected one of {', '.join(map(repr, self.choices))}, got {value!r}")
             planned = dict(self.planned)
             if value in planned:
                 raise SpaceError(f"{self.name}={value!r}: not available yet ({planned[value]})")
@@ -264,7 +266,7 @@ class ConfigSpace:
 
         cfg = normalize(cfg)
         name = cfg.get("name")
-        if name not in self.engine_defaults:
+        if not isinstance(name, str) or name not in self.engine_defaults:
             raise SpaceError(f"engine: expected one of {', '.join(map(repr, ENGINE_NAMES))}, got {name!r}")
         for key, value in cfg.items():
             knob = self.knobs.get(key)

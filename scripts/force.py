@@ -44,7 +44,7 @@ def run(hydra_cfg: DictConfig) -> None:
     ref_tokens = engines["reference"].generate(prompts, cfg.max_new_tokens, cfg.seed).tokens
     candidate = engines["candidate"]
     report = force(candidate, ref_tokens, prompts, target_margin_fn(target_w, target_cfg), cfg.forcing.reference,
-                   cfg.forcing.tie_tolerance, cfg.forcing.max_restarts)
+                   cfg.forcing.tie_tolerance, cfg.forcing.max_restarts, cfg.max_new_tokens)
     out = report.to_json()
     print(f"{candidate.name} vs {cfg.forcing.reference}: {out['positions_checked']} positions, "
           f"{len(report.violations)} violations, {len(report.ties)} ties -> {'PASS' if report.passed else 'FAIL'}",

@@ -145,9 +145,13 @@ class DeploymentGroup(_Strict):
 
 
 class ForcingGroup(_Strict):
+    """Token forcing's knobs, bounded so that no setting turns the gate off: a tie is a top-2 logit margin below
+    `tie_tolerance` (≤ 1 logit: bf16 logits near 30 are 0.125 apart), and `max_restarts` (≤ 64) mismatches are judged a
+    prompt. `reference` is what scripts/force.py compares with; the search always forces against stock."""
+
     reference: Literal["stock", "ar"]
-    tie_tolerance: NonNegFloat
-    max_restarts: NonNegInt
+    tie_tolerance: Annotated[float, Field(ge=0, le=1.0)]
+    max_restarts: Annotated[int, Field(ge=0, le=64)]
 
 
 class WandbGroup(_Strict):

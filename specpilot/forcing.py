@@ -65,11 +65,16 @@ def force(
     reference_name: str = "stock",
     tie_tolerance: float = 1e-3,
     max_restarts: int = 4,
+    max_new_tokens: int | None = None,
 ) -> ForcingReport:
     """Check `candidate` (an Engine, greedy) against `reference_tokens` position by position.
 
     margin_fn(sequences) -> the exact target's top-1 − top-2 logit after each sequence (used only at
     disagreements; `target_margin_fn(weights, cfg)` for a real target).
+
+    `max_new_tokens` is what the reference was asked for (default: its longest output). A reference shorter than that
+    stopped at an EOS, and a candidate that commits anything after it is a violation (it went on decoding where the
+    target stops), whatever the logits say.
 
     Each prompt restarts at most `max_restarts` times; positions after that stay unchecked and the
     report does not pass. The candidate must have room for prompt + 2 × max_new tokens (it always
@@ -79,6 +84,7 @@ def force(
         raise ValueError("token forcing compares greedy outputs: set sampling.temperature=0")
     report = ForcingReport(candidate=candidate.name, reference=reference_name, tie_tolerance=tie_tolerance)
     max_new = max(len(r) for r in reference_tokens)
+    stopped = [len(r) < (max_new_tokens or max_new) for r in reference_tokens]  # at an EOS
     pad_to = max(len(p) for p in prompts) + max_new
     prefix = [0] * len(prompts)
     restarts = [0] * len(prompts)
@@ -99,6 +105,9 @@ def force(
             if diff is None:
                 checked[i] += len(expected)
                 prefix[i] = len(reference_tokens[i])
+                if stopped[i] and len(out) > len(expected):
+                    report.violations.append({"prompt": i, "position": prefix[i], "expected": None,
+                                              "got": out[len(expected)], "margin": None})
                 continue
             checked[i] += diff + 1
             judge.append((i, prefix[i] + diff, expected[diff], out[diff] if diff < len(out) else None))

@@ -141,3 +141,19 @@ def test_fake_engine_forcing():
     report = force(FakeEngine(corrupt_every=5), ref, prompts, always_decisive, max_restarts=8)
     assert not report.passed and len(report.violations) >= 4
     assert all(v["expected"] != v["got"] for v in report.violations)
+
+
+def test_decoding_past_the_references_eos_is_a_violation(pair):
+    """A candidate that matches the reference up to its EOS and then goes on decoding fails; one that stops passes."""
+    cfg, w, _, _, prompts, ref = pair
+    eos = next(t for t in ref[0][2:] if all(t not in r for r in ref[1:3]))  # ends prompt 0 early, not 1 or 2
+    eos_cfg = cfg.replace(eos_token_ids=(eos,))
+    stopping = make_engine({"name": "ar"}, eos_cfg, w, context=CONTEXT)
+    eos_ref = stopping.generate(prompts[:3], MAX_NEW).tokens
+    assert len(eos_ref[0]) < MAX_NEW and eos_ref[0][-1] == eos
+    margins = target_margin_fn(w, cfg)
+    assert force(stopping, eos_ref, prompts[:3], margins, max_new_tokens=MAX_NEW).passed
+    ignores_eos = make_engine({"name": "ar"}, cfg, w, context=CONTEXT)
+    report = force(ignores_eos, eos_ref, prompts[:3], margins, max_new_tokens=MAX_NEW)
+    assert not report.passed
+    assert [(v["prompt"], v["position"], v["expected"]) for v in report.violations] == [(0, len(eos_ref[0]), None)]

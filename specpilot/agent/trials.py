@@ -78,7 +78,7 @@ def _evaluate(backend, job: dict, out: dict) -> None:
         reports, offsets, i = [], [], 0
         for g in groups:
             reports.append(force(greedy, ref[i : i + len(g)], g, backend.margin_fn(), "stock",
-                                 job["tie_tolerance"], job["max_restarts"]))
+                                 job["tie_tolerance"], job["max_restarts"], max_new))
             offsets.append(i)
             i += len(g)
         out["forcing"] = forcing_summary(reports, offsets)

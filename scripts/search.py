@@ -64,6 +64,7 @@ def _identity(cfg) -> dict:
         "drafter": cfg.drafter.model_dump(),
         "target": cfg.target.model_dump(exclude={"cache_dir"}),
         "sampling": cfg.sampling.model_dump(),
+        "kernels": cfg.kernels.model_dump(),  # which kernels the trials ran on: part of what they measured
         "seed": cfg.seed,
     }
 

@@ -71,8 +71,28 @@ def run_cli(hydra_main) -> None:
         fail(_hydra_error(e))
 
 
+def scrub_hydra_files() -> None:
+    """Redact secrets in what Hydra saved under `<run dir>/.hydra` (the composed config, the overrides) before any
+    of our checks ran: a key given as an override (`+search.gemini.api_key=...`) must not stay on disk."""
+    from pathlib import Path
+
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from specpilot.tracking import scrub
+
+    if not HydraConfig.initialized() or not HydraConfig.get().output_subdir:
+        return
+    for path in (Path(HydraConfig.get().runtime.output_dir) / HydraConfig.get().output_subdir).glob("*.yaml"):
+        saved = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        clean = scrub(saved)
+        if clean != saved:
+            path.write_text(OmegaConf.to_yaml(OmegaConf.create(clean)))
+
+
 def guarded(run, hydra_cfg) -> None:
     """Run `run(hydra_cfg)` inside a Hydra main, mapping user errors to one line + exit 2."""
+    scrub_hydra_files()
     try:
         run(hydra_cfg)
     except Exception as e:

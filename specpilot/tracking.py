@@ -20,6 +20,10 @@ SECRET_ENV = ("GEMINI_API_KEY", "GOOGLE_API_KEY", "WANDB_API_KEY", "HF_TOKEN", "
 _SECRET_KEY = re.compile(
     r"(api[_-]?key|secret|password|passwd|credential|authorization|access[_-]?token|^token$)", re.I)
 REDACTED = "<redacted>"
+# `key=value` inside a string (a Hydra override such as `+search.gemini.api_key=...`) under a secret-looking key
+_SECRET_ASSIGNMENT = re.compile(
+    r"([\w.+-]*(?:api[_-]?key|secret|password|passwd|credential|authorization|access[_-]?token)[\w.-]*=)([^\s,]+)",
+    re.I)
 
 
 def _secret_values() -> set[str]:
@@ -38,7 +42,7 @@ def scrub(obj: Any, _secrets: set[str] | None = None) -> Any:
         for s in secrets:
             if s in obj:
                 obj = obj.replace(s, REDACTED)
-        return obj
+        return _SECRET_ASSIGNMENT.sub(rf"\1{REDACTED}", obj)
     return obj
 
 

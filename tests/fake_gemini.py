@@ -26,14 +26,15 @@ class Reply:
     text: str | None = None
     status: int = 200
     delay_s: float = 0.0
+    message: str | None = None  # an error's message; "{api_key}" is replaced by the request's key (a server that echoes)
 
     @classmethod
     def json(cls, obj) -> "Reply":
         return cls(text=json.dumps(obj))
 
     @classmethod
-    def error(cls, status: int) -> "Reply":
-        return cls(status=status)
+    def error(cls, status: int, message: str | None = None) -> "Reply":
+        return cls(status=status, message=message)
 
     @classmethod
     def hang(cls, seconds: float) -> "Reply":
@@ -80,7 +81,9 @@ class FakeGemini:
                 if ":generateContent" not in self.path:
                     reply = Reply.error(400)
                 if reply.status != 200:
-                    payload = {"error": {"code": reply.status, "message": f"fake error {reply.status}",
+                    message = (reply.message or f"fake error {reply.status}").replace(
+                        "{api_key}", str(self.headers.get("x-goog-api-key")))
+                    payload = {"error": {"code": reply.status, "message": message,
                                          "status": _STATUS_NAMES.get(reply.status, "UNKNOWN")}}
                 else:
                     payload = {

@@ -84,6 +84,21 @@ def test_a_refused_key_is_not_retried_and_the_search_goes_on(tmp_path, monkeypat
     assert round1 and all(t["source"].startswith("offline:") for t in round1)
 
 
+def test_a_key_the_server_echoes_is_never_logged_or_written(tmp_path, monkeypatch, caplog):
+    """Given to the proposer directly (not in the environment), the key in a server's error message is redacted in
+    the log lines, the proposer's notes and every file of the run."""
+    monkeypatch.delenv("GEMINI_API_KEY", raising=False)
+    monkeypatch.delenv("GOOGLE_API_KEY", raising=False)
+    with FakeGemini([Reply.error(400, "API key {api_key} not valid"), Reply.error(500, "retry {api_key}")]) as server:
+        s = run_search(tmp_path, server, rounds=1, max_attempts=1)
+    assert server.requests[0].api_key == KEY
+    assert any("API key <redacted> not valid" in n for n in s["proposer_notes"]), s["proposer_notes"]
+    assert KEY not in caplog.text and KEY not in json.dumps(s)
+    for path in (tmp_path / "run").rglob("*"):
+        if path.is_file():
+            assert KEY not in path.read_text(errors="ignore"), path
+
+
 def test_missing_key_is_a_one_line_start_up_error(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("GEMINI_API_KEY", "GOOGLE_API_KEY")}
     for args in (["deployment.proposer=gemini"], ["+deployment=h100"], ["deployment=h200"]):

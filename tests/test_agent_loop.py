@@ -249,6 +249,27 @@ def test_resume_with_a_different_deployment_is_refused(tmp_path):
         s.run()
 
 
+@pytest.mark.parametrize("damage", ["flipped_header_byte", "garbage_only"])
+def test_a_log_without_a_readable_header_is_not_resumed(tmp_path, damage):
+    """Nothing would say which search wrote the trials: refused, and the file is left as it was."""
+    from specpilot.agent.loop import ResumeError
+
+    log_path = tmp_path / "run" / "trials.jsonl"
+    if damage == "garbage_only":
+        log_path.parent.mkdir()
+        log_path.write_text("hello\n")
+    else:
+        search(tmp_path / "run", rounds=1)
+        lines = log_path.read_text().splitlines()
+        lines[0] = lines[0][:40] + "#" + lines[0][41:]
+        log_path.write_text("\n".join(lines) + "\n")
+    before = log_path.read_text()
+    s = Search(InProcessRunner(FakeBackend()), OfflineProposer(), tmp_path / "run", SearchSettings(rounds=1))
+    with pytest.raises(ResumeError, match="no readable header"):
+        s.run()
+    assert log_path.read_text() == before
+
+
 def test_specpilot_candidates_get_a_cost_table_fitted_from_the_trials(tmp_path):
     """Once DDTree trials are profiled, a specpilot candidate's verify-cost table is the cost model's fit of
     them (at x = budget + 1 a DDTree trial of that budget is exact), not the YAML default, and the table

@@ -28,6 +28,8 @@ def test_trial_log_survives_a_torn_last_line(tmp_path):
         f.write('{"type": "trial", "id": "c", "sta')  # killed mid-write
     assert [r["id"] for r in log.load()] == ["a", "b"]
     log.append({"type": "trial", "id": "c"})
+    with open(log.path, "a") as f:
+        f.write("[1, 2]\nnull\n")  # JSON, but no record: skipped like a corrupt line
     assert [r["id"] for r in log.load()] == ["a", "b", "c"]
 
 

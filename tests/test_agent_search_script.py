@@ -56,6 +56,10 @@ def test_search_runs_end_to_end_and_resumes_from_its_log(tmp_path):
     assert resumed["resumed"] and resumed["trials_from_log"] == len(ids)
     assert [t["id"] for t in resumed["trials"]] == [t["id"] for t in summary["trials"]]
     assert len([x for x in (run_dir / "trials.jsonl").read_text().splitlines() if '"type": "trial"' in x]) == len(ids)
+    # trials measured on XLA's kernels are not resumed as if they had run on ours
+    other = run_search(tmp_path, f"search.resume={run_dir}", f"hydra.run.dir={tmp_path / 'other2'}",
+                       "deployment.target_passthrough_layers=3", "kernels=hopper")
+    assert other.returncode == 2 and "different search (kernels." in other.stderr, other.stderr[-2000:]
 
 
 def test_a_negative_passthrough_count_is_refused(tmp_path):
@@ -74,3 +78,15 @@ def test_a_memory_folder_it_cannot_write_fails_before_the_first_trial(tmp_path):
     assert bad.stderr.strip().splitlines()[-1].startswith(
         f"config error: search.memory_dir: cannot write records under {tmp_path / 'a_file' / 'memory'}: ")
     assert not (run_dir / "trials.jsonl").exists()
+
+
+def test_a_key_given_as_an_override_leaves_no_trace_in_the_run_folder(tmp_path):
+    """Hydra saves the overrides under .hydra/ before the config check refuses the key: they are scrubbed."""
+    secret = "AIzaSECRET-KEY-0001x"
+    run_dir = tmp_path / "k"
+    proc = run_search(tmp_path, f"hydra.run.dir={run_dir}", f"+search.gemini.api_key={secret}")
+    assert proc.returncode == 2 and secret not in proc.stderr + proc.stdout
+    saved = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert any(p.name == "overrides.yaml" for p in saved)
+    for p in saved:
+        assert secret not in p.read_text(errors="ignore"), p

@@ -135,6 +135,9 @@ class Search:
             self.resumed = True
             log.info("resuming run %s from %s (%d finished trials)", self.run_id, self.trial_log.path,
                      sum(r.get("type") == "trial" for r in records))
+        elif self.trial_log.path.exists() and self.trial_log.path.stat().st_size:  # lines, none of them a header
+            raise ResumeError(f"search.resume: {self.trial_log.path} has no readable header line, so nothing says "
+                              "which search wrote it; start a new run folder")
         else:
             self.resumed = False
             self.trial_log.append({"type": "header", "schema_version": LOG_SCHEMA_VERSION, "run_id": self.run_id,

@@ -157,9 +157,11 @@ class TrialLog:
         for line in data[:end].splitlines():
             if line.strip():
                 try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError:
+                    record = json.loads(line)
+                except ValueError:  # bad JSON or not UTF-8
                     continue  # a corrupt line is skipped, not fatal: its trial will simply run again
+                if isinstance(record, dict):  # valid JSON that is not a record is skipped the same way
+                    records.append(record)
         return records
 
     def append(self, record: dict) -> None:

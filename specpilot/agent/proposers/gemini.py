@@ -120,11 +120,18 @@ class GeminiProposer:
         self.fallback = fallback
         self.sleep = sleep
         self._types = types
-        http = types.HttpOptions(
-            base_url=settings.base_url, timeout=int(settings.timeout_s * 1000),
+        self._secrets = {api_key} if len(api_key) >= 8 else set()  # an error message may echo the key: never logged
+        http = types.HttpOptions(  # google-genai reads a timeout of 0 ms as none: at least 1 ms
+            base_url=settings.base_url, timeout=max(1, round(settings.timeout_s * 1000)),
             retry_options=types.HttpRetryOptions(attempts=1),  # retries are ours, so each one is logged
         )
         self.client = genai.Client(api_key=api_key, http_options=http)
+
+    def _clean(self, text: str) -> str:
+        """`text` with this proposer's key and the environment's secrets redacted (it goes to logs and records)."""
+        from specpilot.tracking import _secret_values, scrub
+
+        return scrub(text, self._secrets | _secret_values())
 
     def _ask(self, prompt: str, schema) -> str | None:
         config = self._types.GenerateContentConfig(
@@ -150,13 +157,13 @@ class GeminiProposer:
                 retry_after = False
             except errors.APIError as e:
                 code = getattr(e, "code", None)
-                reason = f"HTTP {code}: {' '.join(str(getattr(e, 'message', '') or '').split())[:120]}"
+                reason = f"HTTP {code}: {self._clean(' '.join(str(getattr(e, 'message', '') or '').split()))[:120]}"
                 if not (code == 429 or (isinstance(code, int) and code >= 500)):
                     notes.append(f"gemini attempt {attempt}/{attempts}: {reason} (not retried)")
                     log.warning("gemini: %s; not retried", reason)
                     break
             except Exception as e:  # timeouts and connection errors from the HTTP client
-                reason = f"{type(e).__name__}: {' '.join(str(e).split())[:120]}"
+                reason = f"{type(e).__name__}: {self._clean(' '.join(str(e).split()))[:120]}"  # scrubbed, then cut
             notes.append(f"gemini attempt {attempt}/{attempts}: {reason}")
             log.warning("gemini attempt %d/%d: %s", attempt, attempts, reason)
             if attempt < attempts and retry_after:

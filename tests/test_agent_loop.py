@@ -239,6 +239,55 @@ def test_a_worker_that_dies_costs_its_trial_only(tmp_path, workers):
     assert {"r1/c0", "r1/c1"} <= {t.get("id") for t in logged}
 
 
+def test_a_candidate_forced_right_but_timed_wrong_is_rejected(tmp_path):
+    """An engine honest while token forcing drives it and lossy when it is timed (state kept between calls) is caught
+    by the timed runs' own comparison with the reference: what is timed must be what was forced."""
+    from specpilot.agent.backend import scripted_fake_model
+    from specpilot.decoding.fake import FakeEngine
+
+    class TurnsLossy(FakeEngine):
+        def generate(self, prompts, n, seed=0, pad_to=None):
+            self.calls = getattr(self, "calls", 0) + 1
+            if self.calls > 2:  # forcing's calls done: fast and wrong from here on
+                self.corrupt_every, self.acceptance = 3, (12,)
+            return super().generate(prompts, n, seed, pad_to)
+
+    class OneEngineAConfig(FakeBackend):  # the greedy deployment's forced engine is the timed one, as in ModelBackend
+        engines: dict = {}
+
+        def engine(self, cfg, greedy=False):
+            key = config_key(cfg)
+            if key not in self.engines:
+                cls = TurnsLossy if cfg.get("tree_budget") == 40 else FakeEngine
+                self.engines[key] = cls(name=cfg["name"], **scripted_fake_model(cfg))
+            return self.engines[key]
+
+    class Proposes40:
+        name = "scripted"
+
+        def propose(self, ctx):
+            return ProposalBatch([Proposal({"engine": "ddtree", "tree_budget": 40}, "h", "s")])
+
+    summary = Search(InProcessRunner(OneEngineAConfig()), Proposes40(), tmp_path / "run",
+                     SearchSettings(rounds=1, candidates_per_round=1)).run()
+    logged = [json.loads(line) for line in (tmp_path / "run" / "trials.jsonl").read_text().splitlines()]
+    [trial] = [t for t in logged if t.get("id") == "r1/c0"]
+    assert trial["status"] == "rejected_token_forcing" and trial["forcing"]["timed_mismatch"]["prompt"] == 0
+    assert [r["trial"] for r in summary["rejected_by_token_forcing"]] == ["r1/c0"]
+    assert summary["best_config"].get("tree_budget") != 40
+
+
+def test_timed_outputs_may_leave_the_reference_only_after_a_tie():
+    from specpilot.agent.trials import _timed_mismatch
+
+    ref = [[5, 6, 7, 8], [1, 2, 3, 4]]
+    assert _timed_mismatch([[1, 2, 3, 4]], ref, 1, {}) is None
+    assert _timed_mismatch([[1, 2, 9, 9]], ref, 1, {}) == {"prompt": 1, "position": 2}
+    assert _timed_mismatch([[1, 2, 9, 9]], ref, 1, {1: 2}) is None  # forcing found a tie at position 2
+    assert _timed_mismatch([[1, 9, 9, 9]], ref, 1, {1: 2}) == {"prompt": 1, "position": 1}
+    assert _timed_mismatch([[5, 6, 7]], ref, 0, {}) == {"prompt": 0, "position": 3}  # stopped short
+
+
 def test_resume_with_a_different_deployment_is_refused(tmp_path):
     search(tmp_path / "run", rounds=1)
     from specpilot.agent.loop import ResumeError

@@ -69,6 +69,7 @@ def _evaluate(backend, job: dict, out: dict) -> None:
     from specpilot.forcing import force
 
     cfg, groups, max_new = job["engine"], backend.prompt_groups, backend.max_new
+    ref, first_tie = None, {}  # for a greedy candidate: what every timed run must reproduce
     if job["role"] == "reference":
         greedy = backend.engine(cfg, greedy=True)
         out["reference_tokens"] = [t for g in groups for t in backend.timed_generate(greedy, g)[0].tokens]
@@ -85,13 +86,19 @@ def _evaluate(backend, job: dict, out: dict) -> None:
         if not out["forcing"]["passed"]:
             out["status"] = "rejected_token_forcing"
             return
+        for rep, off in zip(reports, offsets):
+            for tie in rep.ties:
+                first_tie[off + tie["prompt"]] = min(first_tie.get(off + tie["prompt"], tie["position"]), tie["position"])
     engine = backend.engine(cfg)
+    if not (job["role"] == "candidate" and engine.sampling.greedy):
+        ref = None
     # AR runs back to back with the candidate (paired), so a machine that slows down or speeds up
     # between trials moves both numbers alike and the speedup stays comparable
     # (AR as the candidate is its own pair: speedup 1 by definition, not two noisy samples of one engine)
     same = bool(job.get("ar_config")) and config_key(job["ar_config"]) == config_key(cfg)
     ar = backend.engine(job["ar_config"]) if job.get("ar_config") and not same else None
     total_s, ar_s, tokens, ar_tokens, committed, rounds = 0.0, 0.0, 0, 0, 0, 0
+    offset = 0
     for g in groups:
         backend.timed_generate(engine, g)  # warm-up: compiles here when forcing did not
         if ar is not None:
@@ -103,6 +110,13 @@ def _evaluate(backend, job: dict, out: dict) -> None:
                 ar_times.append(seconds)
             result, seconds = backend.timed_generate(engine, g)
             times.append(seconds)
+            mismatch = ref is not None and _timed_mismatch(result.tokens, ref, offset, first_tie)
+            if mismatch:  # forced right, timed wrong (a stateful engine): what is timed must be what was forced
+                out["status"] = "rejected_token_forcing"
+                out["forcing"].update(passed=False, num_violations=out["forcing"]["num_violations"] + 1,
+                                      timed_mismatch=mismatch)
+                return
+        offset += len(g)
         total_s += statistics.median(times)
         tokens += sum(len(t) for t in result.tokens)
         committed += sum(sum(a) for a in result.acceptance_lengths)
@@ -134,6 +148,17 @@ def _evaluate(backend, job: dict, out: dict) -> None:
         ceilings_ms=ceilings,
         ceilings_source=source,
     )
+
+
+def _timed_mismatch(tokens: list[list[int]], ref: list[list[int]], offset: int, first_tie: dict) -> dict | None:
+    """The first place where a timed greedy output leaves the reference, before any tie forcing found in that
+    prompt (past a tie an honest engine may follow the other token), else None."""
+    for j, got in enumerate(tokens):
+        want = ref[offset + j][: first_tie.get(offset + j, len(ref[offset + j]))]
+        if got[: len(want)] != want or (offset + j not in first_tie and len(got) != len(want)):
+            pos = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+            return {"prompt": offset + j, "position": pos}
+    return None
 
 
 class TrialLog:

@@ -45,8 +45,11 @@ class CostAwareBudget:
         xs, ys = zip(*self.verify_points)
         return self.draft_ms + float(np.interp(n, xs, ys))
 
-    def choose(self, score: jax.Array, valid: jax.Array) -> jax.Array:
-        """Index into `candidates` for this round. score, valid: [B, N] with nodes sorted by score."""
+    def choose(self, score: jax.Array, valid: jax.Array, live: jax.Array | None = None) -> jax.Array:
+        """Index into `candidates` for this round. score, valid: [B, N] with nodes sorted by score; `live` [B]: the
+        requests still decoding (a finished or padding row's tree does not vote)."""
+        if live is not None:
+            valid = valid & live[:, None]
         p = jnp.where(valid, jnp.exp(score), 0.0)
         expected = 1.0 + jnp.cumsum(p, axis=-1)  # [B, N]: E(n) at n = index + 1
         gains = jnp.stack([expected[:, c - 1].sum() / self.step_ms(c) for c in self.candidates])

@@ -232,7 +232,7 @@ class SpecEngine(Engine):
                 )
                 for c in policy.candidates
             ]
-            out = jax.lax.switch(policy.choose(tree.score, tree.valid), branches, tree)
+            out = jax.lax.switch(policy.choose(tree.score, tree.valid, ~state.done), branches, tree)
         return dict(zip(("walk", "cache", "feats", "nodes"), out), n1=carry["n1"], ctx=carry["ctx"])
 
     def _stage_commit(self, params, state, carry):

@@ -30,9 +30,10 @@ def _secret_values() -> set[str]:
     return {v for k in SECRET_ENV if len(v := os.environ.get(k, "")) >= 8}
 
 
-def scrub(obj: Any, _secrets: set[str] | None = None) -> Any:
-    """A copy of `obj` (dicts, lists, scalars) with secrets redacted."""
-    secrets = _secret_values() if _secrets is None else _secrets
+def scrub(obj: Any, _secrets: set[str] | None = None, also: tuple[str, ...] = ()) -> Any:
+    """A copy of `obj` (dicts, lists, scalars) with secrets redacted: the environment's, and `also` (e.g. a key
+    passed to a client directly; values shorter than 8 characters are not matched)."""
+    secrets = (_secret_values() if _secrets is None else _secrets) | {s for s in also if len(s) >= 8}
     if isinstance(obj, dict):
         return {k: (REDACTED if isinstance(k, str) and _SECRET_KEY.search(k) else scrub(v, secrets))
                 for k, v in obj.items()}

@@ -26,7 +26,7 @@ class Reply:
     text: str | None = None
     status: int = 200
     delay_s: float = 0.0
-    message: str | None = None  # an error's message; "{api_key}" is replaced by the request's key (a server that echoes)
+    message: str | None = None  # an error's message; "{api_key}" becomes the request's key (a server that echoes it)
 
     @classmethod
     def json(cls, obj) -> "Reply":

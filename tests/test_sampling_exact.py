@@ -208,5 +208,6 @@ def test_top_k_1_sampling_is_greedy(case, mr_pair):
     engine_cfg = MR_ENGINES[case][0]  # its sampling replaced by top-k = 1
     prompts = [MR_PROMPT, [4, 3], [0, 0, 1, 2]]
     greedy = make_engine(dict(name="ar"), *mr_pair[:2], context=32).generate(prompts, 12).tokens
-    sampled = make_engine(engine_cfg, *mr_pair, sampling=Sampling(1.0, top_k=1), context=32).generate(prompts, 12, seed=7)
+    top1 = make_engine(engine_cfg, *mr_pair, sampling=Sampling(1.0, top_k=1), context=32)
+    sampled = top1.generate(prompts, 12, seed=7)
     assert sampled.tokens == greedy

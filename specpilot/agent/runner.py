@@ -1,8 +1,8 @@
 """Where trials run: in this process (one device, or the CPU), or one worker process per GPU.
 
 With several GPUs each worker is pinned to one (`CUDA_VISIBLE_DEVICES`), builds the deployment's
-backend itself and runs the trials the parent hands it one at a time, so K candidates run K-wide. The parent then never
-initialises a GPU (it would take memory on GPU 0 from worker 0); even the baseline runs in a worker.
+backend itself and runs the trials the parent hands it one at a time, so K candidates run K-wide. The parent
+then never initialises a GPU (it would take memory on GPU 0 from worker 0); even the baseline runs in a worker.
 """
 
 from __future__ import annotations

@@ -88,7 +88,8 @@ def _evaluate(backend, job: dict, out: dict) -> None:
             return
         for rep, off in zip(reports, offsets):
             for tie in rep.ties:
-                first_tie[off + tie["prompt"]] = min(first_tie.get(off + tie["prompt"], tie["position"]), tie["position"])
+                p = off + tie["prompt"]
+                first_tie[p] = min(first_tie.get(p, tie["position"]), tie["position"])
     engine = backend.engine(cfg)
     if not (job["role"] == "candidate" and engine.sampling.greedy):
         ref = None

@@ -29,7 +29,8 @@ class AREngine(Engine):
         cache = new_cache(self.cfg, tokens.shape[0], self.context, self.dtype)
         logits, cache, _ = prefill(params, self.cfg, tokens, lens, cache)
         key, sub = jax.random.split(key)
-        return init_loop_state(pick(sub, logits, self.sampling), max_new, self.slack, key, cache, self.cfg.eos_token_ids)
+        first = pick(sub, logits, self.sampling)
+        return init_loop_state(first, max_new, self.slack, key, cache, self.cfg.eos_token_ids)
 
     def stages(self):
         return [("verify", self._stage_step), ("commit", self._stage_commit)]

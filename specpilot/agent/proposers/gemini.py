@@ -120,7 +120,7 @@ class GeminiProposer:
         self.fallback = fallback
         self.sleep = sleep
         self._types = types
-        self._secrets = {api_key} if len(api_key) >= 8 else set()  # an error message may echo the key: never logged
+        self._api_key = api_key  # an error message may echo it: `_clean` keeps it out of every log line
         http = types.HttpOptions(  # google-genai reads a timeout of 0 ms as none: at least 1 ms
             base_url=settings.base_url, timeout=max(1, round(settings.timeout_s * 1000)),
             retry_options=types.HttpRetryOptions(attempts=1),  # retries are ours, so each one is logged
@@ -129,9 +129,9 @@ class GeminiProposer:
 
     def _clean(self, text: str) -> str:
         """`text` with this proposer's key and the environment's secrets redacted (it goes to logs and records)."""
-        from specpilot.tracking import _secret_values, scrub
+        from specpilot.tracking import scrub
 
-        return scrub(text, self._secrets | _secret_values())
+        return scrub(text, also=(self._api_key,))
 
     def _ask(self, prompt: str, schema) -> str | None:
         config = self._types.GenerateContentConfig(

@@ -13,6 +13,8 @@ follow the target's shapes.
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 
 from specpilot.config import ConfigError, RootConfig
@@ -78,6 +80,8 @@ def load_tokenizer(path: str | Path):
     path = Path(path)
     if not has_tokenizer_files(path):
         return None
+    # transformers warns at import that it found no PyTorch (only its tokenizers are used here): stderr stays ours
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from transformers import AutoTokenizer
 
     try:

@@ -93,8 +93,13 @@ class ModelGroup(_Strict):
         return self
 
 
+# A checkpoint folder, or null for random weights; an empty string (an unset shell variable in `target.path=$CKPT`) is
+# neither, and would otherwise fall back to random weights without a word.
+CheckpointPath = Annotated[str, Field(min_length=1)] | None
+
+
 class TargetGroup(_Strict):
-    path: str | None
+    path: CheckpointPath
     dtype: Literal["float32", "bfloat16"]
     cache_dir: str | None
     seed: NonNegInt
@@ -103,7 +108,7 @@ class TargetGroup(_Strict):
 class DrafterGroup(_Strict):
     """A DFlash drafter: a checkpoint folder, or random weights of these shapes when `path` is null."""
 
-    path: str | None
+    path: CheckpointPath
     block_size: BlockSize
     num_layers: PosInt
     target_layer_ids: Annotated[list[NonNegInt], Field(min_length=1)] | None
@@ -422,6 +427,7 @@ def _format(err: dict) -> str:
         "less_than": f"must be < {ctx.get('lt')}" + got,
         "multiple_of": f"must be a multiple of {ctx.get('multiple_of')}" + got,
         "too_short": "must not be empty",
+        "string_too_short": "must not be empty (a checkpoint folder, or null for random weights)",
     }
     problem = problems.get(kind) or err["msg"].removeprefix("Value error, ")
     if key_kind:

@@ -195,10 +195,80 @@ def test_missing_folder(tmp_path):
         ({"attention_bias": True}, "attention_bias"),
         ({"hidden_act": "gelu"}, "gelu"),
         ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn"),
+        # features that change the outputs are refused, never ignored
+        ({"mlp_bias": True}, "mlp_bias"),
+        ({"use_sliding_window": True, "sliding_window": 4}, "sliding-window"),
+        ({"layer_types": ["full_attention", "sliding_attention"]}, "sliding-window"),
+        ({"quantization_config": {"quant_method": "bitsandbytes"}}, "quantized checkpoints (bitsandbytes)"),
+        # values of the wrong kind are one line, not a traceback
+        ({"hidden_size": "abc"}, "bad config value"),
+        ({"num_attention_heads": 0, "head_dim": None}, "bad config value"),
+        ({"eos_token_id": "abc"}, "bad config value"),
     ],
-    ids=["missing_key", "attention_bias", "hidden_act", "rope_type"],
+    ids=["missing_key", "attention_bias", "hidden_act", "rope_type", "mlp_bias", "sliding_window", "layer_types",
+         "quantized", "hidden_str", "heads_zero", "eos_str"],
 )
 def test_unsupported_config(good, change, expect):
     config = {k: v for k, v in {**CONFIG, **change}.items() if v is not None}
     (good / "config.json").write_text(json.dumps(config))
     assert expect in load_error(good)
+
+
+def test_config_that_is_not_an_object(good):
+    (good / "config.json").write_text("[]")
+    assert "expected a JSON object" in load_error(good)
+
+
+def test_integer_weights_are_refused(good):
+    tensors = qwen3_tensors()
+    name = "model.layers.0.self_attn.q_proj.weight"
+    tensors[name] = tensors[name].astype(np.int8)
+    save_file(tensors, good / "model.safetensors")
+    assert "is int8; quantized weights are not supported" in load_error(good)
+
+
+def _rewrite_header(path: Path, edit) -> None:
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = edit(json.loads(raw[8 : 8 + n]))
+    text = json.dumps(header, separators=(",", ":")).encode().ljust(n)  # same length: the data stays where it was
+    assert len(text) == n
+    path.write_bytes(raw[:8] + text + raw[8 + n :])
+
+
+@pytest.mark.parametrize("edit, expect", [
+    (lambda h: [], "not a JSON object"),
+    (lambda h: {k: ({"dtype": v["dtype"], "shape": v["shape"]} if k == "lm_head.weight" else v)
+                for k, v in h.items()}, "corrupt safetensors header"),
+    (lambda h: {k: ({**v, "data_offsets": [-(v["data_offsets"][0] // 10), v["data_offsets"][1]]}  # same length
+                    if k == "model.norm.weight" else v) for k, v in h.items()}, "data out of range"),
+], ids=["list", "no_offsets", "negative_offsets"])
+def test_corrupt_safetensors_headers(good, edit, expect):
+    _rewrite_header(good / "model.safetensors", edit)
+    assert expect in load_error(good)
+
+
+def test_index_whose_weight_map_is_not_a_mapping(sharded):
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": None}))
+    assert "weight_map is not a name -> file mapping" in load_error(sharded)
+
+
+def test_a_single_file_wins_over_an_index_as_in_transformers(good, sharded):
+    """Both present: `model.safetensors` is read (the index and its shards are from elsewhere)."""
+    for f in sharded.glob("model-*"):
+        (good / f.name).write_bytes(f.read_bytes())
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    (good / "model.safetensors.index.json").write_text(json.dumps(index))
+    save_file(qwen3_tensors(seed=1), good / "model.safetensors")
+    _, w = load_target(good, dtype=jnp.float32)
+    want = qwen3_tensors(seed=1)["model.embed_tokens.weight"]
+    np.testing.assert_array_equal(np.asarray(w.embed), want)
+
+
+def test_generation_config_stop_tokens_join_the_configs(good):
+    """Qwen3 lists <|im_end|> in config.json and <|endoftext|> too in generation_config.json: HF stops at both."""
+    from specpilot.models.config import target_config_from_hf
+
+    (good / "config.json").write_text(json.dumps({**CONFIG, "eos_token_id": 7}))
+    (good / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 9]}))
+    assert target_config_from_hf(good).eos_token_ids == (7, 9)

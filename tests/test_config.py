@@ -73,6 +73,7 @@ def test_wrong_type_names_key_and_value():
         ("sampling.top_p=1.5", "sampling.top_p: must be <= 1"),
         ("sampling.temperature=-1", "sampling.temperature: must be >= 0"),
         ("max_new_tokens=0", "max_new_tokens: must be >= 1"),
+        ("target.path=", "target.path: must not be empty"),  # an unset $CKPT is not a request for random weights
         ("forcing.tie_tolerance=1e9", "forcing.tie_tolerance: must be <= 1"),  # no setting turns forcing off
         ("forcing.max_restarts=1000000", "forcing.max_restarts: must be <= 64"),
         ("engine.name=beam", "engine.name: expected one of 'ar'"),

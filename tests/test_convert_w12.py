@@ -173,3 +173,8 @@ def test_drafter_converts_and_restores(tmp_path, capsys, monkeypatch):
     expected = pack_w12(tree)
     monkeypatch.setattr(w12, "pack", lambda *a, **kw: pytest.fail("packed although the W12 cache holds it"))
     assert_same_tree(hf.packed_w12(tree), expected)
+
+
+def test_a_cache_folder_it_cannot_write_is_one_line(bf16_ckpt, tmp_path, capsys):
+    (tmp_path / "a_file").write_text("x")
+    assert "cannot write the weight cache" in one_line_error(capsys, bf16_ckpt, "--cache-dir", tmp_path / "a_file" / "c")

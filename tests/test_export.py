@@ -41,6 +41,8 @@ def test_target_round_trip_is_exact(tmp_path, cfg):
     assert same_trees(w, w2)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["architectures"] == [{"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}[cfg.family]]
+    if cfg.rope.kind == "llama3":  # transformers < 5 reads only `rope_scaling`
+        assert config["rope_scaling"]["rope_type"] == "llama3" and config["rope_scaling"]["factor"] == cfg.rope.factor
 
 
 def test_target_round_trip_bf16(tmp_path):

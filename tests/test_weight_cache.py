@@ -79,3 +79,36 @@ def test_processes_filling_the_cache_at_once_do_not_collide(tmp_path):
         f"leftover temporary folders: {sorted(p.name for p in cache.iterdir())}"
     _, again = hf.load_target(ckpt, jnp.float32, cache_dir=cache)
     assert float(sum(np.asarray(a).sum() for a in jax.tree.leaves(again))) == got[0]
+
+
+def test_a_replaced_file_with_its_old_mtime_is_a_miss(tmp_path):
+    """`cp -p`, `rsync -a` and `tar -x` keep a new file's mtime from the source: the cache must not serve the old
+    weights for it."""
+    import os
+
+    from safetensors.numpy import load_file
+
+    ckpt, cache = tmp_path / "ckpt", tmp_path / "cache"
+    tiny_checkpoint(ckpt)
+    _, old = hf.load_target(ckpt, jnp.float32, cache_dir=cache)
+    f = ckpt / "model.safetensors"
+    st = f.stat()
+    doubled = {k: v * 2 for k, v in load_file(str(f)).items()}
+    save_file(doubled, str(f))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert f.stat().st_size == st.st_size and f.stat().st_mtime_ns == st.st_mtime_ns
+    _, new = hf.load_target(ckpt, jnp.float32, cache_dir=cache)
+    np.testing.assert_array_equal(np.asarray(new.embed), 2 * np.asarray(old.embed))
+
+
+def test_a_cache_that_cannot_be_written_is_skipped_with_a_warning(tmp_path, caplog):
+    """A cache folder under a file: the load goes on (no hang, no traceback) and says why nothing was cached."""
+    import threading
+
+    ckpt = tmp_path / "ckpt"
+    tiny_checkpoint(ckpt)
+    (tmp_path / "a_file").write_text("x")
+    before = {t.name for t in threading.enumerate() if not t.daemon}
+    _, tree = hf.load_target(ckpt, jnp.float32, cache_dir=tmp_path / "a_file" / "cache")
+    assert tree.layers and "cannot write the weight cache" in caplog.text
+    assert {t.name for t in threading.enumerate() if not t.daemon} <= before  # nothing left to keep it alive

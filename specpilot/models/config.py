@@ -86,9 +86,12 @@ def _read_json(path: Path) -> dict:
     if not path.is_file():
         raise CheckpointError(f"missing file: {path}")
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"unreadable JSON in {path}: {e}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got a {type(data).__name__}")
+    return data
 
 
 def _rope_from_hf(d: dict) -> RopeConfig:
@@ -140,13 +143,28 @@ def _layers_from_hf(d: dict, family: str, where: str) -> ModelConfig:
         )
     except KeyError as e:
         raise CheckpointError(f"{where}: missing config key {e.args[0]!r}") from None
-    if d.get("attention_bias"):
-        raise CheckpointError(f"{where}: attention_bias=true is not supported")
-    if d.get("hidden_act", "silu") != "silu":
-        raise CheckpointError(f"{where}: hidden_act={d.get('hidden_act')!r} is not supported (silu only)")
+    except (TypeError, ValueError, ZeroDivisionError, AttributeError) as e:  # e.g. "hidden_size": "abc" or null
+        raise CheckpointError(f"{where}: bad config value ({e})") from None
+    _refuse_unsupported(d, where)
     if cfg.num_heads % cfg.num_kv_heads:
         raise CheckpointError(f"{where}: num_attention_heads {heads} not divisible by num_key_value_heads")
     return cfg
+
+
+def _refuse_unsupported(d: dict, where: str) -> None:
+    """A config feature this forward does not implement changes the outputs: refused, never ignored."""
+    if d.get("attention_bias"):
+        raise CheckpointError(f"{where}: attention_bias=true is not supported")
+    if d.get("mlp_bias"):
+        raise CheckpointError(f"{where}: mlp_bias=true is not supported")
+    if d.get("use_sliding_window") or any(t != "full_attention" for t in d.get("layer_types") or []):
+        raise CheckpointError(f"{where}: sliding-window attention layers are not supported (full attention only)")
+    if d.get("quantization_config"):
+        method = (d["quantization_config"] or {}).get("quant_method", "?") if isinstance(
+            d["quantization_config"], dict) else "?"
+        raise CheckpointError(f"{where}: quantized checkpoints ({method}) are not supported; give bf16 / fp32 weights")
+    if d.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(f"{where}: hidden_act={d.get('hidden_act')!r} is not supported (silu only)")
 
 
 def target_config_from_hf(path: str | Path) -> ModelConfig:
@@ -160,8 +178,12 @@ def target_config_from_hf(path: str | Path) -> ModelConfig:
         )
     cfg = _layers_from_hf(d, family, str(path / "config.json"))
     gen = path / "generation_config.json"
-    if not cfg.eos_token_ids and gen.is_file():
-        cfg = cfg.replace(eos_token_ids=_eos_ids(_read_json(gen)))
+    if gen.is_file():  # its stop tokens are what HF's generate stops at (Qwen3 lists <|im_end|> and <|endoftext|>)
+        try:
+            extra = _eos_ids(_read_json(gen))
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"{gen}: bad eos_token_id ({e})") from None
+        cfg = cfg.replace(eos_token_ids=tuple(dict.fromkeys(cfg.eos_token_ids + extra)))
     return cfg
 
 
@@ -183,6 +205,8 @@ def drafter_config_from_hf(path: str | Path) -> DrafterConfig:
         )
     except KeyError as e:
         raise CheckpointError(f"{where}: missing DFlash config key {e.args[0]!r}") from None
+    except (TypeError, ValueError, AttributeError) as e:  # e.g. "mask_token_id": null, "dflash_config": [1]
+        raise CheckpointError(f"{where}: bad DFlash config value ({e})") from None
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int):

@@ -90,7 +90,10 @@ def _rope_json(cfg: ModelConfig) -> dict:
                       original_max_position_embeddings=r.original_max_position)
     elif r.kind != "default":
         raise ValueError(f"cannot export rope kind {r.kind!r}")
-    return {"rope_theta": r.theta, "rope_parameters": params}
+    out = {"rope_theta": r.theta, "rope_parameters": params}
+    if r.kind != "default":  # transformers < 5 reads `rope_scaling` only; without it, plain rope (wrong logits)
+        out["rope_scaling"] = {k: v for k, v in params.items() if k != "rope_theta"}
+    return out
 
 
 def _layers_json(cfg: ModelConfig, dtype_name: str) -> dict:

@@ -54,6 +54,9 @@ _DTYPES = {
 }
 
 
+_FLOAT_DTYPES = {np.dtype(t) for t in (np.float32, np.float16, np.float64, ml_dtypes.bfloat16)}
+
+
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
     """All tensors of one .safetensors file as read-only memory-mapped numpy arrays."""
     try:
@@ -70,30 +73,40 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
         raise CheckpointError(f"missing file: {path}") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise CheckpointError(f"unreadable safetensors header in {path}") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"unreadable safetensors header in {path}: not a JSON object")
     data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n) if size > 8 + n else np.zeros(0, np.uint8)
     out = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        dtype = _DTYPES.get(info.get("dtype"))
+        try:
+            dtype = _DTYPES.get(info.get("dtype"))
+            start, end = (int(o) for o in info["data_offsets"])
+            shape = tuple(int(s) for s in info["shape"])
+        except (AttributeError, KeyError, TypeError, ValueError):
+            raise CheckpointError(f"corrupt safetensors header in {path}: tensor {name!r}") from None
         if dtype is None:
             raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {info.get('dtype')!r}")
-        start, end = info["data_offsets"]
-        shape = tuple(info["shape"])
-        if end > data.size or end - start != int(np.prod(shape)) * np.dtype(dtype).itemsize:
+        if (start < 0 or any(d < 0 for d in shape) or end > data.size
+                or end - start != int(np.prod(shape)) * np.dtype(dtype).itemsize):
             raise CheckpointError(f"truncated or corrupt safetensors file {path}: tensor {name!r} data out of range")
         out[name] = data[start:end].view(dtype).reshape(shape)
     return out
 
 
 def read_checkpoint_tensors(folder: Path) -> dict[str, np.ndarray]:
-    """Tensors of a checkpoint folder: `model.safetensors` or a sharded `model.safetensors.index.json`."""
+    """Tensors of a checkpoint folder: `model.safetensors`, else a sharded `model.safetensors.index.json` (the order
+    in which transformers looks)."""
     index = folder / "model.safetensors.index.json"
-    if index.is_file():
+    single = folder / "model.safetensors"
+    if index.is_file() and not single.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError):
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
             raise CheckpointError(f"unreadable shard index {index}") from None
+        if not isinstance(weight_map, dict) or not all(isinstance(s, str) for s in weight_map.values()):
+            raise CheckpointError(f"unreadable shard index {index}: weight_map is not a name -> file mapping")
         tensors: dict[str, np.ndarray] = {}
         for shard in sorted(set(weight_map.values())):
             tensors.update(read_safetensors(folder / shard))
@@ -101,7 +114,6 @@ def read_checkpoint_tensors(folder: Path) -> dict[str, np.ndarray]:
         if missing:
             raise CheckpointError(f"{index}: tensor {missing[0]!r} listed in the index is in no shard")
         return tensors
-    single = folder / "model.safetensors"
     if not single.is_file():
         raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {folder}")
     return read_safetensors(single)
@@ -117,6 +129,8 @@ class _Tensors:
         if name not in self.tensors:
             raise CheckpointError(f"{self.where}: missing tensor {name!r}")
         a = self.tensors[name]
+        if a.dtype not in _FLOAT_DTYPES:
+            raise CheckpointError(f"{self.where}: tensor {name!r} is {a.dtype}; quantized weights are not supported")
         if a.shape != shape:
             raise CheckpointError(f"{self.where}: tensor {name!r} has shape {a.shape}, expected {shape}")
         return a
@@ -185,12 +199,13 @@ def _convert_drafter(path: Path, cfg: DrafterConfig, dtype) -> DrafterWeights:
 
 
 def _fingerprint(path: Path, dtype) -> str:
-    """Cache key: resolved path, dtype, and size + mtime of every file in the checkpoint folder."""
+    """Cache key: resolved path, dtype, and size + mtime + ctime of every file in the checkpoint folder (ctime
+    because `cp -p`, `rsync -a` and `tar -x` keep a replaced file's mtime; nothing sets ctime back)."""
     h = hashlib.sha256(f"{path.resolve()}|{jnp.dtype(dtype).name}|v1".encode())
     for f in sorted(path.iterdir()):
         if f.is_file():
             st = f.stat()
-            h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+            h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}".encode())
     return h.hexdigest()[:16]
 
 
@@ -219,13 +234,19 @@ def _save_cache(where: Path, tree) -> None:
     """Writes `tree` at `where`, replacing an entry that `_restore_cache` could not read. The tree is saved
     into a folder of this process's own and renamed to `where` once complete, so `where` exists only whole,
     and processes that convert the same checkpoint at once (the search's workers, one per GPU) do not share a
-    temporary folder; the first rename wins and the others' copies are dropped."""
+    temporary folder; the first rename wins and the others' copies are dropped.
+
+    OSError when the cache cannot be written. The save is synchronous: orbax's asynchronous checkpointer left
+    threads behind after a failed save, and the process never exited."""
     import orbax.checkpoint as ocp
 
     tmp = where.with_name(f"{where.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    ckptr = ocp.StandardCheckpointer()
-    ckptr.save(tmp, tree)
-    ckptr.wait_until_finished()
+    try:
+        where.parent.mkdir(parents=True, exist_ok=True)
+        ocp.Checkpointer(ocp.StandardCheckpointHandler()).save(tmp, args=ocp.args.StandardSave(tree))
+    except Exception as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OSError(f"cannot write the weight cache at {where}: {e}") from None
     if where.exists() and _restore_cache(where, lambda c, w: jax.eval_shape(lambda: tree)) is None:
         shutil.rmtree(where, ignore_errors=True)  # the unreadable entry this save replaces
     try:
@@ -244,7 +265,10 @@ def _cached(convert, abstract_init, path: Path, dtype, cache_dir: str | Path | N
     tree = _restore_cache(where, lambda ckptr, where: jax.eval_shape(abstract_init))
     if tree is None:
         tree = convert()
-        _save_cache(where, tree)
+        try:
+            _save_cache(where, tree)
+        except OSError as e:  # a cache is an optimisation: loading goes on without it
+            log.warning("%s; going on without the cache (target.cache_dir=null turns it off)", e)
     return tree
 
 
@@ -415,7 +439,10 @@ def load_w12(path: str | Path, cache_dir: str | Path, *, kind: str = "target", c
     if not create:
         return None
     tree = pack_w12(convert(path, cfg, jnp.bfloat16))
-    _save_cache(where, _w12_to_storage(tree))
+    try:
+        _save_cache(where, _w12_to_storage(tree))
+    except OSError as e:  # the W12 entry is what this call is for
+        raise CheckpointError(str(e)) from None
     log.info("W12 cache written: %s", where)
     return cfg, tree, False
 

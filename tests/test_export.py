@@ -102,3 +102,14 @@ def test_transformers_reads_the_exported_target(tmp_path):
     cache = init_cache(QWEN.num_layers, 1, tokens.shape[1], QWEN.num_kv_heads, QWEN.head_dim, jnp.float32)
     ours = forward(w, QWEN, jnp.asarray(tokens), jnp.arange(tokens.shape[1])[None], cache).logits
     np.testing.assert_allclose(np.asarray(ours), theirs, atol=2e-4, rtol=2e-4)
+
+
+def test_a_drafters_sliding_window_layers_load_with_a_warning(tmp_path, caplog):
+    """Only the drafts depend on them (the output stays the target's), so a drafter with them still loads."""
+    dcfg = DrafterConfig(layers=QWEN.replace(num_layers=1, eos_token_ids=()), block_size=4, mask_token_id=1,
+                         target_layer_ids=(0,), num_target_layers=2)
+    export.export_drafter(tmp_path, dcfg, init_random_drafter(dcfg, seed=6, dtype=jnp.float32))
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "layer_types": ["sliding_attention"]}))
+    assert hf.load_drafter(tmp_path, jnp.float32)[0] == dcfg
+    assert "sliding-window layers run as full attention" in caplog.text

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -122,7 +123,7 @@ def _eos_ids(d: dict) -> tuple[int, ...]:
     return tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
 
 
-def _layers_from_hf(d: dict, family: str, where: str) -> ModelConfig:
+def _layers_from_hf(d: dict, family: str, where: str, drafter: bool = False) -> ModelConfig:
     try:
         hidden = int(d["hidden_size"])
         heads = int(d["num_attention_heads"])
@@ -145,20 +146,26 @@ def _layers_from_hf(d: dict, family: str, where: str) -> ModelConfig:
         raise CheckpointError(f"{where}: missing config key {e.args[0]!r}") from None
     except (TypeError, ValueError, ZeroDivisionError, AttributeError) as e:  # e.g. "hidden_size": "abc" or null
         raise CheckpointError(f"{where}: bad config value ({e})") from None
-    _refuse_unsupported(d, where)
+    _refuse_unsupported(d, where, drafter)
     if cfg.num_heads % cfg.num_kv_heads:
         raise CheckpointError(f"{where}: num_attention_heads {heads} not divisible by num_key_value_heads")
     return cfg
 
 
-def _refuse_unsupported(d: dict, where: str) -> None:
-    """A config feature this forward does not implement changes the outputs: refused, never ignored."""
+def _refuse_unsupported(d: dict, where: str, drafter: bool = False) -> None:
+    """A config feature this forward does not implement changes the outputs: refused, never ignored. A drafter's
+    sliding-window layers only move its drafts (output stays the target's), so they are run as full attention with a
+    warning rather than refused."""
     if d.get("attention_bias"):
         raise CheckpointError(f"{where}: attention_bias=true is not supported")
     if d.get("mlp_bias"):
         raise CheckpointError(f"{where}: mlp_bias=true is not supported")
     if d.get("use_sliding_window") or any(t != "full_attention" for t in d.get("layer_types") or []):
-        raise CheckpointError(f"{where}: sliding-window attention layers are not supported (full attention only)")
+        if drafter:
+            logging.getLogger(__name__).warning("%s: sliding-window layers run as full attention (the drafts, and "
+                                                "so the acceptance, may differ from the reference drafter's)", where)
+        else:
+            raise CheckpointError(f"{where}: sliding-window attention layers are not supported (full attention only)")
     if d.get("quantization_config"):
         method = (d["quantization_config"] or {}).get("quant_method", "?") if isinstance(
             d["quantization_config"], dict) else "?"
@@ -197,7 +204,7 @@ def drafter_config_from_hf(path: str | Path) -> DrafterConfig:
     dflash = d.get("dflash_config") or {}
     try:
         return DrafterConfig(
-            layers=_layers_from_hf(d, "qwen3", where),
+            layers=_layers_from_hf(d, "qwen3", where, drafter=True),
             block_size=int(d["block_size"]),
             mask_token_id=int(dflash["mask_token_id"]),
             target_layer_ids=tuple(int(i) for i in dflash["target_layer_ids"]),

@@ -92,8 +92,8 @@ def scrub_hydra_files() -> None:
 
 def guarded(run, hydra_cfg) -> None:
     """Run `run(hydra_cfg)` inside a Hydra main, mapping user errors to one line + exit 2."""
-    scrub_hydra_files()
     try:
+        scrub_hydra_files()
         run(hydra_cfg)
     except Exception as e:
         message = _user_error(e)

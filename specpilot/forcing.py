@@ -72,9 +72,9 @@ def force(
     margin_fn(sequences) -> the exact target's top-1 − top-2 logit after each sequence (used only at
     disagreements; `target_margin_fn(weights, cfg)` for a real target).
 
-    `max_new_tokens` is what the reference was asked for (default: its longest output). A reference shorter than that
-    stopped at an EOS, and a candidate that commits anything after it is a violation (it went on decoding where the
-    target stops), whatever the logits say.
+    `max_new_tokens` is what the reference was asked for (default: its longest output), and what the candidate is
+    asked for on every pass. A reference shorter than that stopped at an EOS, and a candidate that commits anything
+    after it is a violation (it went on decoding where the target stops), whatever the logits say.
 
     Each prompt restarts at most `max_restarts` times; positions after that stay unchecked and the
     report does not pass. The candidate must have room for prompt + 2 × max_new tokens (it always
@@ -83,8 +83,8 @@ def force(
     if not candidate.sampling.greedy:
         raise ValueError("token forcing compares greedy outputs: set sampling.temperature=0")
     report = ForcingReport(candidate=candidate.name, reference=reference_name, tie_tolerance=tie_tolerance)
-    max_new = max(len(r) for r in reference_tokens)
-    stopped = [len(r) < (max_new_tokens or max_new) for r in reference_tokens]  # at an EOS
+    max_new = max_new_tokens or max(len(r) for r in reference_tokens)
+    stopped = [len(r) < max_new for r in reference_tokens]  # at an EOS
     pad_to = max(len(p) for p in prompts) + max_new
     prefix = [0] * len(prompts)
     restarts = [0] * len(prompts)

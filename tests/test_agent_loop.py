@@ -239,6 +239,21 @@ def test_a_worker_that_dies_costs_its_trial_only(tmp_path, workers):
     assert {"r1/c0", "r1/c1"} <= {t.get("id") for t in logged}
 
 
+def test_a_worker_that_died_idle_gets_no_trial(tmp_path):
+    """Killed between two runs: the live worker runs every trial; none is charged to the dead one."""
+    runner = PoolRunner(FakeBackend().spec(), 2, envs=[{}, {}])
+    try:
+        victim = runner.procs[0]
+        victim.kill()
+        victim.join(timeout=10)
+        jobs = [{"id": f"t{i}", "role": "reference", "engine": {"name": "stock"}, "measure_repeats": 1,
+                 "profile_rounds": 1} for i in range(2)]
+        results = runner.run(jobs)
+    finally:
+        runner.close()
+    assert [(r["status"], r.get("error")) for r in results] == [("ok", None), ("ok", None)]
+
+
 def test_a_candidate_forced_right_but_timed_wrong_is_rejected(tmp_path):
     """An engine honest while token forcing drives it and lossy when it is timed (state kept between calls) is caught
     by the timed runs' own comparison with the reference: what is timed must be what was forced."""

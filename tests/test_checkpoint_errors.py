@@ -265,6 +265,13 @@ def test_a_single_file_wins_over_an_index_as_in_transformers(good, sharded):
     np.testing.assert_array_equal(np.asarray(w.embed), want)
 
 
+def test_an_unsupported_feature_is_named_once(good):
+    """Our own error passes through the value checks unwrapped."""
+    (good / "config.json").write_text(json.dumps({**CONFIG, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}))
+    msg = load_error(good)
+    assert "unsupported rope_type 'yarn'" in msg and "bad config value" not in msg
+
+
 def test_generation_config_stop_tokens_join_the_configs(good):
     """Qwen3 lists <|im_end|> in config.json and <|endoftext|> too in generation_config.json: HF stops at both."""
     from specpilot.models.config import target_config_from_hf

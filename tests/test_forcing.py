@@ -157,3 +157,5 @@ def test_decoding_past_the_references_eos_is_a_violation(pair):
     report = force(ignores_eos, eos_ref, prompts[:3], margins, max_new_tokens=MAX_NEW)
     assert not report.passed
     assert [(v["prompt"], v["position"], v["expected"]) for v in report.violations] == [(0, len(eos_ref[0]), None)]
+    alone = force(ignores_eos, eos_ref[:1], prompts[:1], margins, max_new_tokens=MAX_NEW)  # the batch's longest
+    assert [(v["prompt"], v["position"]) for v in alone.violations] == [(0, len(eos_ref[0]))]

@@ -40,7 +40,7 @@ from specpilot.tracking import scrub
 
 log = logging.getLogger("specpilot.search")
 
-LOG_SCHEMA_VERSION = 1
+LOG_SCHEMA_VERSION = 2  # 2: the header's identity includes the kernels group
 
 
 class ResumeError(ValueError):

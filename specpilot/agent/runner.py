@@ -145,6 +145,9 @@ class PoolRunner:
                 holding[w] = pending.pop(0)
                 self.tasks[w].put((holding[w], jobs[holding[w]]))
 
+        for w, p in list(self.procs.items()):
+            if not p.is_alive():  # died while idle (between two runs): it gets no job
+                del self.procs[w]
         for w in list(self.procs):
             give(w)
         while len(results) < len(jobs):
@@ -155,9 +158,9 @@ class PoolRunner:
                 pending.clear()
                 break
             kind, w, payload = self._get()
-            if kind == "done":
+            if kind == "done" and payload[0] == holding.get(w):  # else a late answer for a job already errored
                 i, result = payload
-                holding.pop(w, None)
+                holding.pop(w)
                 finish(i, result)
                 give(w)
             elif kind == "died" and w in holding:

@@ -144,6 +144,8 @@ def _layers_from_hf(d: dict, family: str, where: str, drafter: bool = False) -> 
         )
     except KeyError as e:
         raise CheckpointError(f"{where}: missing config key {e.args[0]!r}") from None
+    except CheckpointError:  # ours already names the problem (a ValueError too: not to be wrapped again)
+        raise
     except (TypeError, ValueError, ZeroDivisionError, AttributeError) as e:  # e.g. "hidden_size": "abc" or null
         raise CheckpointError(f"{where}: bad config value ({e})") from None
     _refuse_unsupported(d, where, drafter)
@@ -186,8 +188,9 @@ def target_config_from_hf(path: str | Path) -> ModelConfig:
     cfg = _layers_from_hf(d, family, str(path / "config.json"))
     gen = path / "generation_config.json"
     if gen.is_file():  # its stop tokens are what HF's generate stops at (Qwen3 lists <|im_end|> and <|endoftext|>)
+        generation = _read_json(gen)
         try:
-            extra = _eos_ids(_read_json(gen))
+            extra = _eos_ids(generation)
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"{gen}: bad eos_token_id ({e})") from None
         cfg = cfg.replace(eos_token_ids=tuple(dict.fromkeys(cfg.eos_token_ids + extra)))
@@ -212,6 +215,8 @@ def drafter_config_from_hf(path: str | Path) -> DrafterConfig:
         )
     except KeyError as e:
         raise CheckpointError(f"{where}: missing DFlash config key {e.args[0]!r}") from None
+    except CheckpointError:
+        raise
     except (TypeError, ValueError, AttributeError) as e:  # e.g. "mask_token_id": null, "dflash_config": [1]
         raise CheckpointError(f"{where}: bad DFlash config value ({e})") from None
 

@@ -244,7 +244,7 @@ def _save_cache(where: Path, tree) -> None:
     try:
         where.parent.mkdir(parents=True, exist_ok=True)
         ocp.Checkpointer(ocp.StandardCheckpointHandler()).save(tmp, args=ocp.args.StandardSave(tree))
-    except Exception as e:
+    except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise OSError(f"cannot write the weight cache at {where}: {e}") from None
     if where.exists() and _restore_cache(where, lambda c, w: jax.eval_shape(lambda: tree)) is None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import subprocess
 import sys
 from typing import Callable
@@ -61,22 +60,26 @@ class InProcessRunner:
         pass
 
 
-def _worker_main(spec, env: dict, wid: int, tasks, results) -> None:
+def _worker_main(spec, env: dict, tasks, results) -> None:
+    """A worker: builds the backend, then runs each job the parent sends on `tasks` and sends back its result."""
     os.environ.update(env)  # before JAX initialises any backend in this process
     from specpilot.agent.backend import backend_from_spec
 
     try:
         backend = backend_from_spec(spec)
-        results.put(("ready", wid, backend.descriptor))
+        results.send(("ready", backend.descriptor))
     except Exception as e:
-        results.put(("failed", wid, f"{type(e).__name__}: {e}"))
+        results.send(("failed", f"{type(e).__name__}: {e}"))
         return
     while True:
-        item = tasks.get()
+        try:
+            item = tasks.recv()
+        except EOFError:  # the parent is gone
+            return
         if item is None:
             return
         idx, job = item
-        results.put(("done", wid, (idx, evaluate(backend, job))))
+        results.send(("done", (idx, evaluate(backend, job))))
 
 
 def _error_result(job: dict, error: str) -> dict:
@@ -86,8 +89,10 @@ def _error_result(job: dict, error: str) -> dict:
 class PoolRunner:
     """`n` spawned workers; worker i sees GPU i only (or `envs[i]`).
 
-    Each worker has a queue of its own and holds one job at a time, given by the parent when it is idle, so the parent
-    always knows which job a worker that dies was running: that trial becomes an error and the rest go on."""
+    Each worker has two pipes of its own (jobs in, results out) and holds one job at a time, given by the parent when
+    it is idle. So the parent always knows which job a worker that dies was running (that trial becomes an error, the
+    rest go on), and no lock is shared between processes: a worker killed at any instant (the kernel's OOM killer)
+    cannot leave a queue locked for the others, as a shared multiprocessing.Queue can."""
 
     def __init__(self, spec, n: int, envs: list[dict] | None = None):
         import multiprocessing as mp
@@ -97,17 +102,20 @@ class PoolRunner:
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             ids = visible.split(",") if visible else [str(i) for i in range(n)]
             envs = [{"CUDA_VISIBLE_DEVICES": ids[i % len(ids)]} for i in range(n)]
-        self.tasks = [ctx.Queue() for _ in range(n)]
-        self.results = ctx.Queue()
-        self.procs = {i: ctx.Process(target=_worker_main, args=(spec, envs[i], i, self.tasks[i], self.results),
-                                     daemon=True) for i in range(n)}
-        for p in self.procs.values():
-            p.start()
+        self.procs, self.tasks, self.results = {}, {}, {}
+        for i in range(n):
+            task_out, task_in = ctx.Pipe(duplex=False)
+            result_out, result_in = ctx.Pipe(duplex=False)
+            self.procs[i] = ctx.Process(target=_worker_main, args=(spec, envs[i], task_out, result_in), daemon=True)
+            self.procs[i].start()
+            task_out.close()  # the worker's ends: closed here, so a dead worker reads as EOF
+            result_in.close()
+            self.tasks[i], self.results[i] = task_in, result_out
         self.workers = n
         self.descriptor = None
         ready = 0
         while ready < n:
-            kind, _, payload = self._get()
+            kind, _, payload = self._next()
             if kind in ("failed", "died"):
                 self.close()
                 raise RuntimeError(f"search worker failed to start: {payload}")
@@ -116,16 +124,27 @@ class PoolRunner:
                 self.descriptor = self.descriptor or payload
         log.info("%d search workers ready", n)
 
-    def _get(self, timeout: float = 5.0):
-        """The next message, or ("died", worker, why) for a worker that exited (it is forgotten)."""
+    def _next(self):
+        """(kind, worker, payload): the next message of any live worker, or ("died", worker, why) once one has exited
+        with nothing left to read (it is then forgotten). Blocks on the pipes and the processes' sentinels."""
+        from multiprocessing.connection import wait
+
         while True:
-            try:
-                return self.results.get(timeout=timeout)
-            except queue.Empty:
-                for w, p in list(self.procs.items()):
-                    if not p.is_alive():
-                        del self.procs[w]
-                        return ("died", w, f"worker pid {p.pid} exited with code {p.exitcode}")
+            if not self.procs:
+                raise RuntimeError("no search worker left")
+            for w, p in list(self.procs.items()):
+                conn = self.results[w]
+                try:
+                    if conn.poll():
+                        kind, payload = conn.recv()
+                        return kind, w, payload
+                except (EOFError, OSError):  # its end is closed: the worker is exiting
+                    pass
+                if not p.is_alive():
+                    p.join()
+                    del self.procs[w]
+                    return "died", w, f"worker pid {p.pid} exited with code {p.exitcode}"
+            wait([*(self.results[w] for w in self.procs), *(p.sentinel for p in self.procs.values())], timeout=5.0)
 
     def describe(self) -> dict:
         return self.descriptor
@@ -141,13 +160,14 @@ class PoolRunner:
                 on_result(result)
 
         def give(w: int) -> None:
-            if pending and w in self.procs:
-                holding[w] = pending.pop(0)
-                self.tasks[w].put((holding[w], jobs[holding[w]]))
+            if not pending or w not in self.procs or not self.procs[w].is_alive():
+                return  # a worker that died idle gets nothing (its death is reported by `_next`)
+            try:
+                self.tasks[w].send((pending[0], jobs[pending[0]]))
+            except OSError:  # it died just now: the job stays pending for another
+                return
+            holding[w] = pending.pop(0)
 
-        for w, p in list(self.procs.items()):
-            if not p.is_alive():  # died while idle (between two runs): it gets no job
-                del self.procs[w]
         for w in list(self.procs):
             give(w)
         while len(results) < len(jobs):
@@ -157,8 +177,8 @@ class PoolRunner:
                 holding.clear()
                 pending.clear()
                 break
-            kind, w, payload = self._get()
-            if kind == "done" and payload[0] == holding.get(w):  # else a late answer for a job already errored
+            kind, w, payload = self._next()
+            if kind == "done" and payload[0] == holding.get(w):
                 i, result = payload
                 holding.pop(w)
                 finish(i, result)
@@ -167,11 +187,17 @@ class PoolRunner:
                 # a worker crashed (e.g. out of memory in XLA): its trial is an error; the rest go on
                 i = holding.pop(w)
                 finish(i, _error_result(jobs[i], payload))
+            elif kind == "died" and pending and not holding:
+                for v in list(self.procs):  # the dead one held nothing: make sure the living are busy
+                    give(v)
         return [results[i] for i in range(len(jobs))]
 
     def close(self) -> None:
-        for w in self.procs:
-            self.tasks[w].put(None)
+        for w, p in self.procs.items():
+            try:
+                self.tasks[w].send(None)
+            except OSError:
+                pass
         for p in self.procs.values():
             p.join(timeout=10)
             if p.is_alive():

@@ -27,33 +27,45 @@ PROMPT = [1, 2, 3]
 NEW = 3
 
 
+def tiny_pair(vocab: int, block: int):
+    cfg = tm.target_config(vocab=vocab, hidden=16, heads=2, kv_heads=1, head_dim=8, intermediate=32)
+    return tm.repeat_pair(cfg, block_size=block, embed_scale=0.6, seed=3)
+
+
+def continuation_logits(pair, prompt: list[int], new: int) -> jax.Array:
+    """Target logits [V ** (new - 1), P + new - 1, V] of `prompt` + every continuation of new - 1 tokens (in
+    `itertools.product` order): one forward pass."""
+    cfg, tw = pair[0], pair[1]
+    seqs = np.array([prompt + list(s) for s in itertools.product(range(cfg.vocab_size), repeat=new - 1)], np.int32)
+    pos = jnp.broadcast_to(jnp.arange(seqs.shape[1]), seqs.shape)
+    return forward(tw, cfg, jnp.asarray(seqs), pos, new_cache(cfg, len(seqs), seqs.shape[1], jnp.float32)).logits
+
+
+def exact_joint_of(logits, sampling: Sampling, prompt_len: int, new: int) -> np.ndarray:
+    """P(t1..t_new) [V] * new under the target's sampling distribution: the product of its distributions along each
+    prefix, from `continuation_logits`."""
+    v = logits.shape[-1]
+    probs = np.asarray(target_probs(logits, sampling), np.float64).reshape((v,) * (new - 1) + (prompt_len + new - 1, v))
+    joint = np.ones((v,) * new)
+    for k in range(new):  # P(t_{k+1} | t_1..t_k): the sequences whose first k free tokens are t_1..t_k
+        pk = probs[(slice(None),) * k + (0,) * (new - 1 - k) + (prompt_len - 1 + k,)]
+        joint = joint * pk.reshape(pk.shape + (1,) * (new - 1 - k))
+    return joint / joint.sum()
+
+
 @pytest.fixture(scope="module")
 def pair():
-    cfg = tm.target_config(vocab=VOCAB, hidden=16, heads=2, kv_heads=1, head_dim=8, intermediate=32)
-    return tm.repeat_pair(cfg, block_size=BLOCK, embed_scale=0.6, seed=3)
+    return tiny_pair(VOCAB, BLOCK)
 
 
 @pytest.fixture(scope="module")
 def all_logits(pair):
-    """Target logits [V, V, P + 2, V] of PROMPT + [t1, t2] for every (t1, t2): one full forward pass."""
-    cfg, tw = pair[0], pair[1]
-    v, p = VOCAB, len(PROMPT)
-    seqs = np.array([PROMPT + [a, b] for a, b in itertools.product(range(v), repeat=2)], np.int32)
-    pos = jnp.broadcast_to(jnp.arange(p + 2), seqs.shape)
-    fwd = jax.jit(forward, static_argnums=1)
-    logits = fwd(tw, cfg, jnp.asarray(seqs), pos, new_cache(cfg, len(seqs), p + 2, jnp.float32)).logits
-    return logits.reshape(v, v, p + 2, v)
+    return continuation_logits(pair, PROMPT, NEW)
 
 
 def exact_joint(all_logits, sampling: Sampling) -> np.ndarray:
     """P(t1, t2, t3) [V, V, V] under the target's sampling distribution."""
-    p = len(PROMPT)
-    probs = np.asarray(target_probs(all_logits, sampling), np.float64)
-    p1 = probs[0, 0, p - 1]  # [t1]
-    p2 = probs[:, 0, p]  # [t1, t2]
-    p3 = probs[:, :, p + 1]  # [t1, t2, t3]
-    joint = p1[:, None, None] * p2[:, :, None] * p3
-    return joint / joint.sum()
+    return exact_joint_of(all_logits, sampling, len(PROMPT), NEW)
 
 
 def chi_square_p(samples: np.ndarray, joint: np.ndarray, min_expected: float = 5.0) -> tuple[float, float]:
@@ -162,28 +174,12 @@ MR_ENGINES = {
 
 @pytest.fixture(scope="module")
 def mr_pair():
-    cfg = tm.target_config(vocab=MR_VOCAB, hidden=16, heads=2, kv_heads=1, head_dim=8, intermediate=32)
-    return tm.repeat_pair(cfg, block_size=MR_BLOCK, embed_scale=0.6, seed=3)
+    return tiny_pair(MR_VOCAB, MR_BLOCK)
 
 
 @pytest.fixture(scope="module")
 def mr_logits(mr_pair):
-    """Target logits of MR_PROMPT + every continuation of MR_NEW - 1 tokens: one forward pass."""
-    cfg, tw = mr_pair[0], mr_pair[1]
-    seqs = np.array([MR_PROMPT + list(s) for s in itertools.product(range(MR_VOCAB), repeat=MR_NEW - 1)], np.int32)
-    pos = jnp.broadcast_to(jnp.arange(seqs.shape[1]), seqs.shape)
-    return forward(tw, cfg, jnp.asarray(seqs), pos, new_cache(cfg, len(seqs), seqs.shape[1], jnp.float32)).logits
-
-
-def mr_exact_joint(logits, sampling: Sampling) -> np.ndarray:
-    """P(t1..t_NEW) [V] * NEW: the product of the target's sampling distributions along each prefix."""
-    v, new, p = MR_VOCAB, MR_NEW, len(MR_PROMPT)
-    probs = np.asarray(target_probs(logits, sampling), np.float64).reshape((v,) * (new - 1) + (p + new - 1, v))
-    joint = np.ones((v,) * new)
-    for k in range(new):  # P(t_{k+1} | t_1..t_k): the sequences whose first k free tokens are t_1..t_k
-        pk = probs[(slice(None),) * k + (0,) * (new - 1 - k) + (p - 1 + k,)]
-        joint = joint * pk.reshape(pk.shape + (1,) * (new - 1 - k))
-    return joint / joint.sum()
+    return continuation_logits(mr_pair, MR_PROMPT, MR_NEW)
 
 
 @pytest.mark.parametrize("case", list(MR_ENGINES))
@@ -197,7 +193,7 @@ def test_sampling_is_exact_over_several_rounds(case, mr_pair, mr_logits):
     # many requests accept a run of drafts and then go on to another round
     after_accept = np.mean([len(a) >= 2 and a[0] >= 2 for a in r.acceptance_lengths])
     assert after_accept > 0.1, after_accept
-    stat, p = chi_square_p(samples, mr_exact_joint(mr_logits, s))
+    stat, p = chi_square_p(samples, exact_joint_of(mr_logits, s, len(MR_PROMPT), MR_NEW))
     assert p > 1e-3, f"{case}: chi-square {stat:.1f}, p = {p:.2e}"
 
 

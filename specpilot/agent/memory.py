@@ -215,7 +215,7 @@ class MemoryStore:
                 if (record.gain.run_id, record.gain.trial_id) in seen:
                     return path  # the same evidence (a resumed search replaying its round): nothing new
                 record = record.model_copy(update={"history": ([old.gain] + old.history)[:MAX_HISTORY]})
-            except (OSError, ValueError, TypeError, AttributeError):  # unreadable or invalid: replaced
+            except (OSError, ValueError):  # unreadable or invalid (a ValidationError is a ValueError): replaced
                 pass
         atomic_write(path, json.dumps(scrub(record.model_dump()), indent=2, sort_keys=True) + "\n")
         return path

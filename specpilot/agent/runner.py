@@ -187,9 +187,6 @@ class PoolRunner:
                 # a worker crashed (e.g. out of memory in XLA): its trial is an error; the rest go on
                 i = holding.pop(w)
                 finish(i, _error_result(jobs[i], payload))
-            elif kind == "died" and pending and not holding:
-                for v in list(self.procs):  # the dead one held nothing: make sure the living are busy
-                    give(v)
         return [results[i] for i in range(len(jobs))]
 
     def close(self) -> None:

@@ -168,9 +168,9 @@ def _refuse_unsupported(d: dict, where: str, drafter: bool = False) -> None:
                                                 "so the acceptance, may differ from the reference drafter's)", where)
         else:
             raise CheckpointError(f"{where}: sliding-window attention layers are not supported (full attention only)")
-    if d.get("quantization_config"):
-        method = (d["quantization_config"] or {}).get("quant_method", "?") if isinstance(
-            d["quantization_config"], dict) else "?"
+    quant = d.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
         raise CheckpointError(f"{where}: quantized checkpoints ({method}) are not supported; give bf16 / fp32 weights")
     if d.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"{where}: hidden_act={d.get('hidden_act')!r} is not supported (silu only)")

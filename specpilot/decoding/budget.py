@@ -48,9 +48,8 @@ class CostAwareBudget:
     def choose(self, score: jax.Array, valid: jax.Array, live: jax.Array | None = None) -> jax.Array:
         """Index into `candidates` for this round. score, valid: [B, N] with nodes sorted by score; `live` [B]: the
         requests still decoding (a finished or padding row's tree does not vote)."""
-        if live is not None:
-            valid = valid & live[:, None]
-        p = jnp.where(valid, jnp.exp(score), 0.0)
-        expected = 1.0 + jnp.cumsum(p, axis=-1)  # [B, N]: E(n) at n = index + 1
+        live = jnp.ones(score.shape[:1], bool) if live is None else live
+        p = jnp.where(valid & live[:, None], jnp.exp(score), 0.0)
+        expected = live[:, None] + jnp.cumsum(p, axis=-1)  # [B, N]: E(n) at n = index + 1; 0 for a finished row
         gains = jnp.stack([expected[:, c - 1].sum() / self.step_ms(c) for c in self.candidates])
         return jnp.argmax(gains).astype(jnp.int32)

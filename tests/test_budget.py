@@ -44,3 +44,17 @@ def test_bad_tables_are_refused():
         CostAwareBudget.from_config({"tree_budget": 4, "budget_candidates": [8]})
     with pytest.raises(ValueError, match="must be > 0"):
         CostAwareBudget.from_config({"tree_budget": 4, "verify_cost_ms": {1: 0.0}})
+
+
+def test_step_time_beyond_the_table_follows_its_last_slope():
+    """Past the last measured size the verify gets dearer at the last segment's rate (not clamped), never cheaper; below
+    the first size it costs the first time."""
+    policy = CostAwareBudget.from_config({"tree_budget": 64, "budget_candidates": [8, 64],
+                                          "verify_cost_ms": {1: 1.0, 8: 1.5, 16: 2.0}, "draft_cost_ms": 0.5})
+    assert policy.step_ms(64) == pytest.approx(0.5 + 2.0 + 0.5 / 8 * 48)
+    assert policy.step_ms(0) == pytest.approx(1.5)
+    falling = CostAwareBudget.from_config({"tree_budget": 64, "verify_cost_ms": {8: 2.0, 16: 1.5}})
+    assert falling.step_ms(64) == pytest.approx(1.5)
+    # nodes at probability 0.03: 64 nodes buy E = 2.92 in 5.5 ms, 8 nodes 1.24 in 2.0 ms; clamped, 64 would cost 2.5
+    valid = jnp.ones((1, 64), bool)
+    assert policy.candidates[int(policy.choose(scores(0.03, 64)[None], valid))] == 8

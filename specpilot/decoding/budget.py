@@ -5,7 +5,9 @@ Expected tokens for a best-first tree of n nodes, with the drafter's path probab
 surrogate for acceptance: E(n) = 1 + Σ_{j<n} exp(score_j) (the root's bonus token is always
 committed; node j is committed iff its whole path is, probability ≈ exp(path log-prob)). Nodes come
 sorted by score, so E is a prefix sum. Step time t(n) = t_draft + t_verify(n), t_verify interpolated
-(piecewise linear in n) from a table measured by the cost model (config until then). The batch shares
+(piecewise linear in n) from a table measured by the cost model (config until then); below the table's first size it
+is the first time, above its last it follows the last segment's slope (never downward), so a candidate larger than
+every measured size does not look as cheap as the largest measured one. A one-point table is flat. The batch shares
 one verify shape, so the budget maximising Σ_b E_b(n) / t(n) is chosen, and only that size's verify
 runs (`lax.switch` over one compiled verify per candidate).
 """
@@ -43,7 +45,10 @@ class CostAwareBudget:
 
     def step_ms(self, n: int) -> float:
         xs, ys = zip(*self.verify_points)
-        return self.draft_ms + float(np.interp(n, xs, ys))
+        if n <= xs[-1] or len(xs) == 1:
+            return self.draft_ms + float(np.interp(n, xs, ys))
+        slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
+        return self.draft_ms + ys[-1] + slope * (n - xs[-1])
 
     def choose(self, score: jax.Array, valid: jax.Array, live: jax.Array | None = None) -> jax.Array:
         """Index into `candidates` for this round. score, valid: [B, N] with nodes sorted by score; `live` [B]: the

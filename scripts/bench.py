@@ -54,7 +54,8 @@ def parse_args(argv=None):
     ap.add_argument("--model", default="qwen3_8b", help="synthetic target shapes: conf/model/<name>.yaml")
     ap.add_argument("--target", help="HF target checkpoint folder (real weights; needs --drafter)")
     ap.add_argument("--drafter", help="z-lab DFlash drafter folder")
-    ap.add_argument("--dtype", default=None, help="bfloat16 | float32 (default: bfloat16 on GPU, float32 on CPU)")
+    ap.add_argument("--dtype", default=None, choices=("bfloat16", "float32"),
+                    help="default: bfloat16 on GPU, float32 on CPU")
     ap.add_argument("--drafter-layers", type=positive_int, default=5, help="synthetic drafter depth (DFlash-b16: 5)")
     ap.add_argument("--block-size", type=positive_int, default=16, help="synthetic drafter block size")
     ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
@@ -117,6 +118,14 @@ def parse_args(argv=None):
     ap.add_argument("--wandb", action="store_true", help="log rows to W&B (offline unless configured)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    if args.replot and not (Path(args.replot) / "bench.json").is_file():
+        ap.error(f"--replot: no bench.json in {args.replot}")
+    for flag, path in (("--tau-profile", args.tau_profile), ("--prompts", args.prompts)):
+        if path and not Path(path).is_file():
+            ap.error(f"{flag}: no such file: {path}")
+    for flag, path in (("--target", args.target), ("--drafter", args.drafter)):
+        if path and not Path(path).is_dir():
+            ap.error(f"{flag}: checkpoint folder not found: {path}")
     if not args.replot and not args.target:
         from specpilot.costmodel.measure import model_config
 
@@ -223,7 +232,14 @@ def main(argv=None) -> int:
     log(f"  read {hw.hbm_bytes_per_s / 1e12:.3f} TB/s, matmul {hw.matmul_flops_per_s / 1e12:.1f} TFLOP/s "
         f"[{time.perf_counter() - t_start:.1f}s]")
     if args.target:
-        dep = M.checkpoint_deployment(args.target, args.drafter, dtype)
+        from specpilot.cli import one_line
+        from specpilot.models.config import CheckpointError
+
+        try:
+            dep = M.checkpoint_deployment(args.target, args.drafter, dtype)
+        except CheckpointError as e:
+            print(one_line(f"checkpoint error: {e}"), file=sys.stderr, flush=True)
+            return 2
     else:
         dep = M.synthetic_deployment(args.model, dtype, args.seed, args.drafter_layers, args.block_size)
     log(f"deployment {dep.name}: {dep.target_cfg.num_layers} target layers, drafter "

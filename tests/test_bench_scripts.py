@@ -168,6 +168,7 @@ def test_warm_up_compiles_exactly_the_programs_the_timed_pass_runs(tmp_path):
     (["--model", "nonexistent"], "--model: model 'nonexistent': no "),
     (["--batches", "0"], "argument --batches: must be >= 1, got 0"),
     (["--budgets", "64", "x"], "argument --budgets: invalid positive_int value: 'x'"),
+    (["--dtype", "float16"], "argument --dtype: invalid choice: 'float16'"),
 ])
 def test_bench_rejects_bad_arguments_in_one_line(argv, message, capsys):
     """A bad count or an unknown model is argparse's one-line error (exit 2), before anything is built."""
@@ -179,6 +180,32 @@ def test_bench_rejects_bad_arguments_in_one_line(argv, message, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) >= 1 and ": error: " + message in err[-1]
+
+
+@pytest.mark.parametrize("flag", ["--tau-profile", "--prompts", "--replot", "--target"])
+def test_bench_rejects_a_missing_path_before_the_sweep(flag, tmp_path, capsys):
+    """A mistyped file or folder is argparse's one-line error at parse time, not a traceback (after the whole
+    sweep, for --tau-profile and --prompts)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import bench
+
+    missing = tmp_path / "missing"
+    argv = [flag, str(missing)] + (["--drafter", str(tmp_path)] if flag == "--target" else [])
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert f": error: {flag}: " in err[-1] and str(missing) in err[-1]
+
+
+def test_bench_reports_a_broken_checkpoint_in_one_line(tmp_path, cache_env):
+    """A checkpoint folder without config.json: `checkpoint error: ...` on stderr and exit 2, no traceback."""
+    (tmp_path / "empty").mkdir()
+    cmd = [sys.executable, str(REPO / "scripts" / "bench.py"), "--out", str(tmp_path / "out"), "--target",
+           str(tmp_path / "empty"), "--drafter", str(tmp_path / "empty"), "--compile-cache", "none"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=cache_env, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == [f"checkpoint error: missing file: {tmp_path / 'empty' / 'config.json'}"]
 
 
 @pytest.mark.parametrize("script,argv,flag", [

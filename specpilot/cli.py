@@ -47,7 +47,10 @@ def _hydra_error(e: Exception) -> str:
         group, _, option = e.missing_cfg_file.rpartition("/")
         return f"config error: {group or option}: no option {option!r} (available: {', '.join(e.options)})"
     if isinstance(e, OverrideParseException):
-        return f"config error: cannot parse override {e.override!r}: {one_line(e.message)}"
+        key, sep, value = str(e.override).partition("=")
+        hint = (f"; quote the value inside the argument: '{key}=\"{value}\"'"
+                if sep and value and value[0] not in "[{" and "'" not in e.override and '"' not in value else "")
+        return f"config error: cannot parse override {e.override!r}: {one_line(e.message)}{hint}"
     key = getattr(e.__cause__, "full_key", None)
     if key and "not in struct" in str(e.__cause__):
         if is_known_key(key):

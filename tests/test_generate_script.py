@@ -70,3 +70,13 @@ def test_force_script_passes_an_honest_engine(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["passed"] and report["positions_checked"] == 24 and report["violations"] == []
+
+
+def test_unquoted_text_prompt_names_the_quoting_that_works(tmp_path):
+    """The shell strips `prompt="def fib(n):"`'s quotes, and Hydra cannot parse the bare parentheses: the one-line
+    error says how to quote it for Hydra."""
+    proc = run_generate(tmp_path, "prompt=def fib(n):")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("config error: cannot parse override 'prompt=def fib(n):'")
+    assert lines[0].endswith("""quote the value inside the argument: 'prompt="def fib(n):"'""")

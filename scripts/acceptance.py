@@ -19,10 +19,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a bare checkout (GPU machine)
 
-from specpilot.argtypes import positive_int  # noqa: E402
+from specpilot.argtypes import non_negative_float, positive_int  # noqa: E402
+
+CONF_ENGINE = Path(__file__).resolve().parents[1] / "conf" / "engine"
+ENGINES = sorted(p.stem for p in CONF_ENGINE.glob("*.yaml"))
 
 
-def _engine_overrides(items: list[str]) -> dict:
+def _engine_overrides(ap, items: list[str], engines: list[str]) -> dict:
+    """`--set ENGINE.KEY=VALUE` items as {engine: {knob: value}}; a knob that would be ignored (an engine not run, a
+    key its conf/engine/ENGINE.yaml lacks) or, where pydantic is installed, a value the engine refuses is one line."""
     import yaml
 
     out: dict = {}
@@ -30,8 +35,27 @@ def _engine_overrides(items: list[str]) -> dict:
         key, sep, value = item.partition("=")
         engine, dot, knob = key.partition(".")
         if not sep or not dot:
-            raise SystemExit(f"--set expects ENGINE.KEY=VALUE, got {item!r}")
+            ap.error(f"--set expects ENGINE.KEY=VALUE, got {item!r}")
+        if engine not in engines:
+            ap.error(f"--set {key}: {engine} is not among --engines ({' '.join(engines)})")
+        defaults = yaml.safe_load((CONF_ENGINE / f"{engine}.yaml").read_text())
+        if knob == "name" or knob not in defaults:
+            ap.error(f"--set {key}: {engine} has no knob {knob!r} ({', '.join(k for k in defaults if k != 'name')})")
         out.setdefault(engine, {})[knob] = yaml.safe_load(value)
+    try:
+        from pydantic import TypeAdapter, ValidationError
+
+        from specpilot.config import EngineConfig
+    except ImportError:  # the GPU machine has no pydantic: the engines' own checks apply
+        return out
+    for engine, knobs in out.items():
+        try:
+            TypeAdapter(EngineConfig).validate_python(
+                {**yaml.safe_load((CONF_ENGINE / f"{engine}.yaml").read_text()), **knobs})
+        except ValidationError as e:
+            err = e.errors()[0]
+            loc = [str(part) for part in err["loc"][1:]]  # the first part is the engine's name
+            ap.error(f"--set {engine}.{'.'.join(loc)}: {err['msg']}, got {knobs.get(loc[0], '?')!r}")
     return out
 
 
@@ -40,8 +64,8 @@ def main(argv=None) -> int:
     ap.add_argument("--proxy", default="proxy_tiny", help="recipe (conf/proxy/): its pair, eval prompts and corpus")
     ap.add_argument("--target", help="target folder (default: the recipe's cached pair, trained if missing)")
     ap.add_argument("--drafter", help="drafter folder (with --target)")
-    ap.add_argument("--engines", nargs="+", default=["stock", "ddtree", "specpilot"])
-    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--engines", nargs="+", default=["stock", "ddtree", "specpilot"], choices=ENGINES)
+    ap.add_argument("--temperature", type=non_negative_float, default=0.0)
     ap.add_argument("--prompts", default="heldout", choices=["heldout", "humaneval", "both"])
     ap.add_argument("--num-prompts", type=positive_int, help="default: the recipe's eval.num_prompts")
     ap.add_argument("--prompt-tokens", type=positive_int, help="default: the recipe's eval.prompt_tokens")
@@ -52,6 +76,7 @@ def main(argv=None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="ENGINE.KEY=VALUE",
                     help="engine knob override, e.g. ddtree.tree_budget=32")
     args = ap.parse_args(argv)
+    overrides = _engine_overrides(ap, args.set, args.engines)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(name)s: %(message)s")
     for noisy in ("jax", "absl", "orbax"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -78,7 +103,7 @@ def main(argv=None) -> int:
     prompts = eval_prompts(args.prompts, load_tokenizer(target), load_corpus(spec.corpus),
                            args.num_prompts or e.num_prompts, args.prompt_tokens or e.prompt_tokens)
     results = measure(target, drafter, prompts, args.engines, args.temperature, args.max_new_tokens or e.max_new_tokens,
-                      args.batch_size or e.batch_size, args.dtype, args.seed, _engine_overrides(args.set))
+                      args.batch_size or e.batch_size, args.dtype, args.seed, overrides)
     print(f"{len(prompts)} {args.prompts} prompts, T={args.temperature:g}, target {target}", file=sys.stderr)
     print(f"{'engine':<10} {'tau':>6} {'rounds':>7}  histogram (rounds committing 1, 2, ... tokens)", file=sys.stderr)
     for name, r in results.items():

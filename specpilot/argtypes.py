@@ -11,3 +11,11 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def non_negative_float(text: str) -> float:
+    """A temperature, a tolerance: a float >= 0, else argparse's one-line error."""
+    value = float(text)  # argparse reports a ValueError as "invalid non_negative_float value: 'x'"
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value

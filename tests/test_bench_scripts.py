@@ -225,3 +225,24 @@ def test_scripts_reject_a_count_below_one(script, argv, flag, capsys):
         parse(argv)
     assert e.value.code == 2
     assert f"argument {flag}: must be >= 1, got" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--engines", "foo"], "argument --engines: invalid choice: 'foo'"),
+    (["--temperature", "-1"], "argument --temperature: must be >= 0, got -1.0"),
+    (["--set", "stock.tree_budgt=32"], "--set stock.tree_budgt: stock has no knob 'tree_budgt' (block_size, "),
+    (["--set", "ddtree.tree_budget=32", "--engines", "stock"], "--set ddtree.tree_budget: ddtree is not among "),
+    (["--set", "stock.block_size=abc"], "--set stock.block_size: "),
+    (["--set", "stock.weight_format=w13"], "--set stock.weight_format: "),
+])
+def test_acceptance_rejects_bad_engines_and_knobs_in_one_line(argv, message, capsys):
+    """An unknown engine, a negative temperature or an `--set` knob that would be ignored or break the engine is a
+    one-line error (exit 2) before any model is loaded or trained (a typo in a knob used to be ignored silently)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import acceptance
+
+    with pytest.raises(SystemExit) as e:
+        acceptance.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) >= 1 and "error: " + message in err[-1], err

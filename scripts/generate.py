@@ -1,6 +1,7 @@
 """Generate from one prompt (or a batch) with one engine; the result is the last stdout line, as JSON.
 
-    python scripts/generate.py                                   # tiny random Qwen3, AR, on CPU
+    python scripts/generate.py                                   # proxy_tiny pair (trained on first use), AR, CPU
+    python scripts/generate.py deployment.models=config          # tiny random Qwen3 instead
     python scripts/generate.py engine=ddtree engine.tree_budget=32 prompt_ids=[1,2,3]
     python scripts/generate.py target.path=DIR drafter.path=DIR engine=stock prompt="Hello"
 

@@ -265,6 +265,22 @@ def test_simulated_stock_tau_replays_the_chain_loop():
     assert simulated_stock_tau(hit) == 3.5
 
 
+@pytest.mark.parametrize("argv,message", [
+    (["--engines", "stock", "foo"], "argument --engines: invalid choice: 'foo'"),
+    (["--temperatures", "0", "-1"], "argument --temperatures: must be >= 0, got -1.0"),
+    (["--dtype", "float16"], "argument --dtype: invalid choice: 'float16'"),
+])
+def test_one_command_run_rejects_bad_acceptance_arguments_before_training(argv, message, tmp_path, capsys):
+    """A typo in what acceptance measures is argparse's one-line error at once, not a traceback after training."""
+    from specpilot.training.run import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--size", "proxy_test", "--work", str(tmp_path / "work"), "--acceptance", *argv])
+    assert e.value.code == 2
+    assert ": error: " + message in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not (tmp_path / "work").exists()
+
+
 def test_one_command_run_writes_results_and_summary(built, tmp_path, capsys):
     """`python -m specpilot.training.proxy` (the GPU entry point) on a trained pair: results.json + summary.md."""
     from specpilot.training.run import main

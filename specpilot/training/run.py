@@ -19,7 +19,9 @@ import sys
 import time
 from pathlib import Path
 
+from specpilot.argtypes import non_negative_float
 from specpilot.provenance import git_commit
+from specpilot.training.acceptance import CONF_ENGINE
 from specpilot.training.proxy import _locked, _write_json, build, proxy_dir
 from specpilot.training.spec import ProxySpec, SpecError, load_spec
 
@@ -110,10 +112,12 @@ def main(argv=None) -> int:
     ap.add_argument("--work", help="folder for checkpoints and the trained pair (default: the proxy cache)")
     ap.add_argument("--out", help="write results.json and summary.md here (updated after every phase)")
     ap.add_argument("--acceptance", action="store_true", help="measure tau for the engines after training")
-    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    ap.add_argument("--engines", nargs="+", default=["stock", "ddtree", "specpilot"])
+    ap.add_argument("--temperatures", type=non_negative_float, nargs="+", default=[0.0, 1.0])
+    ap.add_argument("--engines", nargs="+", default=["stock", "ddtree", "specpilot"],
+                    choices=sorted(p.stem for p in CONF_ENGINE.glob("*.yaml")))
     ap.add_argument("--prompts", default="heldout", choices=["heldout", "humaneval", "both"])
-    ap.add_argument("--dtype", default=None, help="engine dtype for acceptance (default: the target's train dtype)")
+    ap.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
+                    help="engine dtype for acceptance (default: the target's train dtype)")
     ap.add_argument("--deadline-s", type=float, default=None,
                     help="wall-time budget of the whole command: an acceptance measurement that might not finish "
                          "before it (judged by the slowest one so far) is skipped")

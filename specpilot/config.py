@@ -477,5 +477,6 @@ def _format_union(errs: list[dict]) -> tuple[str, int] | None:
     lines = [_format({**e, "loc": e["loc"][:-1]}) for e in members]
     head = _format({"loc": loc[:-1], "type": "missing"}).removesuffix(": missing required key")
     wants = [line[len(head) + 2:].removesuffix(got) for line in lines]
+    wants = list(dict.fromkeys(wants))  # two list members refusing [] alike: "must not be empty" once
     wants = [w if i == 0 else w.removeprefix("expected ") for i, w in enumerate(wants)]
     return f"{head}: {' or '.join(wants)}{got}", len(members)

@@ -104,6 +104,13 @@ def test_a_value_every_union_member_refuses_is_one_line_at_its_key(value, proble
     assert error_of(f"search.workers={value}") == f"config error: search.workers: {problem}"
 
 
+def test_union_members_refusing_alike_are_named_once():
+    """`deployment.prompts=[]`: both list members say "must not be empty"; the line says it once."""
+    assert error_of("deployment.prompts=[]") == (
+        "config error: deployment.prompts: expected 'auto', 'synthetic', 'code' or 'heldout' or must not be empty, "
+        "got []")
+
+
 def test_w12_weights_need_a_bfloat16_target():
     """W12 packs bf16 bit patterns: on a float32 target the config says so in one line, before any weight loads."""
     assert error_of("engine=ddtree", "engine.weight_format=w12") == (

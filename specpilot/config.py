@@ -257,6 +257,13 @@ class SpecPilotEngineConfig(_EngineBase):
     verify_cost_ms: Annotated[dict[PosInt, PosFloat], Field(min_length=1)]
     draft_cost_ms: NonNegFloat
 
+    @model_validator(mode="after")
+    def _a_candidate_within_budget(self):
+        if min(self.budget_candidates) > self.tree_budget:  # the engine drops those above (decoding/budget.py)
+            raise _field_error("budget_candidates", f"none is <= engine.tree_budget {self.tree_budget}, "
+                                                    f"got {_short(self.budget_candidates)}")
+        return self
+
 
 class TLVEngineConfig(_EngineBase):
     name: Literal["tlv"]

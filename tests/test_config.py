@@ -257,3 +257,10 @@ def test_load_models_applies_the_kernels_group():
         assert set(choices.current().values()) == {"xla", False}
     finally:
         choices.use(**before)
+
+
+def test_specpilot_needs_a_budget_candidate_within_its_tree_budget():
+    """The engine keeps the candidates <= tree_budget; none left was a ValueError traceback at engine build."""
+    assert error_of("engine=specpilot", "engine.tree_budget=64", "engine.budget_candidates=[128,256]") == (
+        "config error: engine.budget_candidates: none is <= engine.tree_budget 64, got [128, 256]")
+    validate(composed("engine=specpilot", "engine.tree_budget=64"))  # the default candidates above 64 are dropped

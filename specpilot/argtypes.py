@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def positive_int(text: str) -> int:
@@ -19,3 +20,17 @@ def non_negative_float(text: str) -> float:
     if not value >= 0:  # NaN too
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
+
+
+def existing_file(text: str) -> str:
+    """A file read later (a τ profile, prompts, configs): checked at parse time, not after the work it follows."""
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {text}")
+    return text
+
+
+def existing_dir(text: str) -> str:
+    """A checkpoint folder: checked at parse time."""
+    if not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"no such folder: {text}")
+    return text

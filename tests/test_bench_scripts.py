@@ -246,3 +246,27 @@ def test_acceptance_rejects_bad_engines_and_knobs_in_one_line(argv, message, cap
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) >= 1 and "error: " + message in err[-1], err
+
+
+@pytest.mark.parametrize("script", ["reproduce_table1", "reproduce_table2", "reproduce_ddtree_comparison"])
+@pytest.mark.parametrize("argv,message", [
+    (["--tau-profile", "MISSING"], "argument --tau-profile: no such file: "),
+    (["--prompts", "MISSING"], "argument --prompts: no such file: "),
+    (["--configs", "MISSING"], "argument --configs: no such file: "),
+    (["--target", "MISSING", "--drafter", "MISSING"], "argument --target: no such folder: "),
+    (["--models", "tiny", "qwen3_9b"], "argument --models: invalid choice: 'qwen3_9b'"),
+    (["--dtype", "float16"], "argument --dtype: invalid choice: 'float16'"),
+])
+def test_reproduce_scripts_reject_a_bad_path_model_or_dtype_before_any_work(script, argv, message, tmp_path, capsys):
+    """A mistyped path, model or dtype is argparse's one-line error at once: it was a traceback, some only after
+    the real pair's whole sweep."""
+    import importlib
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    module = importlib.import_module(script)
+    argv = [str(tmp_path / "missing") if a == "MISSING" else a for a in argv]
+    with pytest.raises(SystemExit) as e:
+        module.main(["--out", str(tmp_path / "out"), *argv])
+    assert e.value.code == 2
+    assert ": error: " + message in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not (tmp_path / "out").exists()

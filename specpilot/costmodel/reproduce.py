@@ -19,35 +19,50 @@ import sys
 import time
 from pathlib import Path
 
-from specpilot.argtypes import positive_int
+from specpilot.argtypes import existing_dir, existing_file, positive_int
 from specpilot.costmodel.predict import TauProfile, config_label, project, speedup
+
+
+MODELS = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "conf" / "model").glob("*.yaml"))
+
+
+def _model(text: str) -> str:
+    """A conf/model/ name or a path to such a YAML file (`measure.model_config`)."""
+    if text in MODELS or (text.endswith(".yaml") and Path(text).is_file()):
+        return text
+    raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(MODELS)}, or a .yaml file)")
 
 
 def base_parser(doc: str, batches: list[int]) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="output folder (created)")
-    ap.add_argument("--target", help="HF target folder of a real pair (default: shared/oracle_pair when present)")
-    ap.add_argument("--drafter", help="DFlash drafter folder of that pair")
+    ap.add_argument("--target", type=existing_dir,
+                    help="HF target folder of a real pair (default: shared/oracle_pair when present)")
+    ap.add_argument("--drafter", type=existing_dir, help="DFlash drafter folder of that pair")
     ap.add_argument("--no-real", action="store_true", help="skip the real pair")
-    ap.add_argument("--models", nargs="*", default=None,
+    ap.add_argument("--models", nargs="*", default=None, type=_model,
                     help="synthetic target shapes (conf/model/*.yaml); default: tiny on CPU, qwen3_8b on GPU")
-    ap.add_argument("--tau-profile", help="τ profile JSON for the projections when no real pair runs here")
+    ap.add_argument("--tau-profile", type=existing_file,
+                    help="τ profile JSON for the projections when no real pair runs here")
     ap.add_argument("--batches", nargs="+", type=positive_int, default=batches)
     ap.add_argument("--context", type=positive_int, default=None,
                     help="synthetic: committed tokens (default 64 CPU, 1024 GPU)")
     ap.add_argument("--rounds", type=positive_int, default=6, help="timed rounds per step-time measurement")
     ap.add_argument("--max-new", type=positive_int, default=48, help="real pair: tokens generated per prompt")
     ap.add_argument("--num-prompts", type=positive_int, default=8, help="real pair: prompts used (its own first)")
-    ap.add_argument("--prompts", help="real pair: JSON list of token-id prompts (default: the pair's oracle.json/"
-                                      "prompts.json, topped up with random tokens)")
+    ap.add_argument("--prompts", type=existing_file,
+                    help="real pair: JSON list of token-id prompts (default: the pair's oracle.json/prompts.json, "
+                         "topped up with random tokens)")
     ap.add_argument("--specpilot-candidates", nargs="+", type=positive_int, default=[16, 64, 256])
     ap.add_argument("--tlv-budgets", nargs="*", type=positive_int, default=[128])
-    ap.add_argument("--configs", help="JSON list of extra SpecPilot engine configs (e.g. the search's best)")
+    ap.add_argument("--configs", type=existing_file,
+                    help="JSON list of extra SpecPilot engine configs (e.g. the search's best)")
     ap.add_argument("--budget-s", type=float, default=None, help="time budget per synthetic deployment's sweep")
     ap.add_argument("--compile-cache", default=".cache/jax-compile")
     ap.add_argument("--compile-workers", type=positive_int, default=None,
                     help="threads compiling a batch's configs before timing (default 4 on an accelerator, else 1)")
-    ap.add_argument("--dtype", default=None, help="synthetic weights: bfloat16 (GPU default) | float32 (CPU default)")
+    ap.add_argument("--dtype", default=None, choices=("bfloat16", "float32"),
+                    help="synthetic weights (default: bfloat16 on GPU, float32 on CPU)")
     ap.add_argument("--seed", type=int, default=0)
     return ap
 

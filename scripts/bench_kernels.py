@@ -160,6 +160,14 @@ def skinny_sweep():
     )
 
 
+def _shape(text: str) -> str:
+    """A weight shape KxN of two positive integers (kept as text: `plan` splits it)."""
+    k, sep, n = text.lower().partition("x")
+    if not (sep and k.isdigit() and n.isdigit() and int(k) > 0 and int(n) > 0):
+        raise argparse.ArgumentTypeError(f"expected KxN, e.g. 4096x12288, got {text!r}")
+    return text
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -169,7 +177,7 @@ def parse_args(argv=None):
     ap.add_argument("--sweep", action="store_true",
                     help="also time the alternative TuningConfigs (w12_sweep(), skinny_sweep(), "
                          "tree_attention.bench.SWEEP)")
-    ap.add_argument("--shapes", nargs="+", default=None, metavar="KxN",
+    ap.add_argument("--shapes", nargs="+", default=None, metavar="KxN", type=_shape,
                     help="W12 and skinny weight shapes (default: W12 " + " ".join(f"{k}x{n}" for k, n, _ in W12_SHAPES)
                          + "; skinny " + " ".join(f"{k}x{n}" for k, n, _ in SKINNY_SHAPES) + ")")
     ap.add_argument("--tokens", type=positive_int, nargs="+", default=None,

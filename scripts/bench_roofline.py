@@ -102,7 +102,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from specpilot.argtypes import positive_int  # noqa: E402
+from specpilot.argtypes import model_name, positive_int  # noqa: E402
 
 NOMINAL_BYTES_PER_S = 4.3e12  # the H200's device-to-device copy rate (shared/GPU.md)
 XLA_JOB = ("xla_forward", "xla_decode_loop", "verify_nodes", "verify_loop", "drafter")
@@ -991,8 +991,10 @@ def parse_args(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--out", help="output folder (default outputs/roofline/<date>_<time>)")
     ap.add_argument("--quick", action="store_true", help="tiny shapes, float32, few steps: a CPU smoke run")
-    ap.add_argument("--model", default=None, help="conf/model/<name>.yaml (default qwen3_8b; --quick: tiny)")
-    ap.add_argument("--dtype", default=None, help="bfloat16 | float32 (default bfloat16; --quick: float32)")
+    ap.add_argument("--model", default=None, type=model_name,
+                    help="conf/model/<name>.yaml (default qwen3_8b; --quick: tiny)")
+    ap.add_argument("--dtype", default=None, choices=("bfloat16", "float32"),
+                    help="default bfloat16; --quick: float32")
     ap.add_argument("--context", type=positive_int, default=None, help="committed tokens (default 1024; --quick: 32)")
     ap.add_argument("--variants", nargs="+", default=None,
                     help="subset of: " + ", ".join([*XLA_JOB, *SKINNY_VARIANTS, *FUSED_NORM_VARIANTS, *SKINNY_FLAG_VARIANTS,

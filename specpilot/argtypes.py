@@ -34,3 +34,11 @@ def existing_dir(text: str) -> str:
     if not Path(text).is_dir():
         raise argparse.ArgumentTypeError(f"no such folder: {text}")
     return text
+
+
+def model_name(text: str) -> str:
+    """Synthetic target shapes: a conf/model/ name or a path to such a YAML file (`costmodel.measure.model_config`)."""
+    names = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "model").glob("*.yaml"))
+    if text in names or (text.endswith(".yaml") and Path(text).is_file()):
+        return text
+    raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(names)}, or a .yaml file)")

@@ -270,3 +270,20 @@ def test_reproduce_scripts_reject_a_bad_path_model_or_dtype_before_any_work(scri
     assert e.value.code == 2
     assert ": error: " + message in capsys.readouterr().err.strip().splitlines()[-1]
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("script,argv,message", [
+    ("bench_roofline", ["--model", "qwen3_9b"], "argument --model: invalid choice: 'qwen3_9b'"),
+    ("bench_roofline", ["--dtype", "float16"], "argument --dtype: invalid choice: 'float16'"),
+    ("bench_kernels", ["--out", "unused", "--shapes", "4096x"], "argument --shapes: expected KxN, e.g. 4096x12288, "
+                                                                "got '4096x'"),
+])
+def test_kernel_benches_reject_a_bad_model_dtype_or_shape_in_one_line(script, argv, message, capsys):
+    """A typo in a model name, dtype or weight shape is argparse's one-line error, not a traceback."""
+    import importlib
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(script).parse_args(argv)
+    assert e.value.code == 2
+    assert ": error: " + message in capsys.readouterr().err.strip().splitlines()[-1]

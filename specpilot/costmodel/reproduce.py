@@ -19,18 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from specpilot.argtypes import existing_dir, existing_file, positive_int
+from specpilot.argtypes import existing_dir, existing_file, model_name, positive_int
 from specpilot.costmodel.predict import TauProfile, config_label, project, speedup
-
-
-MODELS = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "conf" / "model").glob("*.yaml"))
-
-
-def _model(text: str) -> str:
-    """A conf/model/ name or a path to such a YAML file (`measure.model_config`)."""
-    if text in MODELS or (text.endswith(".yaml") and Path(text).is_file()):
-        return text
-    raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(MODELS)}, or a .yaml file)")
 
 
 def base_parser(doc: str, batches: list[int]) -> argparse.ArgumentParser:
@@ -40,7 +30,7 @@ def base_parser(doc: str, batches: list[int]) -> argparse.ArgumentParser:
                     help="HF target folder of a real pair (default: shared/oracle_pair when present)")
     ap.add_argument("--drafter", type=existing_dir, help="DFlash drafter folder of that pair")
     ap.add_argument("--no-real", action="store_true", help="skip the real pair")
-    ap.add_argument("--models", nargs="*", default=None, type=_model,
+    ap.add_argument("--models", nargs="*", default=None, type=model_name,
                     help="synthetic target shapes (conf/model/*.yaml); default: tiny on CPU, qwen3_8b on GPU")
     ap.add_argument("--tau-profile", type=existing_file,
                     help="τ profile JSON for the projections when no real pair runs here")

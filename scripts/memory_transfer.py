@@ -23,7 +23,8 @@ compile faster because the other one compiled the same programs first. B's unsee
 (`--order`), or both run at once, one per GPU, with `--parallel-devices 0,1`. `--run-timeout-s` kills a search
 that runs too long; its trials so far (trials.jsonl) still enter the comparison, marked cut off (the searches'
 own `search.max_seconds` is the gentler limit: no round starts after it). Searches that find a run directory
-with a trial log resume it. The last stdout line is one JSON object; the exit code is 1 if a search failed.
+with a trial log resume it. The last stdout line is one JSON object; the exit code is 1 if a search failed, 2 (and
+no comparison written, no JSON line) if one refused its configuration.
 """
 
 from __future__ import annotations
@@ -111,6 +112,16 @@ def run_search(name: str, work: Path, overrides: list[str], memory_dir: Path, se
             continue
     return {"name": name, "returncode": proc.returncode, "timed_out": timed_out,
             "seconds": round(time.perf_counter() - t0, 1), "last": last}
+
+
+def refused(run: dict) -> bool:
+    """Whether the search refused its configuration (exit 2: the one-line error it printed, echoed above); said once
+    here, since nothing after it can be compared."""
+    if run["returncode"] != 2 or run["timed_out"]:
+        return False
+    print(f"[transfer] {run['name']}: the search refused its configuration (exit 2, above): no comparison written",
+          file=sys.stderr, flush=True)
+    return True
 
 
 def a_report(run_dir: Path, memory_dir: Path) -> dict:
@@ -207,6 +218,8 @@ def main(argv=None) -> int:
         (work / "memory_a" / "records").mkdir(parents=True, exist_ok=True)
         runs.append(run_search("a", work, args.overrides + a_over, work / "memory_a", search_cmd,
                                args.run_timeout_s, args.shared_compile_cache))
+        if refused(runs[-1]):
+            return 2
         result["a_overrides"] = a_over
         result["a"] = a_report(work / "a", work / "memory_a")
 
@@ -231,10 +244,14 @@ def main(argv=None) -> int:
             for t in threads:
                 t.join()
             runs += [done[n] for n in names]
+            if any(refused(r) for r in runs):
+                return 2
         else:
             for name in names:
                 runs.append(run_search(name, work, args.overrides + b_over, memories[name], search_cmd,
                                        args.run_timeout_s, args.shared_compile_cache))
+                if refused(runs[-1]):
+                    return 2
         result["b_overrides"] = b_over
         result["seed_memory"] = {"from": str(seed), "records": n}
         result["b"] = compare(load_run(work / "b_seeded"), load_run(work / "b_unseeded"), args.tolerance)

@@ -208,5 +208,9 @@ def build_engine(cfg: RootConfig, target_cfg: ModelConfig, target_w, drafter_cfg
     """The engine named by `cfg.engine`, via `specpilot.decoding.make_engine`."""
     from specpilot.decoding import make_engine
 
+    block = getattr(cfg.engine, "block_size", None)
+    if drafter_cfg is not None and block is not None and block > drafter_cfg.block_size:
+        raise ConfigError.at("engine.block_size", f"{block} exceeds the drafter's block_size {drafter_cfg.block_size} "
+                                                  "(it fills blocks of at most the size it was trained on)")
     return make_engine(cfg.engine.model_dump(), target_cfg, target_w, drafter_cfg, drafter_w, sampling_of(cfg),
                        cfg.context)

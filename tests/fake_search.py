@@ -3,7 +3,8 @@
 Takes the same `key=value` overrides the transfer script passes (others are ignored): hydra.run.dir,
 search.memory_dir, search.rounds, search.candidates_per_round, search.min_gain, search.min_rounds,
 search.max_seconds, deployment.name,
-deployment.batch, deployment.temperature, and `fake.delay_s` (seconds slept per trial). Prints the search's
+deployment.batch, deployment.temperature, `fake.delay_s` (seconds slept per trial) and `fake.config_error` (exit 2
+with that one-line config error, as the real script refuses a bad override). Prints the search's
 last-line JSON like the real script.
 """
 
@@ -24,6 +25,9 @@ from specpilot.agent.runner import InProcessRunner  # noqa: E402
 
 def main(argv: list[str]) -> None:
     kv = dict(a.lstrip("+").split("=", 1) for a in argv if "=" in a)
+    if "fake.config_error" in kv:  # as the real script refuses a bad override: one line, exit 2
+        print(f"config error: {kv['fake.config_error']}", file=sys.stderr)
+        sys.exit(2)
     backend = FakeBackend(name=kv.get("deployment.name", "fake"), batch=int(kv.get("deployment.batch", 1)),
                           num_prompts=4, temperature=float(kv.get("deployment.temperature", 0.0)),
                           delay_s=float(kv.get("fake.delay_s", 0.01)))

@@ -222,3 +222,16 @@ def test_compare_mode_recomputes_the_verdict_from_copied_runs(tmp_path):
     assert json.loads(proc.stdout.strip().splitlines()[-1])["seeded_reaches_its_best_faster"] is True
     assert json.loads((work / "transfer.json").read_text())["b"]["target_level"]["unseeded"] is None  # never
     assert "Seeded reaches its best faster: True" in (work / "transfer.md").read_text()
+
+
+def test_a_refused_configuration_stops_the_transfer_with_exit_2(tmp_path):
+    """A search that refuses its overrides (exit 2) ends the script at once: exit 2, no comparison written."""
+    work = tmp_path / "work"
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "memory_transfer.py"), "--work", str(work),
+                           "--search-cmd", str(REPO / "tests" / "fake_search.py"), "--",
+                           "fake.config_error=search.roundz: unknown key"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "[a] config error: search.roundz: unknown key" in proc.stderr
+    assert "a: the search refused its configuration" in proc.stderr
+    assert not (work / "transfer.md").exists() and proc.stdout == ""

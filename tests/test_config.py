@@ -264,3 +264,13 @@ def test_specpilot_needs_a_budget_candidate_within_its_tree_budget():
     assert error_of("engine=specpilot", "engine.tree_budget=64", "engine.budget_candidates=[128,256]") == (
         "config error: engine.budget_candidates: none is <= engine.tree_budget 64, got [128, 256]")
     validate(composed("engine=specpilot", "engine.tree_budget=64"))  # the default candidates above 64 are dropped
+
+
+def test_block_size_above_the_drafters_is_a_config_error():
+    """engine.block_size may shorten the drafter's block, never lengthen it (the search's bound too)."""
+    cfg = validate(composed("engine=stock", "engine.block_size=100"))
+    target = build.target_config_from_group(cfg)
+    drafter = build.synthetic_drafter_config(cfg, target)
+    with pytest.raises(ConfigError, match=rf"engine.block_size: 100 exceeds the drafter's block_size "
+                                          rf"{drafter.block_size} "):
+        build.build_engine(cfg, target, None, drafter, None)

@@ -85,8 +85,9 @@ class SpecEngine(Engine):
             raise ValueError(f"drafter target_layer_ids {dcfg.target_layer_ids} exceed the target's {cfg.num_layers} layers")
         self.name, self.cfg, self.dcfg, self.sampling = name, cfg, dcfg, sampling
         self.block = block_size or dcfg.block_size
-        if self.block < 2:
-            raise ValueError(f"engine.block_size must be >= 2, got {self.block}")
+        if not 2 <= self.block <= dcfg.block_size:
+            raise ValueError(f"engine.block_size must be in [2, the drafter's block_size {dcfg.block_size}] (the "
+                             f"drafter fills blocks of at most the size it was trained on), got {self.block}")
         self.depth = self.block - 1
         self.max_commit = self.block
         self.tree = tree

@@ -371,3 +371,34 @@ def test_cupti_says_why_it_cannot_time_here():
     else:
         with pytest.raises(RuntimeError, match="need an NVIDIA GPU; this backend is 'cpu'"):
             gpu_ms(lambda: jax.numpy.ones(4) + 1)
+
+
+# ---- review: what the search, the projections and the fit get from the model ------------------------------------
+
+
+def test_search_ceilings_count_the_deployment_dtype_and_committed_tokens():
+    """The search's ceilings (`ModelBackend.ceilings`) count the deployment's weights at its own dtype (the default
+    cpu deployment runs float32: 4 bytes) and K/V of the committed prompt, not of the KV capacity the engines share."""
+    from hydra import compose, initialize_config_dir
+
+    from specpilot.agent.backend import ModelBackend
+    from specpilot.agent.ceilings import _hardware
+    from specpilot.config import validate
+
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base=None):
+        cfg = validate(compose("config", overrides=["deployment.models=config", "target.cache_dir=null"]))
+    backend = ModelBackend(cfg)
+    assert cfg.target.dtype == "float32" and [len(p) for p in backend.prompts] == [32, 32] and backend.context == 136
+    # conf/model/tiny.yaml, an AR step over 32 committed tokens, float32: V=256, H=64, I=128, L=2, q=64, kv=32
+    layer = 64 * 128 + 64 * 64 + 64 * 256 + 128 * 64 + 2 * 64 + 2 * 16  # linears + norms: 37024 elements
+    weights = (2 * layer + 64 + 64) * 4  # + final norm + one embedding row
+    kv = 2 * 33 * 64 * 4 + 2 * 1 * 64 * 4  # K/V of 32 committed + 1 new token read, 1 written, per layer
+    acts = (2 * (192 + 128 + 128 + 320 + 192) + 64) * 4
+    total = weights + 64 * 256 * 4 + kv + acts + 256 * 4
+    assert total == 388608
+    flops = 2 * (2 * (layer - 160) + 4 * 33 * 64) + 2 * 64 * 256
+    hw = _hardware(cfg.deployment.gpu)
+    assert flops / hw.matmul_flops_per_s < total / hw.hbm_bytes_per_s  # memory-bound
+    ceil, source = backend.ceilings({"name": "ar"}, {})
+    assert source == "costmodel"
+    assert ceil["verify"] == pytest.approx(1e3 * total / hw.hbm_bytes_per_s, rel=1e-9)

@@ -214,8 +214,10 @@ class ModelBackend:
     def ceilings(self, engine_cfg: dict, profile: dict) -> tuple[dict, str]:
         from specpilot.agent.ceilings import ceilings_for
 
+        # the committed prompt (as bench.py's --context), not the KV capacity; the weights' own dtype (float32 on cpu)
         return ceilings_for(self.target_cfg, self.drafter_cfg, engine_cfg, self.cfg.deployment.batch,
-                            self.context, self.cfg.deployment.gpu)
+                            max(len(p) for p in self.prompt_groups[0]), self.cfg.deployment.gpu,
+                            self.target_w.embed.dtype.itemsize)
 
     def spec(self) -> tuple:
         """What a worker process needs to build the same backend."""

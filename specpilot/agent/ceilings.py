@@ -34,14 +34,16 @@ def _hardware(gpu: str):
     return hw
 
 
-def ceilings_for(target_cfg, drafter_cfg, engine_cfg: dict, batch: int, context: int, gpu: str) -> tuple[dict, str]:
-    """({stage: ceiling ms per round}, source): source is "costmodel", or "none: <why>" with zeros."""
+def ceilings_for(target_cfg, drafter_cfg, engine_cfg: dict, batch: int, context: int, gpu: str,
+                 act_bytes: int = 2) -> tuple[dict, str]:
+    """({stage: ceiling ms per round}, source): source is "costmodel", or "none: <why>" with zeros. `context`:
+    committed tokens per request (not the KV capacity); `act_bytes`: the weights' and activations' dtype size."""
     try:
         from specpilot.costmodel import ceilings_ms
     except ImportError:
         return _none("specpilot.costmodel.ceilings_ms is not available yet")
     try:
-        out = ceilings_ms(target_cfg, drafter_cfg, engine_cfg, batch, context, _hardware(gpu))
+        out = ceilings_ms(target_cfg, drafter_cfg, engine_cfg, batch, context, _hardware(gpu), act_bytes)
         return {str(k): float(v) for k, v in dict(out).items()}, "costmodel"
     except Exception as e:  # a cost-model bug must not stop the search, but it must be visible
         return _none(f"ceilings_ms failed: {type(e).__name__}: {' '.join(str(e).split())[:160]}")

@@ -402,3 +402,17 @@ def test_search_ceilings_count_the_deployment_dtype_and_committed_tokens():
     ceil, source = backend.ceilings({"name": "ar"}, {})
     assert source == "costmodel"
     assert ceil["verify"] == pytest.approx(1e3 * total / hw.hbm_bytes_per_s, rel=1e-9)
+
+
+def test_tau_profile_ignores_the_attention_implementation():
+    """The attention kernel is lossless like W12: `tau_profile_from` keeps labels without either suffix, and a
+    lookup for a pallas_tree engine finds the measured τ (it raised KeyError for stock, and called DDTree's measured
+    τ interpolated)."""
+    from specpilot.costmodel.measure import tau_profile_from
+
+    gens = [{"label": "stock+pallas_tree", "batch": 1, "tau": 1.4}, {"label": "ddtree@64+w12+pallas_tree",
+                                                                     "batch": 1, "tau": 2.5}]
+    tau = tau_profile_from(gens, "t")
+    assert tau.tau == {"stock": 1.4, "ddtree@64": 2.5}
+    assert tau.lookup({"name": "stock", "attention": "pallas_tree"}) == (1.4, "measured")
+    assert tau.lookup({"name": "ddtree", "tree_budget": 64, "attention": "pallas_tree"}) == (2.5, "measured")

@@ -111,7 +111,8 @@ def choose_budget(engine_cfg: dict, expected_tokens: Callable[[int], float] | No
 
 @dataclasses.dataclass
 class TauProfile:
-    """τ per engine config label (`config_label` without the weight-format suffix: W12 is lossless).
+    """τ per engine config label (`config_label` without the weight-format and attention suffixes: W12 and the
+    attention kernels are lossless).
     DDTree budgets not measured are interpolated in log2(budget), flat beyond the measured ones."""
 
     tau: dict[str, float]
@@ -133,7 +134,7 @@ class TauProfile:
 
     def lookup(self, engine_cfg: dict, nodes: int | None = None) -> tuple[float, str]:
         """(τ, how it was obtained)."""
-        label = config_label({**engine_cfg, "weight_format": "bf16"})
+        label = config_label({**engine_cfg, "weight_format": "bf16", "attention": "xla"})
         name = engine_cfg["name"]
         if name == "ar":
             return 1.0, "exact"

@@ -416,3 +416,21 @@ def test_tau_profile_ignores_the_attention_implementation():
     assert tau.tau == {"stock": 1.4, "ddtree@64": 2.5}
     assert tau.lookup({"name": "stock", "attention": "pallas_tree"}) == (1.4, "measured")
     assert tau.lookup({"name": "ddtree", "tree_budget": 64, "attention": "pallas_tree"}) == (2.5, "measured")
+
+
+def test_projection_takes_t_ar_from_the_configurations_own_variant():
+    """`project`'s t_AR at a batch is the AR row of the configuration's own weight format and attention (what it
+    predicts when none was measured), whatever the row order: a bf16 stock's speedup was taken against AR+w12's
+    step when a --formats bf16 w12 sweep measured that one last."""
+    def row(cfg, stages):
+        return measured_row(FakeEngine(config_label(cfg), stage_ms=stages).profile([[1, 2]] * 8, 32), cfg, BLOCK)
+
+    stock, stock_w12 = {"name": "stock"}, {"name": "stock", "weight_format": "w12"}
+    rows = [row({"name": "ar"}, {"verify": 10.0, "commit": 0.0}), row(stock, {"draft": 1.0, "verify": 4.0}),
+            row({"name": "ar", "weight_format": "w12"}, {"verify": 8.0, "commit": 0.0}),
+            row(stock_w12, {"draft": 1.0, "verify": 3.0})]
+    tau = TauProfile({"stock": 2.0}, "t")
+    for order in (rows, rows[::-1]):
+        proj = {p["label"]: p for p in project(order, tau, BLOCK)}
+        assert (proj["stock"]["t_ar_ms"], proj["stock"]["speedup"]) == (10.0, pytest.approx(2.0 * 10.0 / 5.0))
+        assert (proj["stock+w12"]["t_ar_ms"], proj["stock+w12"]["speedup"]) == (8.0, pytest.approx(2.0 * 8.0 / 4.0))

@@ -352,8 +352,10 @@ def project(rows: list[dict], tau: TauProfile, block: int) -> list[dict]:
     rows (a `specpilot` row's step is re-predicted at the budget its policy would pick under that τ: the
     budget it picked with random drafts says nothing)."""
     model = StepTimeModel.fit(rows)
-    ar = {r["batch"]: r["round_ms"] for r in sorted(rows, key=lambda r: r.get("role") != "calibration")
-          if r["engine_cfg"]["name"] == "ar"}  # the configuration's own AR row wins over a calibration one
+    # per batch and program variant (an AR+w12 row is not a bf16 stock's baseline); the configuration's own AR row
+    # wins over a calibration one
+    ar = {(r["batch"], program_variant(r["engine_cfg"])): r["round_ms"]
+          for r in sorted(rows, key=lambda r: r.get("role") != "calibration") if r["engine_cfg"]["name"] == "ar"}
     out = []
     for r in rows:
         cfg, b = r["engine_cfg"], r["batch"]
@@ -364,7 +366,7 @@ def project(rows: list[dict], tau: TauProfile, block: int) -> list[dict]:
         if cfg["name"] == "specpilot":
             nodes = choose_budget(cfg, tau.ddtree)
             t_step = model.predict_step(cfg, b, block, nodes)
-        t_ar = ar.get(b)
+        t_ar = ar.get((b, program_variant(cfg)))
         if t_ar is None:
             t_ar = model.predict_step({"name": "ar", **{k: cfg[k] for k in ("weight_format", "attention") if k in cfg}},
                                       b, block)

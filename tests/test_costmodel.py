@@ -434,3 +434,16 @@ def test_projection_takes_t_ar_from_the_configurations_own_variant():
         proj = {p["label"]: p for p in project(order, tau, BLOCK)}
         assert (proj["stock"]["t_ar_ms"], proj["stock"]["speedup"]) == (10.0, pytest.approx(2.0 * 10.0 / 5.0))
         assert (proj["stock+w12"]["t_ar_ms"], proj["stock+w12"]["speedup"]) == (8.0, pytest.approx(2.0 * 8.0 / 4.0))
+
+
+def test_a_fit_without_a_target_pass_reports_no_switch_overhead():
+    """Specpilot rows alone (bench.py --engines specpilot --calibration off) give no target pass to subtract: the
+    fitted curves are still written (`to_json` raised IndexError after the whole sweep) and asking for the switch
+    overhead says which curve is missing."""
+    only = [fake(SPECPILOT_CALIBRATION, b, nodes=16) for b in (1, 8)]
+    model = StepTimeModel.fit(only)
+    assert model.to_json()["draft/tree/bf16@B8"] == [[16.0, pytest.approx(true_ms("draft/tree/bf16", 16, 8))]]
+    assert not any(k.startswith("switch_overhead/") for k in model.to_json())
+    with pytest.raises(KeyError, match="target_pass/bf16"):
+        model.switch_overhead_ms("bf16", 8)
+    assert [v["predicted_ms"] for v in leave_one_out(only, BLOCK)] == [None, None]

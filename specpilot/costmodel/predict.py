@@ -211,7 +211,9 @@ class StepTimeModel:
     def switch_overhead_ms(self, variant: str, batch: int) -> float:
         """What running the verify as a `lax.switch` branch adds per round: the measured specpilot verify
         minus the target pass at the budgets it chose, averaged per batch and interpolated in B. 0 until
-        a specpilot round has been measured."""
+        a specpilot round has been measured; KeyError when one has, but no target pass of its variant."""
+        if any(v == variant for v, _ in self.switch) and not self.has(f"target_pass/{variant}"):
+            raise KeyError(f"no measurements for 'target_pass/{variant}'")
         per_batch = {}
         for (v, b), samples in self.switch.items():
             if v == variant:
@@ -282,6 +284,8 @@ class StepTimeModel:
     def to_json(self) -> dict:
         out = {f"{c}@B{b}": [[x, y] for x, y in pts] for (c, b), pts in sorted(self.curves.items())}
         for v, b in sorted(self.switch):
+            if not self.has(f"target_pass/{v}"):  # nothing to subtract: no overhead to report
+                continue
             out[f"switch_overhead/{v}@B{b}"] = round(self.switch_overhead_ms(v, b), 4)
         return out
 

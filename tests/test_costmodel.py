@@ -447,3 +447,17 @@ def test_a_fit_without_a_target_pass_reports_no_switch_overhead():
     with pytest.raises(KeyError, match="target_pass/bf16"):
         model.switch_overhead_ms("bf16", 8)
     assert [v["predicted_ms"] for v in leave_one_out(only, BLOCK)] == [None, None]
+
+
+def test_measured_speedups_compare_each_configuration_with_its_own_variants_ar():
+    """`generation_rows`: stock is timed against bf16 AR, not AR+w12 (whichever AR row came last was every row's
+    baseline), and keeps AR's tokens."""
+    from specpilot.costmodel import measure as M
+
+    dep = M.synthetic_deployment("tiny", "bfloat16", 0, drafter_layers=1, block_size=4)
+    configs = [{"name": "ar"}, {"name": "ar", "weight_format": "w12"}, {"name": "stock"}]
+    rows = {g["label"]: g for g in M.generation_rows(dep, {1: configs}, [[1, 2, 3, 4]], 6, log=lambda _: None)}
+    assert set(rows) == {"ar", "ar+w12", "stock"}
+    for label, ar in (("stock", "ar"), ("ar+w12", "ar+w12")):
+        assert rows[label]["speedup"] == pytest.approx(rows[ar]["wall_s"] / rows[label]["wall_s"])
+        assert rows[label]["lossless"] is True

@@ -19,7 +19,7 @@ import numpy as np
 
 from specpilot.costmodel import counts
 from specpilot.costmodel.gaps import gap_report
-from specpilot.costmodel.predict import StepTimeModel, config_label, measured_row, observed_budgets
+from specpilot.costmodel.predict import StepTimeModel, config_label, measured_row, observed_budgets, program_variant
 from specpilot.models.config import DrafterConfig, ModelConfig, model_config_from_shapes, synthetic_drafter_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -371,18 +371,21 @@ def generation_rows(dep: Deployment, configs_by_batch: dict[int, list[dict]], pr
                     max_new: int, seed: int = 0, log: Callable[[str], None] = print, repeats: int = 1) -> list[dict]:
     """Real-acceptance measurements on a checkpoint pair: for each batch and config (AR first), τ, wall
     time of the fused loop, MEASURED speedup = AR's wall time ÷ the engine's for the same prompts and
-    tokens, and whether the tokens equal AR's (greedy: they must)."""
+    tokens, and whether the tokens equal AR's (greedy: they must). AR is the AR row of the configuration's own
+    program variant (`predict.program_variant`: stock+w12 against AR+w12, as `predict.project` does), else the
+    first AR row of the batch."""
     block = dep.block
     out = []
     for batch, configs in configs_by_batch.items():
         configs = sorted(configs, key=lambda c: c["name"] != "ar")
         capacity = max(len(p) for p in prompts) + max_new + max(slack_of(c, block) for c in configs) + 1
-        ar = None
+        ars: dict[str, dict] = {}
         for cfg in configs:
             t0 = time.perf_counter()
             g = measure_generate(dep, cfg, prompts, max_new, batch, capacity, seed, repeats)
             if cfg["name"] == "ar":
-                ar = g
+                ars.setdefault(program_variant(cfg), g)
+            ar = ars.get(program_variant(cfg)) or next(iter(ars.values()), None)
             if ar is not None:
                 g["speedup"] = ar["wall_s"] / g["wall_s"]
                 g["lossless"] = g["tokens_out"] == ar["tokens_out"]

@@ -3,6 +3,7 @@ on CPU, cross-lowered for sm_90, and on an H100/H200 (marked gpu)."""
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -16,6 +17,7 @@ from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
 from pallas_kernels.split_k import SplitKPartials
 
 EPS = 1e-6
+BF16 = ml_dtypes.bfloat16
 
 
 def inputs(lead, h, seed, with_delta=True, dtype=jnp.bfloat16):
@@ -46,6 +48,26 @@ def test_reference_is_the_models_add_then_norm():
   assert s is x and np.array_equal(np.asarray(out), np.asarray(rms_norm(x, w, EPS)))
 
 
+
+def test_reference_is_hf_qwen3_rms_norm_in_numpy():
+  """The reference against HF's Qwen3RMSNorm written in numpy: the bf16 add, the mean of squares in f32 (here f64),
+  ``eps`` inside the square root, the normed row rounded to bf16, then the weight's product rounded once. Some rows
+  are so small that ``eps`` dominates their statistic, so ``eps`` outside the root (or left out) shows."""
+  rng = np.random.default_rng(0)
+  scale = np.exp(rng.uniform(-12, 3, (6, 1)))  # mean squares from ~4e-11 (eps-dominated) to ~4e2
+  x = (rng.normal(size=(6, 256)) * scale).astype(BF16)
+  delta = (rng.normal(size=(6, 256)) * scale).astype(BF16)
+  w = (1.0 + 0.1 * rng.normal(size=256)).astype(BF16)
+  s64 = (x.astype(np.float32) + delta.astype(np.float32)).astype(BF16).astype(np.float64)
+  normed = (s64 / np.sqrt(np.mean(s64 * s64, -1, keepdims=True) + EPS)).astype(BF16)
+  want = (w.astype(np.float32) * normed.astype(np.float32)).astype(BF16).astype(np.float32)
+  s, out = add_rms_norm_reference(jnp.asarray(x), jnp.asarray(delta), jnp.asarray(w), EPS)
+  np.testing.assert_array_equal(np.asarray(s, np.float32), s64.astype(np.float32))
+  got = np.asarray(out, np.float32)
+  assert out.dtype == jnp.bfloat16
+  assert np.all(np.abs(got - want) <= 2.0 ** -8 * np.abs(want)), np.max(np.abs(got - want) / np.abs(want))
+  assert np.mean(got == want) > 0.99
+
 class AddRmsNormSuite:
   def run(self, x, delta, w):
     raise NotImplementedError
@@ -74,6 +96,14 @@ class AddRmsNormSuite:
 class TestMosaicGpuInterpret(AddRmsNormSuite):
   def run(self, x, delta, w, prefix=None):
     return norm_mosaic_gpu.add_rms_norm(x, delta, w, EPS, prefix=prefix, interpret=plgpu.InterpretGPUParams())
+
+  def test_float16_rows(self):
+    """f16, the kernel's other activation dtype, with a prefix (the suite runs bf16 only)."""
+    x, delta, w = inputs((2, 3), 1024, seed=5, dtype=jnp.float16)
+    prefix = jax.random.normal(jax.random.key(6), (2, 2, 1024)).astype(jnp.float16)
+    got = self.run(x, delta, w, prefix=prefix)
+    assert got[0].dtype == got[1].dtype == jnp.float16
+    assert_close_to_reference(got, add_rms_norm_reference(x, delta, w, EPS, prefix))
 
   def test_unsupported_and_bad_inputs(self):
     x, delta, w = inputs((2,), 1024, seed=0)

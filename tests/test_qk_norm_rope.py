@@ -84,6 +84,14 @@ class TestMosaicGpuInterpret(QkNormRopeSuite):
   def run(self, *args, **kwargs):
     return rope_mosaic_gpu.qk_norm_rope(*args, **kwargs, interpret=INTERPRET)
 
+  def test_float16_heads(self):
+    """f16, the kernel's other activation dtype (the suite runs bf16 only), norms in f16 too."""
+    qkv, qn, kn, cos, sin = inputs(2, 2, 2, 1, 128, seed=3)
+    qkv, qn, kn = (a.astype(jnp.float16) for a in (qkv, qn, kn))
+    got = self.run(qkv, qn, kn, cos, sin, num_kv_heads=1, eps=EPS)
+    assert got.dtype == jnp.float16
+    assert_close(got, qk_norm_rope_reference(qkv, qn, kn, cos, sin, num_kv_heads=1, eps=EPS))
+
   def test_unsupported_and_bad_inputs(self):
     qkv, qn, kn, cos, sin = inputs(1, 2, 4, 2, 128, seed=1)
     with pytest.raises(NotImplementedError, match="16-bit"):

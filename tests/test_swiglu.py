@@ -57,6 +57,11 @@ class TestMosaicGpuInterpret(SwigluSuite):
   def run(self, gate_up):
     return swiglu_mosaic_gpu.swiglu(gate_up, interpret=INTERPRET)
 
+  def test_float16_rows(self):
+    """f16, the kernel's other activation dtype (the suite runs bf16 only)."""
+    gate_up = gate_up_rows((3,), 1024, seed=4, dtype=jnp.float16)
+    assert_close(self.run(gate_up), swiglu_reference(gate_up))
+
   def test_unsupported_and_bad_inputs(self):
     gate_up = gate_up_rows((2,), 1024, seed=0)
     with pytest.raises(NotImplementedError, match="16-bit"):

@@ -162,6 +162,31 @@ def test_auto_split_k_fills_the_sms():
     w12.TuningConfig(blocks_per_sm=0)
 
 
+@pytest.mark.parametrize("m,config", [(3, w12.TuningConfig(tile_m=8, tile_k=128, split_k=1)),
+                                      (10, w12.TuningConfig(tile_m=16, tile_k=128, split_k=2))])
+def test_inf_nan_and_negative_zero_weights_reach_the_output_as_in_the_reference(m, config):
+  """±inf and NaN weights (always escaped: the hot loop reads +0.0, the patch adds ``x * W``) and -0.0 (code 15, in
+  the planes) through the SMEM decode in interpret mode and the XLA decode: the output's inf, -inf and NaN sit where
+  the reference's do, a zero activation on an inf weight included (0 x inf), and the rest matches. Up to
+  ``GATHER_ROWS`` rows the channel lists are gathered, above they are scattered; a second special in a channel
+  overflows its list."""
+  rng = np.random.default_rng(m)
+  w = rng.normal(0.0, 0.02, size=(256, 64)).astype(BF16)
+  w[5, 1], w[6, 2], w[7, 3], w[200, 3], w[8, 4] = BF16(np.inf), BF16(-np.inf), BF16(np.nan), BF16(-np.inf), BF16(-0.0)
+  w[9, 6], w[250, 6] = BF16(np.inf), BF16(-np.inf)  # inf - inf: NaN
+  x = rng.normal(size=(m, 256)).astype(BF16)
+  x[1, 5], x[:, 9], x[:, 250] = 0.0, 1.0, 1.0  # 0 x inf: NaN in row 1, channel 1; inf - inf in channel 6
+  packed = w12.pack(w, group_k=128)
+  assert packed.num_escapes >= 6 and packed.escape_index.shape[0] >= 1  # -0.0 is no escape
+  want = np.asarray(w12.matmul(jnp.asarray(x), packed, implementation="reference"), np.float32)
+  assert np.isnan(want[1, 1]) and np.isinf(want[0, 1]) and np.isnan(want[:, 3]).all() and np.isnan(want[:, 6]).all()
+  for got in (w12_mosaic_gpu.w12_matmul(jnp.asarray(x), packed, config=config, interpret=plgpu.InterpretGPUParams()),
+              w12.matmul(jnp.asarray(x), packed, implementation="xla_decode")):
+    got = np.asarray(got, np.float32)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.where(np.isnan(want), 0, got)[:, :7], np.where(np.isnan(want), 0, want)[:, :7])
+    np.testing.assert_allclose(got[:, 7:], want[:, 7:], rtol=1e-2, atol=1e-3)
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not w12_ops._on_hopper(), reason="needs an H100/H200")
 class TestMosaicGpu(W12MatmulSuite):

@@ -1,6 +1,8 @@
 """The residual add + RMSNorm kernel against its jnp reference (the model's own norm): in Pallas GPU-interpret mode
 on CPU, cross-lowered for sm_90, and on an H100/H200 (marked gpu)."""
 
+import logging
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -215,6 +217,18 @@ def test_dispatch_is_the_reference_off_hopper_and_refuses_unknown_names(monkeypa
   with pytest.raises(ValueError, match="unknown add_rms_norm implementation 'triton'"):
     add_rms_norm(x, delta, w, EPS, implementation="triton")
 
+
+@pytest.mark.parametrize("h,dtype", [(640, jnp.bfloat16), (1024, jnp.float32)])
+def test_dispatch_falls_back_loudly_on_hopper_for_what_the_kernel_does_not_tile(monkeypatch, caplog, h, dtype):
+  """On a Hopper with the kernel chosen, a hidden size off 1024 or f32 rows run the reference, with a warning."""
+  x, delta, w = inputs((2,), h, seed=4, dtype=dtype)
+  monkeypatch.setattr(norm_ops, "DEFAULT", "mosaic_gpu")
+  monkeypatch.setattr(norm_ops, "_on_hopper", lambda: True)
+  with caplog.at_level(logging.WARNING, logger=norm_ops.__name__):
+    got = add_rms_norm(x, delta, w, EPS)
+  assert "falls back to XLA" in caplog.text
+  for a, b in zip(got, add_rms_norm_reference(x, delta, w, EPS)):
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
 def test_kernel_inside_the_model_in_interpret_mode(monkeypatch):
     """A bf16 model forward with every residual add and norm on the kernel (interpret mode): the hidden states it

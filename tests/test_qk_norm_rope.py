@@ -1,6 +1,8 @@
 """The q/k norm + rope kernel against its jnp reference (the model's own q/k norm and rope): in Pallas GPU-interpret
 mode on CPU, cross-lowered for sm_90, and on an H100/H200 (marked gpu)."""
 
+import logging
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -182,6 +184,19 @@ def test_dispatch_is_the_reference_off_hopper_and_refuses_unknown_names(monkeypa
   with pytest.raises(ValueError, match="unknown qk_norm_rope implementation 'triton'"):
     qk_norm_rope(*args, num_kv_heads=2, eps=EPS, implementation="triton")
 
+
+@pytest.mark.parametrize("d,dtype", [(64, jnp.bfloat16), (128, jnp.float32)])
+def test_dispatch_falls_back_loudly_on_hopper_for_what_the_kernel_does_not_tile(monkeypatch, caplog, d, dtype):
+  """On a Hopper with the kernel chosen, a head size off 128 or f32 heads run the reference, with a warning."""
+  qkv, qn, kn, cos, sin = inputs(1, 2, 4, 2, d, seed=4)
+  args = (qkv.astype(dtype), qn, kn, cos, sin)
+  monkeypatch.setattr(rope_ops, "DEFAULT", "mosaic_gpu")
+  monkeypatch.setattr(rope_ops, "_on_hopper", lambda: True)
+  with caplog.at_level(logging.WARNING, logger=rope_ops.__name__):
+    got = qk_norm_rope(*args, num_kv_heads=2, eps=EPS, split=True)
+  assert "falls back to XLA" in caplog.text
+  for a, b in zip(got, unpack_heads(qk_norm_rope_reference(*args, num_kv_heads=2, eps=EPS), 2)):
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
 @pytest.mark.parametrize("t,attention", [(1, "pallas_tree"), (2, "pallas_tree"), (2, "xla")])
 def test_model_runs_the_kernel_on_the_qkv_projection(monkeypatch, t, attention):

@@ -2,6 +2,8 @@
 gate|up projection's padded output and its K splits, cross-lowered for sm_90, inside the model, and on an H100/H200
 (marked gpu)."""
 
+import logging
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -115,6 +117,18 @@ def test_dispatch_is_the_reference_off_hopper_and_refuses_unknown_names(monkeypa
   with pytest.raises(ValueError, match="unknown swiglu implementation 'triton'"):
     swiglu(gate_up, implementation="triton")
 
+
+@pytest.mark.parametrize("inter,dtype", [(640, jnp.bfloat16), (1024, jnp.float32)])
+def test_dispatch_falls_back_loudly_on_hopper_for_what_the_kernel_does_not_tile(monkeypatch, caplog, inter, dtype):
+  """On a Hopper with the kernel chosen, an intermediate size off 1024 or f32 rows run the reference, with a
+  warning."""
+  gate_up = gate_up_rows((2,), inter, seed=5, dtype=dtype)
+  monkeypatch.setattr(swiglu_ops, "DEFAULT", "mosaic_gpu")
+  monkeypatch.setattr(swiglu_ops, "_on_hopper", lambda: True)
+  with caplog.at_level(logging.WARNING, logger=swiglu_ops.__name__):
+    got = swiglu(gate_up)
+  assert "falls back to XLA" in caplog.text
+  np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(swiglu_reference(gate_up), np.float32))
 
 def test_model_runs_the_kernel_on_the_gate_up_projection(monkeypatch):
   """With the skinny kernel and the SwiGLU kernel chosen (interpret mode), the layer's gate|up output reaches the

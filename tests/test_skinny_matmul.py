@@ -83,6 +83,8 @@ class TestMosaicGpuInterpret(SkinnyMatmulSuite):
       self.run(x, jnp.ones((128, 48), jnp.bfloat16), Config())
     with pytest.raises(NotImplementedError, match="split_k=2"):
       self.run(jnp.ones((1, 384), jnp.bfloat16), jnp.ones((384, 64), jnp.bfloat16), Config(split_k=2))
+    with pytest.raises(NotImplementedError, match="K=192 is not a multiple of tile_k=128"):
+      self.run(jnp.ones((1, 192), jnp.bfloat16), jnp.ones((192, 64), jnp.bfloat16), Config())
     with pytest.raises(NotImplementedError, match="bf16"):
       self.run(x.astype(jnp.float32), jnp.ones((128, 64), jnp.bfloat16), Config())
     with pytest.raises(ValueError, match="x has 128 features, the weight expects 256"):

@@ -218,10 +218,12 @@ def test_dispatch_is_the_reference_off_hopper_and_refuses_unknown_names(monkeypa
     add_rms_norm(x, delta, w, EPS, implementation="triton")
 
 
-@pytest.mark.parametrize("h,dtype", [(640, jnp.bfloat16), (1024, jnp.float32)])
-def test_dispatch_falls_back_loudly_on_hopper_for_what_the_kernel_does_not_tile(monkeypatch, caplog, h, dtype):
-  """On a Hopper with the kernel chosen, a hidden size off 1024 or f32 rows run the reference, with a warning."""
-  x, delta, w = inputs((2,), h, seed=4, dtype=dtype)
+@pytest.mark.parametrize("lead,h,dtype", [((2,), 640, jnp.bfloat16), ((2,), 1024, jnp.float32),
+                                          ((2, 0), 1024, jnp.bfloat16)])
+def test_dispatch_falls_back_loudly_on_hopper_for_what_the_kernel_does_not_tile(monkeypatch, caplog, lead, h, dtype):
+  """On a Hopper with the kernel chosen, a hidden size off 1024, f32 rows or no rows at all (an empty grid) run the
+  reference, with a warning."""
+  x, delta, w = inputs(lead, h, seed=4, dtype=dtype)
   monkeypatch.setattr(norm_ops, "DEFAULT", "mosaic_gpu")
   monkeypatch.setattr(norm_ops, "_on_hopper", lambda: True)
   with caplog.at_level(logging.WARNING, logger=norm_ops.__name__):
@@ -229,6 +231,7 @@ def test_dispatch_falls_back_loudly_on_hopper_for_what_the_kernel_does_not_tile(
   assert "falls back to XLA" in caplog.text
   for a, b in zip(got, add_rms_norm_reference(x, delta, w, EPS)):
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
 
 def test_kernel_inside_the_model_in_interpret_mode(monkeypatch):
     """A bf16 model forward with every residual add and norm on the kernel (interpret mode): the hidden states it

@@ -25,7 +25,8 @@ def inputs(b, t, hq, hkv, d, seed, norm=True):
   k = jax.random.split(jax.random.key(seed), 5)
   # heads of very different scales, so a wrong per-head statistic shows
   scale = jnp.exp(jax.random.uniform(k[0], (b, t, hq + 2 * hkv, 1), minval=-3, maxval=3))
-  qkv = (jax.random.normal(k[1], (b, t, hq + 2 * hkv, d)) * scale).reshape(b, t, -1).astype(jnp.bfloat16)
+  qkv = jax.random.normal(k[1], (b, t, hq + 2 * hkv, d)) * scale
+  qkv = qkv.reshape(b, t, (hq + 2 * hkv) * d).astype(jnp.bfloat16)  # named sizes: t may be 0
   q_norm, k_norm = ((1.0 + 0.2 * jax.random.normal(key, (d,))).astype(jnp.bfloat16) for key in k[2:4])
   ang = jax.random.uniform(k[4], (b, t, d // 2), maxval=50.0)
   ang = jnp.concatenate([ang, ang], -1)  # HF's layout: each frequency twice
@@ -185,10 +186,11 @@ def test_dispatch_is_the_reference_off_hopper_and_refuses_unknown_names(monkeypa
     qk_norm_rope(*args, num_kv_heads=2, eps=EPS, implementation="triton")
 
 
-@pytest.mark.parametrize("d,dtype", [(64, jnp.bfloat16), (128, jnp.float32)])
-def test_dispatch_falls_back_loudly_on_hopper_for_what_the_kernel_does_not_tile(monkeypatch, caplog, d, dtype):
-  """On a Hopper with the kernel chosen, a head size off 128 or f32 heads run the reference, with a warning."""
-  qkv, qn, kn, cos, sin = inputs(1, 2, 4, 2, d, seed=4)
+@pytest.mark.parametrize("t,d,dtype", [(2, 64, jnp.bfloat16), (2, 128, jnp.float32), (0, 128, jnp.bfloat16)])
+def test_dispatch_falls_back_loudly_on_hopper_for_what_the_kernel_does_not_tile(monkeypatch, caplog, t, d, dtype):
+  """On a Hopper with the kernel chosen, a head size off 128, f32 heads or no tokens (an empty grid) run the
+  reference, with a warning."""
+  qkv, qn, kn, cos, sin = inputs(1, t, 4, 2, d, seed=4)
   args = (qkv.astype(dtype), qn, kn, cos, sin)
   monkeypatch.setattr(rope_ops, "DEFAULT", "mosaic_gpu")
   monkeypatch.setattr(rope_ops, "_on_hopper", lambda: True)

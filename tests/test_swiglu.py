@@ -118,11 +118,13 @@ def test_dispatch_is_the_reference_off_hopper_and_refuses_unknown_names(monkeypa
     swiglu(gate_up, implementation="triton")
 
 
-@pytest.mark.parametrize("inter,dtype", [(640, jnp.bfloat16), (1024, jnp.float32)])
-def test_dispatch_falls_back_loudly_on_hopper_for_what_the_kernel_does_not_tile(monkeypatch, caplog, inter, dtype):
-  """On a Hopper with the kernel chosen, an intermediate size off 1024 or f32 rows run the reference, with a
-  warning."""
-  gate_up = gate_up_rows((2,), inter, seed=5, dtype=dtype)
+@pytest.mark.parametrize("lead,inter,dtype", [((2,), 640, jnp.bfloat16), ((2,), 1024, jnp.float32),
+                                              ((0,), 1024, jnp.bfloat16)])
+def test_dispatch_falls_back_loudly_on_hopper_for_what_the_kernel_does_not_tile(monkeypatch, caplog, lead, inter,
+                                                                                 dtype):
+  """On a Hopper with the kernel chosen, an intermediate size off 1024, f32 rows or no rows (an empty grid) run the
+  reference, with a warning."""
+  gate_up = gate_up_rows(lead, inter, seed=5, dtype=dtype)
   monkeypatch.setattr(swiglu_ops, "DEFAULT", "mosaic_gpu")
   monkeypatch.setattr(swiglu_ops, "_on_hopper", lambda: True)
   with caplog.at_level(logging.WARNING, logger=swiglu_ops.__name__):

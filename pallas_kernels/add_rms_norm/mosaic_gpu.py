@@ -50,6 +50,8 @@ def check_supported(x: jax.Array, delta: jax.Array | SplitKPartials | None, w: j
     raise NotImplementedError(f"the add_rms_norm kernel takes 16-bit activations, got {x.dtype}")
   if h % ROW_MULTIPLE:
     raise NotImplementedError(f"hidden size {h} is not a multiple of {ROW_MULTIPLE}")
+  if not math.prod(x.shape[:-1]):
+    raise NotImplementedError("no rows: a kernel of an empty grid")
 
 
 def add_rms_norm(x: jax.Array, delta: jax.Array | SplitKPartials | None, w: jax.Array, eps: float, *,

@@ -53,6 +53,8 @@ def check_supported(qkv, q_norm, k_norm, cos, sin, num_kv_heads: int) -> None:
     raise NotImplementedError(f"the qk_norm_rope kernel takes 16-bit activations, got {qkv.dtype}")
   if d % HEAD_MULTIPLE:
     raise NotImplementedError(f"head_dim {d} is not a multiple of {HEAD_MULTIPLE}")
+  if not b * t:
+    raise NotImplementedError("no rows: a kernel of an empty grid")
 
 
 

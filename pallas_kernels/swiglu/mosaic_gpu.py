@@ -43,6 +43,8 @@ def check_supported(gate_up: jax.Array | SplitKPartials) -> None:
     raise NotImplementedError(f"the swiglu kernel takes 16-bit activations, got {gate_up.dtype}")
   if (n // 2) % CHUNK:
     raise NotImplementedError(f"intermediate size {n // 2} is not a multiple of {CHUNK}")
+  if not math.prod(gate_up.shape[:-1]):
+    raise NotImplementedError("no rows: a kernel of an empty grid")
 
 
 def swiglu(gate_up: jax.Array | SplitKPartials, *, interpret: plgpu.InterpretGPUParams | None = None) -> jax.Array:

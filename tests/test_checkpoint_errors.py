@@ -195,6 +195,9 @@ def test_missing_folder(tmp_path):
         ({"attention_bias": True}, "attention_bias"),
         ({"hidden_act": "gelu"}, "gelu"),
         ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn"),
+        # transformers 5 runs a `rope_scaling` in place of `rope_parameters`: never the default rope beside it
+        ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}, "rope_scaling": {"rope_type": "yarn",
+          "factor": 4.0, "original_max_position_embeddings": 32}}, "unsupported rope_type 'yarn'"),
         # features that change the outputs are refused, never ignored
         ({"mlp_bias": True}, "mlp_bias"),
         ({"use_sliding_window": True, "sliding_window": 4}, "sliding-window"),
@@ -205,8 +208,8 @@ def test_missing_folder(tmp_path):
         ({"num_attention_heads": 0, "head_dim": None}, "bad config value"),
         ({"eos_token_id": "abc"}, "bad config value"),
     ],
-    ids=["missing_key", "attention_bias", "hidden_act", "rope_type", "mlp_bias", "sliding_window", "layer_types",
-         "quantized", "hidden_str", "heads_zero", "eos_str"],
+    ids=["missing_key", "attention_bias", "hidden_act", "rope_type", "rope_scaling_and_parameters", "mlp_bias",
+         "sliding_window", "layer_types", "quantized", "hidden_str", "heads_zero", "eos_str"],
 )
 def test_unsupported_config(good, change, expect):
     config = {k: v for k, v in {**CONFIG, **change}.items() if v is not None}

@@ -96,11 +96,10 @@ def _read_json(path: Path) -> dict:
 
 
 def _rope_from_hf(d: dict) -> RopeConfig:
-    # transformers >= 5 writes `rope_parameters`; older files write `rope_theta` + `rope_scaling`.
-    params = dict(d.get("rope_parameters") or {})
-    scaling = d.get("rope_scaling") or {}
-    theta = float(params.get("rope_theta", d.get("rope_theta", 10000.0)))
-    merged = {**scaling, **params}
+    # transformers >= 5 writes `rope_parameters`; older files write `rope_theta` + `rope_scaling`. As in transformers 5,
+    # a `rope_scaling` replaces `rope_parameters` whole (its theta, if not in it, is `rope_theta`).
+    merged = dict(d.get("rope_scaling") or d.get("rope_parameters") or {})
+    theta = float(merged.get("rope_theta", d.get("rope_theta", 10000.0)))
     kind = merged.get("rope_type", merged.get("type", "default")) or "default"
     if kind == "default":
         return RopeConfig(theta=theta)

@@ -282,3 +282,39 @@ def test_generation_config_stop_tokens_join_the_configs(good):
     (good / "config.json").write_text(json.dumps({**CONFIG, "eos_token_id": 7}))
     (good / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 9]}))
     assert target_config_from_hf(good).eos_token_ids == (7, 9)
+
+
+def test_absent_keys_take_transformers_defaults(tmp_path):
+    """Keys a config.json leaves out take the config class's defaults, as transformers 5 reads them: Qwen3's head_dim
+    128 and 32 KV heads (not hidden_size / heads and heads, Llama's), llama3 rope's original context
+    max_position_embeddings. A Qwen3 config without head_dim is a valid checkpoint, not a shape error."""
+    from specpilot.models.config import rope_inv_freq, target_config_from_hf
+
+    config = {k: v for k, v in CONFIG.items() if k not in ("head_dim", "num_key_value_heads")}
+    config["num_attention_heads"] = 32
+    tensors = qwen3_tensors()
+    rng = np.random.default_rng(3)
+    for i in range(LAYERS):
+        p = f"model.layers.{i}.self_attn."
+        tensors |= {p + "q_proj.weight": rng.standard_normal((32 * 128, H), np.float32),
+                    p + "k_proj.weight": rng.standard_normal((32 * 128, H), np.float32),
+                    p + "v_proj.weight": rng.standard_normal((32 * 128, H), np.float32),
+                    p + "o_proj.weight": rng.standard_normal((H, 32 * 128), np.float32),
+                    p + "q_norm.weight": rng.standard_normal(128, np.float32),
+                    p + "k_norm.weight": rng.standard_normal(128, np.float32)}
+    cfg, _ = load_target(write_checkpoint(tmp_path / "qwen3", tensors, config), dtype=jnp.float32)
+    assert (cfg.head_dim, cfg.num_kv_heads) == (128, 32)
+
+    llama = {**CONFIG, "architectures": ["LlamaForCausalLM"], "model_type": "llama", "head_dim": None,
+             "num_key_value_heads": None, "max_position_embeddings": 256,
+             "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0}}
+    (tmp_path / "llama").mkdir()
+    (tmp_path / "llama" / "config.json").write_text(json.dumps(llama))
+    cfg = target_config_from_hf(tmp_path / "llama")
+    assert (cfg.head_dim, cfg.num_kv_heads, cfg.rope.original_max_position) == (H // HEADS, HEADS, 256)
+    # transformers' llama3 rule at original context 256 (head_dim 8): frequency 0 kept, 1 smoothed, 2-3 divided
+    inv = 5e5 ** -(np.arange(0, 8, 2) / 8)
+    smooth = (256 * inv[1] / (2 * np.pi) - 1.0) / 3.0
+    want = [inv[0], (1 - smooth) * inv[1] / 8 + smooth * inv[1], inv[2] / 8, inv[3] / 8]
+    np.testing.assert_allclose(rope_inv_freq(cfg.rope, cfg.head_dim), want, rtol=1e-6)

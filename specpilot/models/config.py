@@ -110,7 +110,7 @@ def _rope_from_hf(d: dict) -> RopeConfig:
             factor=float(merged["factor"]),
             low_freq_factor=float(merged["low_freq_factor"]),
             high_freq_factor=float(merged["high_freq_factor"]),
-            original_max_position=int(merged["original_max_position_embeddings"]),
+            original_max_position=int(merged.get("original_max_position_embeddings", d["max_position_embeddings"])),
         )
     raise CheckpointError(f"unsupported rope_type {kind!r} (supported: default, llama3)")
 
@@ -126,6 +126,9 @@ def _layers_from_hf(d: dict, family: str, where: str, drafter: bool = False) -> 
     try:
         hidden = int(d["hidden_size"])
         heads = int(d["num_attention_heads"])
+        split = hidden // heads
+        # absent keys take the config class's defaults (Qwen3Config: head_dim 128, 32 KV heads); null ones these
+        qwen3 = {"head_dim": 128, "num_key_value_heads": 32} if family == "qwen3" else {}
         cfg = ModelConfig(
             family=family,
             vocab_size=int(d.get("vocab_size", 0)),
@@ -133,8 +136,8 @@ def _layers_from_hf(d: dict, family: str, where: str, drafter: bool = False) -> 
             intermediate_size=int(d["intermediate_size"]),
             num_layers=int(d["num_hidden_layers"]),
             num_heads=heads,
-            num_kv_heads=int(d.get("num_key_value_heads") or heads),
-            head_dim=int(d.get("head_dim") or hidden // heads),
+            num_kv_heads=int(d.get("num_key_value_heads", qwen3.get("num_key_value_heads")) or heads),
+            head_dim=int(d.get("head_dim", qwen3.get("head_dim")) or split),
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
             rope=_rope_from_hf(d),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),

@@ -200,7 +200,7 @@ def test_missing_folder(tmp_path):
           "factor": 4.0, "original_max_position_embeddings": 32}}, "unsupported rope_type 'yarn'"),
         # features that change the outputs are refused, never ignored
         ({"mlp_bias": True}, "mlp_bias"),
-        ({"use_sliding_window": True, "sliding_window": 4}, "sliding-window"),
+        ({"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1}, "sliding-window"),
         ({"layer_types": ["full_attention", "sliding_attention"]}, "sliding-window"),
         ({"quantization_config": {"quant_method": "bitsandbytes"}}, "quantized checkpoints (bitsandbytes)"),
         # values of the wrong kind are one line, not a traceback
@@ -215,6 +215,17 @@ def test_unsupported_config(good, change, expect):
     config = {k: v for k, v in {**CONFIG, **change}.items() if v is not None}
     (good / "config.json").write_text(json.dumps(config))
     assert expect in load_error(good)
+
+
+@pytest.mark.parametrize("change", [{"use_sliding_window": True, "sliding_window": 4, "max_window_layers": LAYERS},
+                                    {"use_sliding_window": True, "sliding_window": None}, {"hidden_act": "swish"}],
+                         ids=["window_from_layer_past_the_last", "no_window", "swish"])
+def test_configs_transformers_runs_as_full_attention_silu_load(good, change):
+    """transformers' Qwen3 config slides only layers from max_window_layers on (none here), and "swish" is its silu:
+    these checkpoints load (they were refused)."""
+    (good / "config.json").write_text(json.dumps({**CONFIG, **change}))
+    cfg, _ = load_target(good, dtype=jnp.float32)
+    assert cfg.num_layers == LAYERS
 
 
 def test_config_that_is_not_an_object(good):

@@ -164,7 +164,7 @@ def _refuse_unsupported(d: dict, where: str, drafter: bool = False) -> None:
         raise CheckpointError(f"{where}: attention_bias=true is not supported")
     if d.get("mlp_bias"):
         raise CheckpointError(f"{where}: mlp_bias=true is not supported")
-    if d.get("use_sliding_window") or any(t != "full_attention" for t in d.get("layer_types") or []):
+    if _has_sliding_layers(d):
         if drafter:
             logging.getLogger(__name__).warning("%s: sliding-window layers run as full attention (the drafts, and "
                                                 "so the acceptance, may differ from the reference drafter's)", where)
@@ -174,8 +174,20 @@ def _refuse_unsupported(d: dict, where: str, drafter: bool = False) -> None:
     if quant:
         method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
         raise CheckpointError(f"{where}: quantized checkpoints ({method}) are not supported; give bf16 / fp32 weights")
-    if d.get("hidden_act", "silu") != "silu":
+    if d.get("hidden_act", "silu") not in ("silu", "swish"):  # transformers' "swish" is the same function
         raise CheckpointError(f"{where}: hidden_act={d.get('hidden_act')!r} is not supported (silu only)")
+
+
+def _has_sliding_layers(d: dict) -> bool:
+    """Whether any layer attends through a sliding window, read as transformers' Qwen3 config does: ``layer_types``
+    where given, else ``use_sliding_window`` (with a ``sliding_window``) for the layers from ``max_window_layers``
+    (default 28) on. So ``use_sliding_window`` with ``max_window_layers`` >= the layer count is full attention."""
+    types = d.get("layer_types")
+    if types is not None:
+        return any(t != "full_attention" for t in types)
+    if not d.get("use_sliding_window") or d.get("sliding_window", 4096) is None:
+        return False
+    return int(d.get("num_hidden_layers") or 0) > int(d.get("max_window_layers", 28))
 
 
 def target_config_from_hf(path: str | Path) -> ModelConfig:

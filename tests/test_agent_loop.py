@@ -352,3 +352,57 @@ def test_specpilot_candidates_get_a_cost_table_fitted_from_the_trials(tmp_path):
     assert table != {k: v for k, v in yaml_table.items() if k in table}
     assert sp["config"]["draft_cost_ms"] > 0
     assert config_key(sp["config"]) == config_key({**sp["config"], "verify_cost_ms": yaml_table})
+
+
+def test_a_resumed_search_past_max_seconds_replays_its_logged_rounds(tmp_path):
+    """The time budget starts no new round, but the rounds the log holds were started inside it: a resume (or a
+    rerun of a finished search) past the budget replays them rather than ending with stock as the best."""
+    first = search(tmp_path / "run", rounds=2, candidates_per_round=1, min_gain=0.0)
+    assert first["best_speedup"] > first["stock_speedup"]
+    again = search(tmp_path / "run", rounds=3, candidates_per_round=1, min_gain=0.0, max_seconds=1e-6)
+    assert again["resumed"] and again["stopped"] == "max_seconds" and again["rounds"] == 2
+    assert [t["id"] for t in again["trials"]] == [t["id"] for t in first["trials"]]
+    assert again["best_trial"] == first["best_trial"] and again["best_speedup"] == first["best_speedup"]
+
+
+def test_a_resumed_search_does_not_load_the_records_it_wrote_itself(tmp_path):
+    """An uninterrupted search loads memory once, before its first round: a resumed one must not also read the
+    records its own earlier rounds wrote (they steer its proposals, and a memory-transfer run would count as
+    seeded). Records of other runs it updated keep their earlier evidence."""
+    store = MemoryStore(tmp_path / "mem")
+    search(tmp_path / "run", memory=store, rounds=1, min_gain=0.0)
+    written = {json.loads(p.read_text())["name"] for p in (tmp_path / "mem" / "records").glob("*.json")}
+    assert written
+    resumed = search(tmp_path / "run", memory=store, rounds=4, min_gain=0.0)
+    clean = search(tmp_path / "clean", memory=MemoryStore(tmp_path / "mem2"), rounds=4, min_gain=0.0)
+    assert resumed["resumed"] and resumed["memory"]["loaded"] == clean["memory"]["loaded"] == []
+    assert [(t["id"], config_key(t["config"])) for t in resumed["trials"]] == \
+           [(t["id"], config_key(t["config"])) for t in clean["trials"]]
+    # a record this run updated (measured before by another run) is loaded with the other run's evidence
+    other = MemoryStore(tmp_path / "mem3")
+    search(tmp_path / "other", memory=other, rounds=1, min_gain=0.0)
+    before = {r.name: r.gain.run_id for r in other.matching(FakeBackend().descriptor | {"stock_tau": 3.0})}
+    search(tmp_path / "run3", memory=other, rounds=1, min_gain=0.0)
+    updated = [r for _, r in other.load_all() if r.gain.run_id == "run3" and r.history]
+    assert updated and {r.history[0].run_id for r in updated} == {"other"}
+    again = Search(InProcessRunner(FakeBackend()), OfflineProposer(), tmp_path / "run3",
+                   SearchSettings(rounds=1, candidates_per_round=3, min_gain=0.0), memory=other)
+    again.open()
+    seen = {r.name: r.gain.run_id for r in other.matching(FakeBackend().descriptor | {"stock_tau": 3.0},
+                                                          exclude_run=again.run_id)}
+    assert seen == before and set(seen.values()) == {"other"}
+
+
+def test_offline_proposer_moves_from_runners_up_in_a_real_search(tmp_path):
+    """AR fastest: once AR's few moves (engine kinds, weight format) are measured, the next round takes the
+    single-knob moves of the best token-forced runner-up instead of running empty (the H200 search's rounds 2-3)."""
+    from specpilot.agent.backend import scripted_fake_model
+
+    def ar_wins(cfg):
+        m = scripted_fake_model(cfg)
+        return {**m, "stage_ms": {"verify": 1.0, "commit": 0.1}} if cfg["name"] == "ar" else m
+
+    s = search(tmp_path / "run", backend=FakeBackend(model_fn=ar_wins), rounds=3, min_rounds=3)
+    assert s["best_config"]["name"] == "ar"
+    round3 = [t for t in s["trials"] if t["id"].startswith("r3/c")]
+    assert len(round3) == 3 and all(t["source"].startswith("offline:runner-up:") for t in round3)

@@ -105,3 +105,26 @@ def test_offline_proposer_moves_from_the_runners_up_when_the_incumbent_has_no_mo
         assert p.source == "offline:runner-up:r1/c0" and p.delta["engine"] == "stock"  # the fastest runner-up
         cfg = space.apply(ar, p.delta)
         assert config_key(cfg) not in tried and "stock" in p.hypothesis
+
+
+def test_an_edited_memory_config_is_refused_with_a_reason_not_a_crash(space, stock):
+    """A record's config (edited by hand, or older) that lacks a knob: SpaceError naming it, which the offline
+    proposer skips; it was a KeyError that ended the search."""
+    from specpilot.agent.memory import Evidence, MemoryRecord
+    from specpilot.agent.proposers import ProposalContext
+    from specpilot.agent.proposers.offline import OfflineProposer
+
+    full = space.apply(stock, {"engine": "specpilot", "tree_budget": 8})
+    for missing in ("budget_candidates", "tree_budget"):
+        with pytest.raises(SpaceError, match=f"{missing}: Field required"):
+            space.check({k: v for k, v in full.items() if k != missing})
+    ev = Evidence(run_id="r", trial_id="r1/c0", run_dir="/tmp/x", date="2026-01-01T00:00:00Z", speedup_over_ar=2.0,
+                  base_speedup_over_ar=1.0, relative_gain=1.0, tau=3.0, ms_per_token=1.0,
+                  forcing={"passed": True, "num_violations": 0})
+    edited = {k: v for k, v in full.items() if k != "budget_candidates"}
+    rec = MemoryRecord(name="engine=specpilot", mechanism="m", delta={"engine": "specpilot"}, base_config=stock,
+                       config=edited, addresses="tau", deployment={}, preconditions={}, gain=ev)
+    ctx = ProposalContext(round=1, k=2, deployment={}, space=space, incumbent={"config": stock, "tau": 3.0},
+                          gap_report={"components": []}, history=[], tried=set(), memory=[rec], feedback=[])
+    props = OfflineProposer().propose(ctx).proposals
+    assert props[0].source == "memory:engine=specpilot" and props[0].delta == {"engine": "specpilot"}

@@ -254,6 +254,8 @@ class Search:
             row = {"id": t["id"], "config": t["config"], "status": t["status"]}
             if "delta" in t:
                 row["delta"] = t["delta"]
+            if t.get("forcing") or t.get("role") == "reference":  # stock, the reference, passes by definition
+                row["forcing"] = {"passed": t["forcing"]["passed"] if t.get("forcing") else True}
                 row["hypothesis"] = t.get("hypothesis")
             if t["status"] == "ok":
                 row.update(speedup=round(t["speedup"], 4), tau=round(t["tau"], 3),
@@ -427,7 +429,8 @@ class Search:
         reference = stock["reference_tokens"]
         self.deployment["stock_tau"] = round(stock["tau"], 4)
 
-        memory = self.memory.matching(self.deployment) if self.memory is not None else []
+        # as loaded before round 1: a resumed search leaves out what its own earlier rounds wrote
+        memory = self.memory.matching(self.deployment, exclude_run=self.run_id) if self.memory is not None else []
         if memory:
             log.info("memory: %d matching records: %s", len(memory), ", ".join(r.name for r in memory[:8]))
         ceilings = stock.get("ceilings_source", "none")
@@ -435,7 +438,8 @@ class Search:
         self.round_log: list[dict] = []
 
         for r in range(1, s.rounds + 1):
-            if s.max_seconds is not None and self.elapsed() >= s.max_seconds:
+            # a round the log holds was started inside the budget: it is replayed, whatever the time is now
+            if s.max_seconds is not None and r not in logged_proposals and self.elapsed() >= s.max_seconds:
                 stopped = "max_seconds"
                 log.info("%.0f s of search >= max_seconds %.0f: no round %d", self.elapsed(), s.max_seconds, r)
                 break

@@ -184,10 +184,17 @@ class MemoryStore:
                 log.warning("memory: skipping invalid %s (%s)", path.name, e.errors()[0]["msg"])
         return out
 
-    def matching(self, descriptor: dict) -> list[MemoryRecord]:
-        """Records whose preconditions `descriptor` meets; most similar deployment, then largest gain first."""
+    def matching(self, descriptor: dict, exclude_run: str | None = None) -> list[MemoryRecord]:
+        """Records whose preconditions `descriptor` meets; most similar deployment, then largest gain first.
+        `exclude_run`: the evidence of that run is left out (a record only it measured is skipped, one it updated
+        keeps its previous measurement), so a resumed search sees the memory it started with."""
         found = []
         for path, rec in self.load_all():
+            if exclude_run is not None and rec.gain.run_id == exclude_run:
+                older = [e for e in rec.history if e.run_id != exclude_run]
+                if not older:
+                    continue
+                rec = rec.model_copy(update={"gain": older[0], "history": older[1:]})
             try:
                 why = unmet(rec.preconditions, descriptor)
             except TypeError as e:  # a precondition of the wrong type for its fact, e.g. {"min": "4"}

@@ -277,7 +277,8 @@ class ConfigSpace:
                 f"weight_format=w12: needs bfloat16 target weights, this deployment's are {self.target_dtype}")
         if cfg.get("attention") == "cudnn" and self.platform != "gpu":
             raise SpaceError(f"attention=cudnn: needs an NVIDIA GPU, this deployment runs on {self.platform}")
-        if name == "specpilot" and max(cfg["budget_candidates"]) > cfg["tree_budget"]:
+        if name == "specpilot" and {"budget_candidates", "tree_budget"} <= set(cfg) and \
+                max(cfg["budget_candidates"]) > cfg["tree_budget"]:  # a missing one: the engine schema names it
             raise SpaceError(
                 f"budget_candidates: {max(cfg['budget_candidates'])} exceeds tree_budget {cfg['tree_budget']}")
         try:

@@ -38,6 +38,29 @@ def test_recipe_errors_name_the_key():
         load_spec("proxy_test", ["corpus.held_out_fraction=0"])
 
 
+def test_recipe_rejects_a_vocab_smaller_than_the_byte_alphabet():
+    """The BPE always keeps the 256 byte symbols and the 2 special tokens: a smaller model vocabulary would get
+    token ids past its embedding (clamped silently by the lookup)."""
+    from specpilot.training.tokenizer import train_tokenizer
+
+    assert train_tokenizer(["def f(x):\n    return x\n"] * 4, 100, 2).get_vocab_size() == 258
+    with pytest.raises(SpecError, match=r"proxy.tokenizer.vocab_size: must be >= 258, got 100"):
+        load_spec("proxy_test", ["tokenizer.vocab_size=100"])
+    assert load_spec("proxy_test", ["tokenizer.vocab_size=258"]).tokenizer.vocab_size == 258
+
+
+def test_recipe_rejects_continuations_shorter_than_a_block():
+    """Anchors lie in the generated part with a whole block after them (prompt_tokens <= a <= len - block): fewer
+    generated tokens than a block leave none, which failed only after the target was trained."""
+    from specpilot.training.train_drafter import sample_anchors
+
+    with pytest.raises(ValueError):
+        sample_anchors(0, 0, 1, 1, 8, 8 + 3 - 4)  # proxy_test: 8 prompt tokens, 3 generated, block 4
+    with pytest.raises(SpecError, match=r"proxy.drafter_train.generate_tokens: must be >= drafter.block_size 4"):
+        load_spec("proxy_test", ["drafter_train.generate_tokens=3"])
+    assert load_spec("proxy_test", ["drafter_train.generate_tokens=4"]).drafter_train.generate_tokens == 4
+
+
 def test_hydra_composes_and_validates_the_proxy_group():
     from hydra import compose, initialize_config_dir
 

@@ -48,7 +48,8 @@ class CorpusSpec:
 
 @dataclasses.dataclass(frozen=True)
 class TokenizerSpec:
-    vocab_size: int = _field(ge=64)  # model vocabulary; the BPE may use fewer ids on a small corpus
+    # model vocabulary; the BPE may use fewer ids on a small corpus, never fewer than its 256 bytes + 2 special tokens
+    vocab_size: int = _field(ge=258)
     min_frequency: int = _field(ge=1)
     max_train_bytes: int | None = _field(ge=1)  # text the BPE merges are learnt from; null = the whole train split
 
@@ -246,6 +247,9 @@ def _check(s: ProxySpec) -> None:
     if seq > t.max_position_embeddings:
         raise SpecError("drafter_train.generate_tokens", "prompt_tokens + generate_tokens exceed the target's "
                         f"max_position_embeddings {t.max_position_embeddings}")
+    if d.generate_tokens < s.drafter.block_size:  # anchors: prompt_tokens <= a <= len - block
+        raise SpecError("drafter_train.generate_tokens", f"must be >= drafter.block_size {s.drafter.block_size} "
+                        f"(a block after an anchor in the generated part), got {d.generate_tokens}")
     if seq < s.drafter.block_size + 2:
         raise SpecError("drafter_train.generate_tokens", f"sequences of {seq} tokens are shorter than a block + 2")
 

@@ -100,6 +100,19 @@ def test_corpus_is_deterministic_deduplicated_and_split(recipe):
     assert a.train_bytes <= recipe.corpus.max_train_bytes
 
 
+def test_corpus_text_that_spells_a_special_token_is_plain_text():
+    """Source files that spell "<|endoftext|>" or "<|mask|>" (tokenizer code in site-packages) are text: EOS
+    separates documents only where `token_stream` puts it, and the target never sees the drafter's mask id."""
+    from specpilot.training.tokenizer import EOS_ID, MASK_ID, encode_all, train_tokenizer
+
+    text = 'EOS = "<|endoftext|>"\nMASK = "<|mask|>"\n'
+    tok = train_tokenizer([text] * 4, 300, 2)
+    [ids] = encode_all(tok, [text])
+    assert EOS_ID not in ids and MASK_ID not in ids
+    assert tok.decode(ids, skip_special_tokens=False) == text
+    assert tok.encode("a<|mask|>").ids[-1] == MASK_ID  # prompts spelling a special token keep it (as HF does)
+
+
 def test_humaneval_prompts_when_installed():
     from specpilot.training.corpus import humaneval_prompts
 

@@ -57,4 +57,11 @@ def load_tokenizer(folder: str | Path):
 
 
 def encode_all(tok, texts: list[str]) -> list[list[int]]:
-    return [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+    """Corpus text to ids; a special token's text inside a document (`"<|endoftext|>"` in tokenizer code) is plain
+    text, so EOS separates documents only where `token_stream` puts it and the target never sees the mask id."""
+    before = tok.encode_special_tokens
+    tok.encode_special_tokens = True
+    try:
+        return [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+    finally:
+        tok.encode_special_tokens = before

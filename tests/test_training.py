@@ -227,6 +227,36 @@ def test_drafter_training_math_is_the_inference_math(pair):
     np.testing.assert_allclose(batched, one_round(seqs), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("tree", ["chain", "best_first"])
+def test_engine_rounds_draft_what_training_trained(pair, tree):
+    """Each decoding round's drafter rows (stock / ddtree engine, ragged batch) equal the training path's block
+    logits at the anchor where that round's last committed token sits, on the sequence the engine produced."""
+    from specpilot.decoding.common import pad_prompts
+    from specpilot.decoding.spec import SpecEngine
+    from specpilot.training.train_drafter import block_logits
+
+    tcfg, tw, dcfg, dw = pair
+    rng = np.random.default_rng(5)
+    prompts = [list(rng.integers(2, tcfg.vocab_size, 8)), list(rng.integers(2, tcfg.vocab_size, 11))]
+    engine = SpecEngine("x", tcfg.replace(eos_token_ids=()), tw, dcfg, dw, context=48, tree=tree, tree_budget=6)
+    tokens, lens = pad_prompts(prompts)
+    state = engine.prefill(engine.params, tokens, lens, 12, jax.random.key(0))
+    draft, one_round = jax.jit(lambda s: engine._stage_draft(engine.params, s, {})["rows"]), jax.jit(engine.round)
+    drafted = [{}, {}]  # per request: position of the round's last committed token -> drafter rows
+    for _ in range(5):
+        rows = np.asarray(draft(state))
+        for b, p in enumerate(prompts):
+            drafted[b][len(p) + int(state.n_out[b]) - 1] = rows[b]
+        state = one_round(engine.params, state)
+    for b, p in enumerate(prompts):
+        seq = np.concatenate([p, np.asarray(state.out[b, : int(state.n_out[b])])]).astype(np.int32)[None]
+        anchors = [a for a in sorted(drafted[b]) if a <= seq.shape[1] - dcfg.block_size]  # a whole block of labels
+        assert len(anchors) >= 2
+        logits, _ = jax.jit(lambda s, a: block_logits(dw, dcfg, tw, tcfg, s, a))(seq, np.asarray([anchors], np.int32))
+        for i, a in enumerate(anchors):
+            np.testing.assert_allclose(logits[i, 1:], drafted[b][a], atol=1e-5, rtol=1e-5)
+
+
 # ---- resumable training --------------------------------------------------------------------------------
 
 

@@ -224,6 +224,9 @@ def test_specpilot_rounds_are_predicted_at_the_budgets_they_chose(rows):
     cfg = {"name": "specpilot", "tree_budget": 256, "budget_candidates": [16, 64, 256]}
     assert observed_budgets({"verified_nodes": [64, 60, 256, 64]}, cfg) == {64: 0.75, 256: 0.25}
     assert observed_budgets({"verified_nodes": [64]}, {"name": "ddtree", "tree_budget": 64}) == {}
+    # the engine's own record wins: a 256-node budget whose tree had 60 valid nodes is not read as 64
+    assert observed_budgets({"verified_nodes": [64, 60, 256], "chosen_budgets": [64, 256, 256]}, cfg) == {
+        64: pytest.approx(1 / 3), 256: pytest.approx(2 / 3)}
     # a measured row that chose 64 in three rounds of four and 256 in one: its truth is that mixture
     truth = 0.75 * expected_step(cfg, 8, 64) + 0.25 * expected_step(cfg, 8, 256)
     eng = FakeEngine("specpilot", stage_ms={"draft": 0.0, "tree": 0.0, "verify": truth, "commit": 0.0})
@@ -461,3 +464,26 @@ def test_measured_speedups_compare_each_configuration_with_its_own_variants_ar()
     for label, ar in (("stock", "ar"), ("ar+w12", "ar+w12")):
         assert rows[label]["speedup"] == pytest.approx(rows[ar]["wall_s"] / rows[label]["wall_s"])
         assert rows[label]["lossless"] is True
+
+
+def test_a_specpilot_row_that_chose_several_budgets_is_charged_their_mixture():
+    """`measure.mixed_stage_costs`: 64 nodes in three rounds of four and 256 in one cost 3/4 and 1/4 of each, bytes
+    and ceilings alike (it was the largest candidate's, 256, in every round)."""
+    from specpilot.costmodel.hardware import Hardware
+    from specpilot.costmodel.measure import mixed_stage_costs
+
+    cfg = {"name": "specpilot", "tree_budget": 256, "budget_candidates": [64, 256]}
+    hw = Hardware(name="test", hbm_bytes_per_s=1e9, matmul_flops_per_s=1e6)
+
+    def at(n):
+        return stage_costs(TARGET, DRAFTER, cfg, 2, 16, 2, n)
+
+    costs, ceilings = mixed_stage_costs(at, {64: 0.75, 256: 0.25}, hw)
+    small, large = at(64)["verify"], at(256)["verify"]
+    assert small.bytes < large.bytes
+    assert costs["verify"].bytes == pytest.approx(0.75 * small.bytes + 0.25 * large.bytes)
+    assert costs["verify"].flops == pytest.approx(0.75 * small.flops + 0.25 * large.flops)
+    assert ceilings["verify"] == pytest.approx(0.75 * hw.ms(small.bytes, small.flops)
+                                               + 0.25 * hw.ms(large.bytes, large.flops))
+    alone, _ = mixed_stage_costs(at, {}, None)  # no mix: the engine's own size
+    assert alone["verify"].bytes == at(None)["verify"].bytes

@@ -232,8 +232,10 @@ def test_profile_times_stages_and_reports_the_budgets_specpilot_chose(pair, prom
         assert prof["stage_ms"][name] == pytest.approx(sum(per_round) / len(per_round), rel=1e-3, abs=1e-3)
     assert len(prof["verified_nodes"]) == prof["rounds"] > 0
     assert all(1 <= v <= 24 for v in prof["verified_nodes"])
+    assert len(prof["chosen_budgets"]) == prof["rounds"]  # recorded by the engine, not inferred from the nodes
+    assert all(c in (4, 24) and v <= c for c, v in zip(prof["chosen_budgets"], prof["verified_nodes"]))
     ar = engine("ar", dict(name="ar"), tcfg, pair).profile(prompts[:2], 8, rounds=2, repeats=1)
-    assert ar["verified_nodes"] == [] and list(ar["stage_ms"]) == ["verify", "commit"]
+    assert ar["verified_nodes"] == [] and "chosen_budgets" not in ar and list(ar["stage_ms"]) == ["verify", "commit"]
     timed = engine("ar", dict(name="ar"), tcfg, pair).profile(prompts[:2], 8, rounds=2, repeats=1, gpu_time=True)
     if jax.devices()[0].platform == "gpu":  # CUPTI: every stage's kernel time
         assert list(timed["stage_gpu_ms"]) == ["verify", "commit"] and timed["stage_gpu_ms"]["verify"] > 0

@@ -54,6 +54,9 @@ class Cost:
     def __add__(self, other: "Cost") -> "Cost":
         return Cost(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)})
 
+    def __mul__(self, w: float) -> "Cost":
+        return Cost(**{f.name: getattr(self, f.name) * w for f in dataclasses.fields(self)})
+
     def to_json(self) -> dict:
         return {**dataclasses.asdict(self), "bytes": self.bytes}
 

@@ -300,13 +300,18 @@ def _budget_mix(row: dict) -> dict[int, float]:
 
 
 def observed_budgets(profile: dict, engine_cfg: dict) -> dict[int, float]:
-    """{budget: share of the timed rounds} a `specpilot` engine chose, from its profile's `verified_nodes`
-    (a round that verified v nodes chose the smallest candidate ≥ v). Empty for other engines."""
-    seen = profile.get("verified_nodes") or []
-    if engine_cfg["name"] != "specpilot" or not seen:
+    """{budget: share of the timed rounds} a `specpilot` engine chose: its profile's `chosen_budgets`, or, where a
+    profile lacks them (one written before the engine recorded them), inferred from `verified_nodes` (a round that
+    verified v nodes chose the smallest candidate ≥ v; a tree with fewer valid nodes than its budget reads as a
+    smaller one). Empty for other engines."""
+    if engine_cfg["name"] != "specpilot":
         return {}
-    cands = sorted(int(c) for c in (engine_cfg.get("budget_candidates") or [engine_cfg.get("tree_budget", 256)]))
-    picked = [next((c for c in cands if c >= v), cands[-1]) for v in seen]
+    picked = [int(c) for c in profile.get("chosen_budgets") or []]
+    if not picked:
+        cands = sorted(int(c) for c in (engine_cfg.get("budget_candidates") or [engine_cfg.get("tree_budget", 256)]))
+        picked = [next((c for c in cands if c >= v), cands[-1]) for v in profile.get("verified_nodes") or []]
+    if not picked:
+        return {}
     return {c: picked.count(c) / len(picked) for c in sorted(set(picked))}
 
 

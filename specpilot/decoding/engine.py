@@ -145,7 +145,8 @@ class Engine:
           stage measures its device time; a host-bound one measures the host's per-call time, an overcount.
         Both overcount (jitter, host time), so the minimum is the tighter one. `stage_ms` is the mean over
         rounds; `stage_ms_rounds` keeps each round's value (the spread). `verified_nodes` lists, per timed
-        round, the most tree nodes a request verified (the budget a cost-aware `specpilot` round chose).
+        round, the most tree nodes a request verified; `chosen_budgets`, per timed round, the budget a cost-aware
+        `specpilot` round chose (which a tree with fewer valid nodes than it verifies only in part).
         `eager_prefill` runs the (untimed) prefill op by op instead of compiling it. `gpu_time` adds
         `stage_gpu_ms`: per stage, the summed run time of its kernels in one more call per timed round under CUPTI
         (`specpilot.costmodel.cupti`; launch gaps and host time excluded), where CUPTI exists; without it the
@@ -160,7 +161,7 @@ class Engine:
         state = prefill(self.params, tokens, lens, max_new_tokens, jax.random.key(seed))
         dispatch = self._dispatch_seconds(state)
         per_round = {name: [] for name, _ in stage_fns}
-        timed_rounds, committed, nodes = 0, 0, []
+        timed_rounds, committed, nodes, budgets = 0, 0, [], []
         per_round_gpu = {name: [] for name, _ in stage_fns} if gpu_time else None
         gpu_error = None
         with warnings.catch_warnings():  # a stage forwards some donated buffers unchanged
@@ -194,6 +195,8 @@ class Engine:
                                 gpu_error = str(e)
                         if "nodes" in out:
                             nodes.append(int(np.max(np.asarray(out["nodes"]))))
+                        if "budget" in out:
+                            budgets.append(int(out["budget"]))
                     carry = out
                 state = carry["state"]
                 if r > 0:
@@ -215,6 +218,7 @@ class Engine:
             "round_ms": sum(stage_ms.values()),
             "tokens_per_round": committed / n,
             "verified_nodes": nodes,
+            **({"chosen_budgets": budgets} if budgets else {}),
             "dispatch_ms": 1e3 * dispatch,
         }
 

@@ -223,6 +223,7 @@ class SpecEngine(Engine):
 
     def _stage_verify(self, params, state, carry):
         tree, q, k_accept = carry["tree"], carry["q"], self._keys(state)[2]
+        chosen = {}
         if self.budget_for_round is None:
             out = self._verify_accept(params, state, state.extra, tree, q, k_accept)
         else:  # best-first nodes are sorted by score and parents precede children: a prefix is a tree
@@ -233,8 +234,10 @@ class SpecEngine(Engine):
                 )
                 for c in policy.candidates
             ]
-            out = jax.lax.switch(policy.choose(tree.score, tree.valid, ~state.done), branches, tree)
-        return dict(zip(("walk", "cache", "feats", "nodes"), out), n1=carry["n1"], ctx=carry["ctx"])
+            pick = policy.choose(tree.score, tree.valid, ~state.done)
+            out = jax.lax.switch(pick, branches, tree)
+            chosen = {"budget": jnp.asarray(policy.candidates, jnp.int32)[pick]}  # what `Engine.profile` records
+        return dict(zip(("walk", "cache", "feats", "nodes"), out), n1=carry["n1"], ctx=carry["ctx"], **chosen)
 
     def _stage_commit(self, params, state, carry):
         ex: SpecState = state.extra

@@ -406,3 +406,22 @@ def test_offline_proposer_moves_from_runners_up_in_a_real_search(tmp_path):
     assert s["best_config"]["name"] == "ar"
     round3 = [t for t in s["trials"] if t["id"].startswith("r3/c")]
     assert len(round3) == 3 and all(t["source"].startswith("offline:runner-up:") for t in round3)
+
+
+def test_the_history_proposers_read_keeps_each_trials_hypothesis_and_forcing(tmp_path):
+    """Every proposed trial's row carries the hypothesis it was proposed under (what Gemini reads back) and whether
+    it passed token forcing (what the offline proposer's runner-up moves need); stock, the reference, passes."""
+    seen = []
+
+    class Recording(OfflineProposer):
+        def propose(self, ctx):
+            seen.append(ctx.history)
+            return super().propose(ctx)
+
+    search(tmp_path / "run", proposer=Recording(), rounds=2, min_rounds=2)
+    rows = seen[-1]
+    proposed = [r for r in rows if "delta" in r]
+    assert proposed and all(r.get("hypothesis") for r in proposed)
+    assert all("forcing" in r for r in proposed)
+    stock = next(r for r in rows if r["id"] == "baseline/stock")
+    assert stock["forcing"] == {"passed": True} and "hypothesis" not in stock  # a baseline was proposed by no one

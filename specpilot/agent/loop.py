@@ -254,9 +254,9 @@ class Search:
             row = {"id": t["id"], "config": t["config"], "status": t["status"]}
             if "delta" in t:
                 row["delta"] = t["delta"]
+                row["hypothesis"] = t.get("hypothesis")
             if t.get("forcing") or t.get("role") == "reference":  # stock, the reference, passes by definition
                 row["forcing"] = {"passed": t["forcing"]["passed"] if t.get("forcing") else True}
-                row["hypothesis"] = t.get("hypothesis")
             if t["status"] == "ok":
                 row.update(speedup=round(t["speedup"], 4), tau=round(t["tau"], 3),
                            ms_per_token=round(t["ms_per_token"], 4))

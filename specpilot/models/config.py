@@ -127,7 +127,8 @@ def _layers_from_hf(d: dict, family: str, where: str, drafter: bool = False) -> 
         hidden = int(d["hidden_size"])
         heads = int(d["num_attention_heads"])
         split = hidden // heads
-        # absent keys take the config class's defaults (Qwen3Config: head_dim 128, 32 KV heads); null ones these
+        # absent keys take the config class's defaults (Qwen3Config: head_dim 128, 32 KV heads); null ones fall back
+        # to hidden / heads and heads, as transformers does
         qwen3 = {"head_dim": 128, "num_key_value_heads": 32} if family == "qwen3" else {}
         cfg = ModelConfig(
             family=family,

@@ -405,6 +405,13 @@ def test_search_ceilings_count_the_deployment_dtype_and_committed_tokens():
     ceil, source = backend.ceilings({"name": "ar"}, {})
     assert source == "costmodel"
     assert ceil["verify"] == pytest.approx(1e3 * total / hw.hbm_bytes_per_s, rel=1e-9)
+    # a specpilot engine that chose 4 nodes in three rounds of four and 16 in one: each budget's ceiling in its share
+    sp = {"name": "specpilot", "tree_budget": 16, "budget_candidates": [4, 16]}
+    mixed, _ = backend.ceilings(sp, {"chosen_budgets": [4, 4, 16, 4]})
+    small, _ = backend.ceilings(sp, {"chosen_budgets": [4]})
+    large, _ = backend.ceilings(sp, {"chosen_budgets": [16]})
+    assert small["verify"] < large["verify"] == backend.ceilings(sp, {})[0]["verify"]  # no record: the largest
+    assert mixed["verify"] == pytest.approx(0.75 * small["verify"] + 0.25 * large["verify"])
 
 
 def test_tau_profile_ignores_the_attention_implementation():

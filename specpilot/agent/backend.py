@@ -213,11 +213,13 @@ class ModelBackend:
 
     def ceilings(self, engine_cfg: dict, profile: dict) -> tuple[dict, str]:
         from specpilot.agent.ceilings import ceilings_for
+        from specpilot.costmodel.predict import observed_budgets
 
-        # the committed prompt (as bench.py's --context), not the KV capacity; the weights' own dtype (float32 on cpu)
+        # the committed prompt (as bench.py's --context), not the KV capacity; the weights' own dtype (float32 on cpu);
+        # a specpilot engine's budgets in the shares it chose them
         return ceilings_for(self.target_cfg, self.drafter_cfg, engine_cfg, self.cfg.deployment.batch,
                             max(len(p) for p in self.prompt_groups[0]), self.cfg.deployment.gpu,
-                            self.target_w.embed.dtype.itemsize)
+                            self.target_w.embed.dtype.itemsize, observed_budgets(profile, engine_cfg))
 
     def spec(self) -> tuple:
         """What a worker process needs to build the same backend."""

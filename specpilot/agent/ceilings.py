@@ -35,16 +35,22 @@ def _hardware(gpu: str):
 
 
 def ceilings_for(target_cfg, drafter_cfg, engine_cfg: dict, batch: int, context: int, gpu: str,
-                 act_bytes: int = 2) -> tuple[dict, str]:
+                 act_bytes: int = 2, budgets: dict[int, float] | None = None) -> tuple[dict, str]:
     """({stage: ceiling ms per round}, source): source is "costmodel", or "none: <why>" with zeros. `context`:
-    committed tokens per request (not the KV capacity); `act_bytes`: the weights' and activations' dtype size."""
+    committed tokens per request (not the KV capacity); `act_bytes`: the weights' and activations' dtype size;
+    `budgets`: {nodes: share of rounds} a `specpilot` engine chose (`predict.observed_budgets`), each budget's
+    ceilings weighted by its share (else the engine's largest candidate)."""
     try:
         from specpilot.costmodel import ceilings_ms
     except ImportError:
         return _none("specpilot.costmodel.ceilings_ms is not available yet")
     try:
-        out = ceilings_ms(target_cfg, drafter_cfg, engine_cfg, batch, context, _hardware(gpu), act_bytes)
-        return {str(k): float(v) for k, v in dict(out).items()}, "costmodel"
+        out: dict[str, float] = {}
+        for nodes, share in (budgets or {None: 1.0}).items():
+            at = ceilings_ms(target_cfg, drafter_cfg, engine_cfg, batch, context, _hardware(gpu), act_bytes, nodes)
+            for k, v in dict(at).items():
+                out[str(k)] = out.get(str(k), 0.0) + share * float(v)
+        return out, "costmodel"
     except Exception as e:  # a cost-model bug must not stop the search, but it must be visible
         return _none(f"ceilings_ms failed: {type(e).__name__}: {' '.join(str(e).split())[:160]}")
 

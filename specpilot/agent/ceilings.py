@@ -1,9 +1,9 @@
-"""Hardware ceilings per round stage, from the cost model when it is there.
+"""Hardware ceilings per round stage, from the cost model.
 
-The cost model (`specpilot.costmodel.ceilings_ms(target_cfg, drafter_cfg, engine_cfg, batch, context,
-hw)` with a calibrated `Hardware`) is built separately. Until it is importable, every ceiling is 0 — the
-gap report then ranks stages by their measured time — and the search says so once in its log and in
-`summary.json` (`ceilings`).
+`specpilot.costmodel.ceilings_ms(target_cfg, drafter_cfg, engine_cfg, batch, context, hw, act_bytes, nodes)` with
+a calibrated `Hardware`. Where it cannot give them (not importable, no calibration, a cost-model error), every
+ceiling is 0 — the gap report then ranks stages by their measured time — and the search says so once in its log and
+in `summary.json` (`ceilings`).
 """
 
 from __future__ import annotations

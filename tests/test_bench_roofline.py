@@ -469,3 +469,23 @@ def test_memory_fractions_leave_the_w12_job_its_two_weight_copies_on_an_h100():
     assert h200 == ("0.60", "0.30") and mod.memory_fractions(None) == h200
     fg, w12 = map(float, h100)
     assert w12 * 80 >= 35 and fg + w12 <= 0.95
+
+
+@pytest.mark.parametrize("script", sorted(p for p in (REPO / "scripts" / "h200").glob("*.sh")
+                                           if "scripts/bench_roofline.py" in p.read_text()), ids=lambda p: p.name)
+def test_h200_scripts_pass_bench_roofline_arguments_it_accepts(script):
+    """Every `bench_roofline.py` line of a GPU script parses, its variants are known: a typo costs a device call."""
+    import shlex
+
+    br = _load_script()
+    text = script.read_text().replace("\\\n", " ")
+    lines = [ln for ln in text.splitlines() if "scripts/bench_roofline.py" in ln]
+    for line in lines:
+        words = shlex.split(line.split("scripts/bench_roofline.py", 1)[1].split(">")[0])
+        # "$@" (the caller's extra arguments) dropped; another shell variable is a budget in these scripts
+        words = ["300" if w.startswith("$") else w for w in words if w != "$@"]
+        args = br.parse_args(words)
+        assert br.selected_variants(args)
+    assert lines
+    if script.name == "ar_side_by_side.sh":
+        assert br.selected_variants(args) == ["xla_decode_loop", "rope_decode_loop", "torch_peer_cudagraphs"]

@@ -101,8 +101,11 @@ class W12MatmulSuite:
     y = self.run(jnp.asarray(x), packed, config)
     assert y.dtype == jnp.bfloat16 and y.shape == (m, n)
     expected = x.astype(np.float32) @ w.astype(np.float32)
-    reference = w12.matmul(x, packed, implementation="reference")
-    np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(reference, np.float32), rtol=1e-2, atol=1e-3)
+    reference = np.asarray(w12.matmul(x, packed, implementation="reference"), np.float32)
+    # per channel: the scales span four decades, and a fixed atol would pass a kernel that loses the small channels
+    channel_scale = np.abs(reference).max(axis=0)
+    bad = np.abs(np.asarray(y, np.float32) - reference) > 1e-2 * np.abs(reference) + 1e-2 * channel_scale
+    assert not bad.any(), f"{bad.sum()} of {bad.size} outputs off the reference, first at {np.argwhere(bad)[0]}"
     typical = np.abs(expected[:, 8:]).max()  # columns past the planted 1e30 escape
     np.testing.assert_allclose(np.asarray(y, np.float32), expected, rtol=1e-2, atol=1e-2 * typical)
 

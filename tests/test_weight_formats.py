@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
+from pallas_kernels.w12 import ops as w12_ops
 from specpilot.decoding import make_engine
 from specpilot.models.config import DrafterConfig, ModelConfig
+from specpilot.models.kv_cache import init_cache
+from specpilot.models.target import forward
 from specpilot.models.weights import add_passthrough_layers, init_random_drafter, init_random_target
 
 
@@ -20,15 +24,26 @@ def tiny_pair(dtype):
 
 
 @pytest.mark.parametrize("engine", ["ar", "stock"])
-def test_w12_weights_give_identical_tokens(engine):
+def test_w12_weights_give_identical_tokens(engine, monkeypatch):
     cfg, w, dcfg, dw = tiny_pair(jnp.bfloat16)
     prompts = [[1, 2, 3, 4], [9, 8, 7]]
     outs = {}
     for fmt in ("bf16", "w12"):
         e = make_engine({"name": engine, "weight_format": fmt}, cfg, w, dcfg, dw, context=128)
         outs[fmt] = e.generate(prompts, 16).tokens
-    assert type(e.params["target"].layers[0].w_qkv if engine != "ar" else e.params.layers[0].w_qkv).__name__ == "W12Array"
+    target_w12 = e.params["target"] if engine != "ar" else e.params
+    assert type(target_w12.layers[0].w_qkv).__name__ == "W12Array"
     assert outs["w12"] == outs["bf16"]
+    # the tokens alone survive a lossy format (a flipped mantissa bit in every weight keeps them): the target's
+    # logits on the engine's W12 leaves are the bf16 ones bit for bit (the reference matmul: unpack + dot)
+    monkeypatch.setattr(w12_ops, "DEFAULT", "reference")
+    tokens = jnp.asarray([[1, 2, 3, 4, 9, 8, 7]], jnp.int32)
+
+    def logits(weights):
+        cache = init_cache(cfg.num_layers, 1, 16, cfg.num_kv_heads, cfg.head_dim, jnp.bfloat16)
+        return np.asarray(forward(weights, cfg, tokens, jnp.arange(7)[None], cache).logits, np.float32)
+
+    np.testing.assert_array_equal(logits(target_w12), logits(w))
 
 
 def test_passthrough_layers_deepen_the_target_without_changing_its_tokens():

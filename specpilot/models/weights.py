@@ -21,7 +21,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specpilot.models.config import DrafterConfig, ModelConfig
 
@@ -251,6 +250,3 @@ def cast_floats(tree, dtype):
     """Cast every floating leaf of a weight tree (not quantized/packed leaves' integer planes)."""
     return jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, tree)
 
-
-def count_bytes(tree) -> int:
-    return int(sum(np.prod(a.shape) * a.dtype.itemsize for a in jax.tree.leaves(tree)))

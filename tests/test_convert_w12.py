@@ -64,7 +64,7 @@ def test_convert_reload_is_bit_identical_and_second_convert_is_a_hit(bf16_ckpt, 
 
     monkeypatch.setattr(w12, "pack", no_packing)
     monkeypatch.setattr(hf, "read_checkpoint_tensors", no_packing)  # a hit reads no safetensors either
-    _, restored, hit = hf.load_target_w12(bf16_ckpt, cache, create=False)
+    _, restored, hit = hf.load_w12(bf16_ckpt, cache, create=False)
     assert hit
     assert_same_tree(restored, in_memory)
 
@@ -109,7 +109,7 @@ def test_unreadable_entry_is_repacked_and_replaced(bf16_ckpt, tmp_path, capsys):
     (where / "garbage").write_text("not orbax")
     rc, out, _ = convert(capsys, bf16_ckpt, "--cache-dir", cache)
     assert rc == 0 and not json.loads(out.strip().splitlines()[-1])["cache_hit"]
-    assert hf.load_target_w12(bf16_ckpt, cache, create=False)[2]
+    assert hf.load_w12(bf16_ckpt, cache, create=False)[2]
 
 
 def one_line_error(capsys, *argv) -> str:
@@ -128,7 +128,7 @@ def test_float32_needs_cast_flag_and_cast_matches_bf16_rounding(tmp_path, capsys
     rc, out, err = convert(capsys, f32, "--cache-dir", cache, "--cast-bf16")
     assert rc == 0, err
     assert "lossy" in out and json.loads(out.strip().splitlines()[-1])["cast_from"] == "float32"
-    restored = hf.load_target_w12(f32, cache, create=False)[1]
+    restored = hf.load_w12(f32, cache, create=False)[1]
     assert_same_tree(restored, pack_w12(hf.load_target(f32, jnp.bfloat16)[1]))
 
 

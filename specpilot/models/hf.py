@@ -447,11 +447,6 @@ def load_w12(path: str | Path, cache_dir: str | Path, *, kind: str = "target", c
     return cfg, tree, False
 
 
-def load_target_w12(path: str | Path, cache_dir: str | Path, *, create: bool = True):
-    """`load_w12(kind="target")`."""
-    return load_w12(path, cache_dir, kind="target", create=create)
-
-
 # Which checkpoint a loaded bf16 tree came from, so that `packed_w12` (called where an engine needs W12
 # weights) can restore the converted tree instead of packing. Keyed by id, checked with a weak reference
 # (an id may be reused once its tree is gone); any copy or transformation of the tree is simply unknown

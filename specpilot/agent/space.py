@@ -46,7 +46,6 @@ class Knob:
     engines: tuple[str, ...]
     description: str
     choices: tuple[str, ...] = ()
-    planned: tuple[tuple[str, str], ...] = ()  # (value, why not yet) for categorical values not implemented
     low: int | None = None
     high: int | None = None
     nullable: bool = False
@@ -65,9 +64,6 @@ class Knob:
         if self.kind == "categorical":
             if not isinstance(value, str):  # a list or dict from a proposer is no choice (and is unhashable)
                 raise SpaceError(f"{self.name}: expected one of {', '.join(map(repr, self.choices))}, got {value!r}")
-            planned = dict(self.planned)
-            if value in planned:
-                raise SpaceError(f"{self.name}={value!r}: not available yet ({planned[value]})")
             if value not in self.choices:
                 raise SpaceError(f"{self.name}: expected one of {', '.join(map(repr, self.choices))}, got {value!r}")
             return value
@@ -93,8 +89,6 @@ class Knob:
                              "description": self.description}
         if self.choices:
             d["choices"] = list(self.choices)
-        if self.planned:
-            d["not_yet_available_values"] = {v: why for v, why in self.planned}
         if self.low is not None:
             d["range"] = [self.low, self.high]
         if self.nullable:

@@ -12,7 +12,6 @@ can read and diff them.
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
 import logging
@@ -226,10 +225,6 @@ class MemoryStore:
                 pass
         atomic_write(path, json.dumps(scrub(record.model_dump()), indent=2, sort_keys=True) + "\n")
         return path
-
-
-def today() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def atomic_write(path: Path, text: str) -> None:

@@ -18,10 +18,6 @@ from pallas_kernels.w12.format import LOGICAL_OFFSET, MAX_BASE, STORED_POSITION,
 BF16 = ml_dtypes.bfloat16
 
 
-def _bytes_of(word):
-  return [(word >> (8 * i)) & 0xFF for i in range(4)]
-
-
 @pytest.mark.parametrize("high_nibbles", [False, True])
 def test_decode_word_is_format_decode_for_every_byte_code_and_base(high_nibbles):
   """All 256 bytes x 16 codes x every base, four lanes of a word at once with different codes and bytes (so

@@ -379,7 +379,7 @@ def _smem_decode_call(x2, byte_plane, partner_plane, nibble_plane, base_tiles, *
 
 class _MlirOps:
   """``register_decode``'s ops as i32 MLIR (Python ints become constants); ptxas fuses the
-  and/or pairs into LOP3."""
+  and/xor pairs into LOP3."""
 
   def __init__(self):
     self.i32 = ir.IntegerType.get_signless(32)
@@ -392,7 +392,7 @@ class _MlirOps:
   def _apply(op):
     return lambda self, a, b: op(self.const(a), self.const(b))
 
-  add, mul, and_, or_, xor = map(_apply, (arith.addi, arith.muli, arith.andi, arith.ori, arith.xori))
+  add, mul, and_, xor = map(_apply, (arith.addi, arith.muli, arith.andi, arith.xori))
   shl, shr = map(_apply, (arith.shli, arith.shrui))
   del _apply
 

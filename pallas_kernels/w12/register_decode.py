@@ -56,10 +56,6 @@ class NumpyOps:
     return np.uint32(a) & np.uint32(b)
 
   @staticmethod
-  def or_(a, b):
-    return np.uint32(a) | np.uint32(b)
-
-  @staticmethod
   def xor(a, b):
     return np.uint32(a) ^ np.uint32(b)
 

@@ -7,7 +7,7 @@ thread loads whole 32-bit words of the byte and nibble planes from swizzled SMEM
 4 weights into two bf16x2 registers with 9 integer instructions (bytewise SIMD within a word: adds
 that cannot carry across bytes, ``prmt`` for byte masks and byte interleaving, a funnel rotate), which go to wgmma as
 its A fragment. The same code runs on numpy arrays (``NUMPY_OPS``, every thread at once, for the
-CPU tests) and emits MLIR (``MlirOps``) inside the kernel: one decode, two backends.
+CPU tests) and emits MLIR (``mosaic_gpu._MlirOps``) inside the kernel: one decode, two backends.
 
 Which weights a thread decodes. wgmma's A fragment fixes the rows: thread ``t`` of the warpgroup
 holds rows ``16 * (t // 32) + (t % 32) // 4`` and that + 8, and in every 16-wide K tile the

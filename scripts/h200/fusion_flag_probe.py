@@ -7,7 +7,7 @@ compiled from one lowering in one process and timed side by side:
 - ``kernels``: fusions and custom calls of the optimised entry computation;
 - ``GPU µs``: CUPTI kernel time of one call, the median over ``--cupti-calls`` calls, and its launches;
 - ``wall ms``: the median of ``--iters`` synchronised calls;
-- ``tokens``: the drafts (AR: the next tokens of ``--ar-steps`` steps) equal the first option set's, or not.
+- ``tokens``: the drafts (AR: the next tokens of 8 steps) equal the first option set's, or not.
 
     PYTHONPATH=$PWD python3 scripts/h200/fusion_flag_probe.py [--ar] > $OUT/flags.txt
 """

@@ -42,6 +42,18 @@ def test_quantize_layout_and_reference(fmt):
     assert np.abs(np.asarray(y, np.float32) - exact).max() < tolerance * np.abs(exact).max()
 
 
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+def test_quantize_keeps_zero_and_tiny_columns_finite(fmt):
+    """A column that is all zero, or so small that amax / qmax underflows (flushed to 0), must dequantize to (about)
+    itself, never NaN: one NaN weight makes every level-1 logit NaN."""
+    w = np.array(random_case(8, 4, 1)[1])
+    w[:, 0], w[:, 1] = 0.0, np.linspace(-1e-37, 1e-37, 8)
+    qa = quantize(jnp.asarray(w, jnp.bfloat16), fmt)
+    deq = np.asarray(qa.q_t.astype(jnp.float32)).T * np.asarray(qa.scale)
+    assert np.isfinite(deq).all() and np.isfinite(np.asarray(qa.scale)).all()
+    np.testing.assert_allclose(deq[:, :2], 0.0, atol=1e-36)
+
+
 def test_linear_dispatches_quant_array_with_leading_dims():
     x, _, qa = random_case(128, 64, 6)
     x3 = x.reshape(2, 3, 128)

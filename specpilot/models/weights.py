@@ -53,14 +53,15 @@ def quantize(w: jax.Array, fmt: str) -> QuantArray:
         w = w12.unpack(w)
     w32 = jnp.asarray(w, jnp.float32)
     amax = jnp.max(jnp.abs(w32), axis=0)
-    if fmt == "int8":
-        scale = jnp.where(amax > 0, amax / 127.0, 1.0)
-        q = jnp.clip(jnp.round(w32 / scale), -127, 127).astype(jnp.int8)
-    elif fmt == "fp8":
-        scale = jnp.where(amax > 0, amax / 448.0, 1.0)
-        q = (w32 / scale).astype(jnp.float8_e4m3fn)
-    else:
+    qmax = {"int8": 127.0, "fp8": 448.0}.get(fmt)
+    if qmax is None:
         raise ValueError(f"unknown quantization format {fmt!r} (expected 'int8' or 'fp8')")
+    # test the scale, not amax: a tiny column's amax / qmax underflows (or is flushed) to 0, and w / 0 is NaN
+    scale = jnp.where(amax / qmax > 0, amax / qmax, 1.0)
+    if fmt == "int8":
+        q = jnp.clip(jnp.round(w32 / scale), -127, 127).astype(jnp.int8)
+    else:
+        q = (w32 / scale).astype(jnp.float8_e4m3fn)
     return QuantArray(q_t=q.T, scale=scale.astype(jnp.float32))
 
 

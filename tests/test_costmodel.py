@@ -474,10 +474,9 @@ def test_measured_speedups_compare_each_configuration_with_its_own_variants_ar()
 
 
 def test_a_specpilot_row_that_chose_several_budgets_is_charged_their_mixture():
-    """`measure.mixed_stage_costs`: 64 nodes in three rounds of four and 256 in one cost 3/4 and 1/4 of each, bytes
+    """`counts.mixed_stage_costs`: 64 nodes in three rounds of four and 256 in one cost 3/4 and 1/4 of each, bytes
     and ceilings alike (it was the largest candidate's, 256, in every round)."""
     from specpilot.costmodel.hardware import Hardware
-    from specpilot.costmodel.measure import mixed_stage_costs
 
     cfg = {"name": "specpilot", "tree_budget": 256, "budget_candidates": [64, 256]}
     hw = Hardware(name="test", hbm_bytes_per_s=1e9, matmul_flops_per_s=1e6)
@@ -485,12 +484,13 @@ def test_a_specpilot_row_that_chose_several_budgets_is_charged_their_mixture():
     def at(n):
         return stage_costs(TARGET, DRAFTER, cfg, 2, 16, 2, n)
 
-    costs, ceilings = mixed_stage_costs(at, {64: 0.75, 256: 0.25}, hw)
+    costs, ceilings = counts.mixed_stage_costs(TARGET, DRAFTER, cfg, 2, 16, 2, {64: 0.75, 256: 0.25}, hw)
     small, large = at(64)["verify"], at(256)["verify"]
     assert small.bytes < large.bytes
     assert costs["verify"].bytes == pytest.approx(0.75 * small.bytes + 0.25 * large.bytes)
     assert costs["verify"].flops == pytest.approx(0.75 * small.flops + 0.25 * large.flops)
     assert ceilings["verify"] == pytest.approx(0.75 * hw.ms(small.bytes, small.flops)
                                                + 0.25 * hw.ms(large.bytes, large.flops))
-    alone, _ = mixed_stage_costs(at, {}, None)  # no mix: the engine's own size
+    assert counts.ceilings_ms(TARGET, DRAFTER, cfg, 2, 16, hw, 2, {64: 0.75, 256: 0.25}) == pytest.approx(ceilings)
+    alone, _ = counts.mixed_stage_costs(TARGET, DRAFTER, cfg, 2, 16, 2, {}, None)  # no mix: the engine's own size
     assert alone["verify"].bytes == at(None)["verify"].bytes

@@ -110,8 +110,11 @@ def test_llama3_rope_scaling_is_exercised(hf_reference):
     assert np.abs(np.asarray(out.logits) - ref["prefill_logits"]).max() > 1e-2
 
 
-def test_llama3_legacy_rope_scaling_config(hf_reference, tmp_path):
-    """Hub Llama 3 checkpoints spell it `rope_theta` + `rope_scaling`; same weights, same logits."""
+@pytest.mark.parametrize("default_beside", [False, True], ids=["legacy", "scaling_beside_parameters"])
+def test_llama3_rope_scaling_config(hf_reference, tmp_path, default_beside):
+    """Hub Llama 3 checkpoints spell it `rope_theta` + `rope_scaling`; same weights, same logits. A `rope_scaling`
+    beside a default `rope_parameters` (added by hand, as model cards say, to a transformers-5 config) replaces it
+    whole in transformers 5, its theta then from `rope_theta`: llama3 logits, not plain RoPE."""
     ref, _, _ = _reference(hf_reference, "llama3_scaled")
     ckpt = tmp_path / "llama3_legacy"
     shutil.copytree(hf_reference / "llama3_scaled", ckpt)
@@ -119,29 +122,13 @@ def test_llama3_legacy_rope_scaling_config(hf_reference, tmp_path):
     params = config.pop("rope_parameters")
     config["rope_theta"] = params.pop("rope_theta")
     config["rope_scaling"] = params
+    if default_beside:
+        config["rope_parameters"] = {"rope_type": "default", "rope_theta": config["rope_theta"]}
     (ckpt / "config.json").write_text(json.dumps(config))
     cfg, weights = load_target(ckpt, dtype=jnp.float32)
     assert cfg == _load(str(hf_reference / "llama3_scaled"))[0]
     out = _prefill(cfg, weights, ref["prefill_tokens"], ref["prefill_positions"])
-    _assert_logits_close(out.logits, ref["prefill_logits"], "llama3 legacy-config prefill logits")
-
-
-def test_rope_scaling_beside_rope_parameters_wins_as_in_transformers(hf_reference, tmp_path):
-    """A `rope_scaling` (e.g. added by hand, as model cards say, to a transformers-5 config) replaces
-    `rope_parameters` whole in transformers 5, its theta then from `rope_theta`: llama3 logits, not plain RoPE."""
-    ref, _, _ = _reference(hf_reference, "llama3_scaled")
-    ckpt = tmp_path / "llama3_both"
-    shutil.copytree(hf_reference / "llama3_scaled", ckpt)
-    config = json.loads((ckpt / "config.json").read_text())
-    params = config.pop("rope_parameters")
-    config["rope_theta"] = params.pop("rope_theta")
-    config["rope_scaling"] = params
-    config["rope_parameters"] = {"rope_type": "default", "rope_theta": config["rope_theta"]}
-    (ckpt / "config.json").write_text(json.dumps(config))
-    cfg, weights = load_target(ckpt, dtype=jnp.float32)
-    assert cfg == _load(str(hf_reference / "llama3_scaled"))[0]
-    out = _prefill(cfg, weights, ref["prefill_tokens"], ref["prefill_positions"])
-    _assert_logits_close(out.logits, ref["prefill_logits"], "llama3 rope_scaling beside default rope_parameters")
+    _assert_logits_close(out.logits, ref["prefill_logits"], f"llama3 prefill logits ({ckpt.name}, {default_beside=})")
 
 @needs_ar
 @pytest.mark.parametrize("name", CHECKPOINTS)

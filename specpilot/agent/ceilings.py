@@ -1,6 +1,7 @@
 """Hardware ceilings per round stage, from the cost model.
 
-`specpilot.costmodel.ceilings_ms(target_cfg, drafter_cfg, engine_cfg, batch, context, hw, act_bytes, nodes)` with
+`specpilot.costmodel.ceilings_ms(target_cfg, drafter_cfg, engine_cfg, batch, context, hw, act_bytes, budgets)`
+with
 a calibrated `Hardware`. Where it cannot give them (not importable, no calibration, a cost-model error), every
 ceiling is 0 — the gap report then ranks stages by their measured time — and the search says so once in its log and
 in `summary.json` (`ceilings`).
@@ -45,12 +46,8 @@ def ceilings_for(target_cfg, drafter_cfg, engine_cfg: dict, batch: int, context:
     except ImportError:
         return _none("specpilot.costmodel.ceilings_ms is not available yet")
     try:
-        out: dict[str, float] = {}
-        for nodes, share in (budgets or {None: 1.0}).items():
-            at = ceilings_ms(target_cfg, drafter_cfg, engine_cfg, batch, context, _hardware(gpu), act_bytes, nodes)
-            for k, v in dict(at).items():
-                out[str(k)] = out.get(str(k), 0.0) + share * float(v)
-        return out, "costmodel"
+        out = ceilings_ms(target_cfg, drafter_cfg, engine_cfg, batch, context, _hardware(gpu), act_bytes, budgets)
+        return {str(k): float(v) for k, v in dict(out).items()}, "costmodel"
     except Exception as e:  # a cost-model bug must not stop the search, but it must be visible
         return _none(f"ceilings_ms failed: {type(e).__name__}: {' '.join(str(e).split())[:160]}")
 

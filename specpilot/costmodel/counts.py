@@ -207,8 +207,23 @@ def stage_costs(target: ModelConfig, dcfg: DrafterConfig | None, engine_cfg: dic
     return stages
 
 
+def mixed_stage_costs(target_cfg: ModelConfig, drafter_cfg: DrafterConfig | None, engine_cfg: dict, batch: int,
+                      context: int, act_bytes: int, mix: dict[int, float] | None, hw) -> tuple[dict, dict]:
+    """({stage: Cost}, {stage: ceiling ms}) of a round that verified n nodes in share ``mix[n]`` of the rounds (a
+    `specpilot` engine's budgets, `predict.observed_budgets`): each budget's bytes, FLOPs and ceiling weighted by its
+    share, so an engine that chose several budgets is not charged its largest one. An empty ``mix``: the engine's own
+    size (``stage_costs(..., nodes=None)``). ``hw`` None: no ceilings."""
+    share = mix or {None: 1.0}
+    per = {n: stage_costs(target_cfg, drafter_cfg, engine_cfg, batch, context, act_bytes, n) for n in share}
+    stages = next(iter(per.values()))
+    costs = {s: sum((per[n][s] * w for n, w in share.items()), Cost()) for s in stages}
+    if hw is None:
+        return costs, {}
+    return costs, {s: sum(w * hw.ms(per[n][s].bytes, per[n][s].flops) for n, w in share.items()) for s in stages}
+
+
 def ceilings_ms(target_cfg: ModelConfig, drafter_cfg: DrafterConfig | None, engine_cfg: dict, batch: int,
-                context: int, hw, act_bytes: int = 2, nodes: int | None = None) -> dict[str, float]:
-    """{stage: ms per round at the hardware's limit} = max(bytes ÷ bandwidth, FLOPs ÷ matmul peak)."""
-    costs = stage_costs(target_cfg, drafter_cfg, engine_cfg, batch, context, act_bytes, nodes)
-    return {stage: hw.ms(c.bytes, c.flops) for stage, c in costs.items()}
+                context: int, hw, act_bytes: int = 2, budgets: dict[int, float] | None = None) -> dict[str, float]:
+    """{stage: ms per round at the hardware's limit} = max(bytes ÷ bandwidth, FLOPs ÷ matmul peak); ``budgets``: a
+    specpilot engine's {nodes: share of rounds} (`mixed_stage_costs`)."""
+    return mixed_stage_costs(target_cfg, drafter_cfg, engine_cfg, batch, context, act_bytes, budgets, hw)[1]

@@ -192,20 +192,6 @@ def build_engine(dep: Deployment, engine_cfg: dict, capacity: int, sampling=None
                        sampling or Sampling(), context=capacity)
 
 
-def mixed_stage_costs(costs_at: Callable[[int | None], dict], mix: dict[int, float], hw) -> tuple[dict, dict]:
-    """({stage: Cost}, {stage: ceiling ms}) of a round that verified budget n in share ``mix[n]`` of the rounds
-    (``costs_at(n)``: the stage costs at n nodes): each budget's bytes, FLOPs and ceiling weighted by its share, so a
-    `specpilot` row that chose several budgets is not charged its largest one. An empty ``mix``: ``costs_at(None)``,
-    the engine's own size. ``hw`` None: no ceilings."""
-    share = mix or {None: 1.0}
-    per = {n: costs_at(n) for n in share}
-    stages = next(iter(per.values()))
-    costs = {s: sum((per[n][s] * w for n, w in share.items()), counts.Cost()) for s in stages}
-    if hw is None:
-        return costs, {}
-    return costs, {s: sum(w * hw.ms(per[n][s].bytes, per[n][s].flops) for n, w in share.items()) for s in stages}
-
-
 def measure_row(dep: Deployment, engine_cfg: dict, batch: int, context: int, capacity: int, rounds: int, hw,
                 seed: int = 0, eager_prefill: bool | None = None, max_new: int | None = None,
                 gpu_time: bool = False) -> dict:
@@ -221,9 +207,8 @@ def measure_row(dep: Deployment, engine_cfg: dict, batch: int, context: int, cap
     # a specpilot engine that chose one budget in every timed round sits on the shared target-pass curve
     mix = observed_budgets(prof, engine_cfg)
     nodes = next(iter(mix)) if len(mix) == 1 else None
-    costs, ceilings = mixed_stage_costs(
-        lambda n: counts.stage_costs(dep.target_cfg, dep.drafter_cfg, engine_cfg, batch, context, dep.act_bytes, n),
-        mix, hw)
+    costs, ceilings = counts.mixed_stage_costs(dep.target_cfg, dep.drafter_cfg, engine_cfg, batch, context,
+                                               dep.act_bytes, mix, hw)
     return {
         **measured_row(prof, engine_cfg, block, nodes),
         "context": context,

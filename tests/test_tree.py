@@ -153,6 +153,44 @@ def test_best_first_with_the_screened_vocab_top_k_builds_the_same_tree(monkeypat
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.parametrize("n,k", [(1, 1), (7, 7), (280, 64), (300, 3), (960, 64)])
+def test_rank_top_k_is_lax_top_k_exactly(n, k):
+    """The sort-free top-k: values, indices and tie order on rows with many ties (-0.0 beside +0.0 among them),
+    -inf runs and all-equal rows."""
+    rng = np.random.default_rng(n + k)
+    x = np.round(rng.standard_normal((4, n)) * 2) / 2
+    x[0, : n // 2] = np.where(rng.random(n // 2) < 0.5, -0.0, 0.0)
+    x[1, rng.choice(n, n // 2, replace=False)] = -np.inf
+    x[2, :] = -np.inf
+    x[3, :] = -1.5
+    x = jnp.asarray(x, jnp.float32)
+    want_v, want_i = jax.lax.top_k(x, k)
+    got_v, got_i = jax.jit(lambda x: trees.rank_top_k(x, k))(x)
+    np.testing.assert_array_equal(np.asarray(got_v), np.asarray(want_v))
+    np.testing.assert_array_equal(np.asarray(got_i), np.asarray(want_i))
+    with pytest.raises(ValueError, match="exceeds the row length"):
+        trees.rank_top_k(x, n + 1)
+
+
+@pytest.mark.parametrize("budget", [5, 64])
+def test_best_first_counting_ranks_builds_the_sorted_tree(monkeypatch, budget):
+    """``RANK_TOP_K_MAX`` swaps every small top-k of the build for ``rank_top_k``: the same tree, bit for bit, on
+    random log-probs and on ties (log-probs rounded to a few values)."""
+    rng = np.random.default_rng(budget)
+    raw = rng.standard_normal((2, 6, 300)) * 3.0
+    for logits in (raw, np.round(raw)):
+        logp = jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), axis=-1)
+        build = lambda: jax.jit(jax.vmap(lambda lp: trees.best_first(lp, budget, 4)))(logp)  # noqa: E731
+        monkeypatch.setattr(trees, "RANK_TOP_K_MAX", 0)
+        want = build()
+        monkeypatch.setattr(trees, "RANK_TOP_K_MAX", 4096)
+        got = build()
+        ops = [e.primitive.name for e in jax.make_jaxpr(lambda lp: trees.best_first(lp, budget))(logp[0]).eqns]
+        assert ops.count("top_k") == 1 and "sort" not in ops  # the vocabulary's top-k is the only sort left
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_vocab_topk_chunk_follows_the_measured_table():
     assert trees.vocab_topk_chunk(1) == trees.vocab_topk_chunk(8) == 128
     assert trees.vocab_topk_chunk(16) == 32

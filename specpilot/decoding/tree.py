@@ -96,11 +96,47 @@ def vocab_top_k(x: jax.Array, k: int, chunk: int) -> tuple[jax.Array, jax.Array]
     padded = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, slices * chunk - vocab)], constant_values=-jnp.inf)
     padded = padded.reshape(*x.shape[:-1], slices, chunk)
     _, chosen = jax.lax.top_k(padded.max(axis=-1), k)
-    chosen = jnp.sort(chosen, axis=-1)  # slice order = index order, so the last top_k breaks ties as lax.top_k does
+    # ascending: slice order = index order, so the last top_k breaks ties as lax.top_k does
+    chosen = -rank_top_k(-chosen, k)[0] if k <= RANK_TOP_K_MAX else jnp.sort(chosen, axis=-1)
     candidates = jnp.take_along_axis(padded, chosen[..., None], axis=-2).reshape(*x.shape[:-1], k * chunk)
     best, pos = jax.lax.top_k(candidates, k)
     index = jnp.take_along_axis(chosen, pos // chunk, axis=-1) * chunk + pos % chunk
     return best, index
+
+
+RANK_TOP_K_MAX = 0
+"""``best_first``'s small top-k's (each depth's survivors, the final pick over all depths) count ranks
+(``rank_top_k``) instead of sorting (``jax.lax.top_k``) where the row is at most this long; 0: always sort.
+Both give the same result bit for bit; which is faster on a GPU is ``scripts/h200/tree_probe.py``'s question
+(a sort of a few hundred elements is one kernel of ~45 dependent compare-exchange rounds; a rank count is
+two reductions with no dependent rounds)."""
+
+
+def rank_top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """``jax.lax.top_k(x, k)`` over the last axis, exactly (values, indices, ties to the lower index), without a
+    sort: element i's place is the number of elements before it in that order (larger, or equal at a lower index),
+    and slot r takes the element whose place is r. Costs n² comparisons for a row of n: for short rows only.
+    Floats compare in ``lax.top_k``'s total order (-0.0 below +0.0), as integers whose order is the floats'."""
+    n = x.shape[-1]
+    if k > n:
+        raise ValueError(f"rank_top_k: k = {k} exceeds the row length {n}")
+    key = x
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        if x.dtype != jnp.float32:
+            raise ValueError(f"rank_top_k: float rows must be float32, got {x.dtype}")
+        bits = jax.lax.bitcast_convert_type(x, jnp.int32)
+        key = jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)  # sign-magnitude to two's complement order
+    index = jnp.arange(n, dtype=jnp.int32)
+    xi, xj = key[..., :, None], key[..., None, :]
+    ahead = (xj > xi) | ((xj == xi) & (index[None, :] < index[:, None]))  # [..., i, j]: j ranks before i
+    place = jnp.sum(ahead, axis=-1, dtype=jnp.int32)  # [..., n], a permutation of 0..n-1
+    pos = jnp.sum(jnp.where(place[..., None, :] == jnp.arange(k, dtype=jnp.int32)[:, None], index, 0), axis=-1)
+    return jnp.take_along_axis(x, pos, axis=-1), pos
+
+
+def small_top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """``best_first``'s top-k of a short row: ``rank_top_k`` up to ``RANK_TOP_K_MAX`` elements, else a sort."""
+    return rank_top_k(x, k) if x.shape[-1] <= RANK_TOP_K_MAX else jax.lax.top_k(x, k)
 
 
 def best_first(logp: jax.Array, budget: int, depth_limit: jax.Array | int | None = None) -> Tree:
@@ -126,13 +162,13 @@ def best_first(logp: jax.Array, budget: int, depth_limit: jax.Array | int | None
     survivor, child_rank = _undominated_pairs(n, k)
     for d in range(1, d_max):
         cand = scores[-1][survivor] + top_lp[d][child_rank]  # parent-major, then rank
-        best, pos = jax.lax.top_k(cand, n)
+        best, pos = small_top_k(cand, n)
         best = jnp.where(allowed[d], best, neg)
         scores.append(best)
         ranks.append(jnp.asarray(child_rank)[pos])
         parents.append(jnp.asarray(survivor)[pos])
     all_scores = jnp.stack(scores)  # [D, n]
-    chosen_score, sel = jax.lax.top_k(all_scores.reshape(-1), n)  # depth-major order breaks ties shallow-first
+    chosen_score, sel = small_top_k(all_scores.reshape(-1), n)  # depth-major order breaks ties shallow-first
     sel_depth = sel // n
     sel_idx = sel % n
     ranks, parents = jnp.stack(ranks), jnp.stack(parents)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specpilot.argtypes import positive_int  # noqa: E402
+from specpilot.argtypes import non_negative_int, positive_int  # noqa: E402
 
 ENGINES = ("ar", "stock", "ddtree", "tlv", "specpilot")
 
@@ -79,6 +79,9 @@ def parse_args(argv=None):
                          "qk_norm_rope Mosaic GPU kernel (sets qk_norm_rope.ops.DEFAULT; default: as it is)")
     ap.add_argument("--pdl", action="store_true",
                     help="launch every Mosaic GPU kernel with programmatic dependent launch (pallas_kernels.pdl)")
+    ap.add_argument("--tree-rank-max", type=non_negative_int, default=None,
+                    help="best-first trees' small top-k's count ranks up to this row length instead of sorting (sets "
+                         "specpilot.decoding.tree.RANK_TOP_K_MAX; 0: always sort; default: as it is)")
     ap.add_argument("--command-buffers", action="store_true",
                     help=f"add {COMMAND_BUFFER_FLAGS!r} to XLA_FLAGS before the backend starts: the fused decode loop "
                          "went 5.87 -> 5.29 ms on the H200 (docs/results/2026-11-30-skinny-matmul-h200/)")
@@ -218,6 +221,10 @@ def main(argv=None) -> int:
     from pallas_kernels import choices
 
     choices.use(matmul=args.matmul, norm=args.norm, rope=args.rope, pdl=args.pdl or None)
+    from specpilot.decoding import tree as trees
+
+    if args.tree_rank_max is not None:
+        trees.RANK_TOP_K_MAX = args.tree_rank_max
     from specpilot.costmodel import leave_one_out, load_or_calibrate
     from specpilot.costmodel import measure as M
     from specpilot.costmodel.predict import StepTimeModel, TauProfile, project
@@ -248,7 +255,7 @@ def main(argv=None) -> int:
     res = {"provenance": provenance(hw), "deployment": dep.describe(), "context": args.context, "rounds": args.rounds,
            "configs": configs, "rows": [], "skipped": [], "xla_flags": os.environ.get("XLA_FLAGS", ""),
            "matmul": args.matmul or "default", "norm": args.norm or "default", "rope": args.rope or "default",
-           "pdl": args.pdl}
+           "pdl": args.pdl, "tree_rank_max": trees.RANK_TOP_K_MAX}
 
     def save(rows, skipped):
         res["rows"], res["skipped"] = rows, skipped

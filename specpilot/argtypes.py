@@ -14,6 +14,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """A limit where 0 means off: an integer >= 0, else argparse's one-line error."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def non_negative_float(text: str) -> float:
     """A temperature, a tolerance: a float >= 0, else argparse's one-line error."""
     value = float(text)  # argparse reports a ValueError as "invalid non_negative_float value: 'x'"

@@ -49,13 +49,14 @@ def test_bench_runs_without_hydra_or_pydantic(tmp_path, cache_env):
            "--calibration-specpilot-candidates", "2", "4", "--tau-profile", str(tau),
            "--matmul", "mosaic_gpu", "--norm", "mosaic_gpu", "--rope", "mosaic_gpu",  # off a Hopper: XLA's
            "--command-buffers",  # the flag parses on any XLA
+           "--tree-rank-max", "4096",
            "--gpu-time"]  # no CUPTI on a CPU: every row says so
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=cache_env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     assert "compiled B=1 in 2 threads" in proc.stdout
     assert json.loads(proc.stdout.strip().splitlines()[-1])["rows"] == 9
     res = json.loads((out / "bench.json").read_text())
-    assert res["matmul"] == res["norm"] == "mosaic_gpu" and res["pdl"] is False
+    assert res["matmul"] == res["norm"] == "mosaic_gpu" and res["pdl"] is False and res["tree_rank_max"] == 4096
     assert res["xla_flags"].endswith("--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL")
     assert [(r["label"], r["role"]) for r in res["rows"]] == [
         ("ar", "calibration"), ("stock", "calibration"), ("ddtree@4", "calibration"),
@@ -76,7 +77,7 @@ def test_bench_runs_without_hydra_or_pydantic(tmp_path, cache_env):
     assert "PROJECTED speedup" in md and "Components against their ceilings" in md and "leave one out" in md
     assert ("- bf16 linears: mosaic_gpu (`skinny_matmul.ops.DEFAULT`); residual add + RMSNorm: mosaic_gpu "
             "(`add_rms_norm.ops.DEFAULT`); q/k norm + rope: mosaic_gpu (`qk_norm_rope.ops.DEFAULT`); PDL: no; "
-            "XLA_FLAGS: `") in md
+            "tree top-k's counted up to 4096 elements (`tree.RANK_TOP_K_MAX`); XLA_FLAGS: `") in md
     assert all("stage_gpu_ms" not in r and "NVIDIA GPU" in r["stage_gpu_error"] for r in res["rows"])
     assert "- not measured: CUPTI kernel timings need an NVIDIA GPU; this backend is 'cpu'" in md
     assert res["provenance"]["command"].startswith("python ") and res["provenance"]["device"]
@@ -169,6 +170,7 @@ def test_warm_up_compiles_exactly_the_programs_the_timed_pass_runs(tmp_path):
     (["--batches", "0"], "argument --batches: must be >= 1, got 0"),
     (["--budgets", "64", "x"], "argument --budgets: invalid positive_int value: 'x'"),
     (["--dtype", "float16"], "argument --dtype: invalid choice: 'float16'"),
+    (["--tree-rank-max", "-1"], "argument --tree-rank-max: must be >= 0, got -1"),
 ])
 def test_bench_rejects_bad_arguments_in_one_line(argv, message, capsys):
     """A bad count or an unknown model is argparse's one-line error (exit 2), before anything is built."""
@@ -256,6 +258,7 @@ def test_acceptance_rejects_bad_engines_and_knobs_in_one_line(argv, message, cap
     (["--target", "MISSING", "--drafter", "MISSING"], "argument --target: no such folder: "),
     (["--models", "tiny", "qwen3_9b"], "argument --models: invalid choice: 'qwen3_9b'"),
     (["--dtype", "float16"], "argument --dtype: invalid choice: 'float16'"),
+    (["--tree-rank-max", "-1"], "argument --tree-rank-max: must be >= 0, got -1"),
 ])
 def test_reproduce_scripts_reject_a_bad_path_model_or_dtype_before_any_work(script, argv, message, tmp_path, capsys):
     """A mistyped path, model or dtype is argparse's one-line error at once: it was a traceback, some only after

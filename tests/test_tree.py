@@ -192,8 +192,8 @@ def test_best_first_counting_ranks_builds_the_sorted_tree(monkeypatch, budget):
 
 
 def test_tree_probe_quick_compares_sorted_and_counted_builds(monkeypatch, capsys):
-    """``scripts/h200/tree_probe.py --quick``, the GPU probe's CPU smoke run: every row builds the sorted tree, and
-    the module's ``RANK_TOP_K_MAX`` is left as it was."""
+    """``scripts/h200/tree_probe.py --quick``, the GPU probe's CPU smoke run: every tree row builds the sorted tree,
+    both accept forms agree, and the module's ``RANK_TOP_K_MAX`` is left as it was."""
     import runpy
     import sys
     from pathlib import Path
@@ -202,7 +202,8 @@ def test_tree_probe_quick_compares_sorted_and_counted_builds(monkeypatch, capsys
     before = trees.RANK_TOP_K_MAX
     runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "h200" / "tree_probe.py"), run_name="__main__")
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 |")]
-    assert len(rows) == 6 and all(row.split(" | ")[5] == "True" for row in rows)
+    assert len(rows) == 10 and all(row.split(" | ")[5] == "True" for row in rows)
+    assert sum("accept" in row for row in rows) == 4 and sum("counted up to 4096" in row for row in rows) == 2
     assert trees.RANK_TOP_K_MAX == before
 
 

@@ -188,12 +188,15 @@ def best_first(logp: jax.Array, budget: int, depth_limit: jax.Array | int | None
 
 def ancestor_mask(tree: Tree, max_depth: int) -> jax.Array:
     """[N+1, N+1] bool: row i sees verify index j iff j is i's ancestor or i itself. Invalid nodes see
-    only themselves and no one sees them. `max_depth` parent steps suffice (depth ≤ block − 1)."""
+    only themselves and no one sees them. `max_depth` parent steps suffice (depth ≤ block − 1), unrolled: one
+    chain of row gathers XLA can fuse, where a loop runs a kernel (and its counter's) per step."""
     n = tree.tokens.shape[0]
     parent_full = jnp.concatenate([jnp.zeros((1,), jnp.int32), tree.parent])
     valid_full = jnp.concatenate([jnp.ones((1,), bool), tree.valid])
     eye = jnp.eye(n + 1, dtype=bool)
-    anc = jax.lax.fori_loop(0, max_depth, lambda _, a: eye | a[parent_full], eye)
+    anc = eye
+    for _ in range(max_depth):
+        anc = eye | anc[parent_full]
     return (anc & valid_full[None, :] & valid_full[:, None]) | eye
 
 

@@ -119,13 +119,15 @@ def test_best_first_exact_ties():
         assert {p for p, _, _ in got} == {p for p, _, _ in want}, budget
 
 
+@pytest.mark.parametrize("rank_max", [0, 2048])
 @pytest.mark.parametrize("vocab,k,chunk", [(1000, 16, 64), (999, 64, 8), (151, 7, 32), (4096, 256, 8), (50, 8, 4),
-                                           (300, 3, 128)])
-def test_vocab_top_k_is_lax_top_k_exactly(vocab, k, chunk):
+                                           (300, 3, 128), (3001, 16, (8, 4)), (999, 5, (4, 3, 2)), (64, 8, (4, 4))])
+def test_vocab_top_k_is_lax_top_k_exactly(vocab, k, chunk, rank_max, monkeypatch):
     """Values, indices and tie order on adversarial inputs: a dozen distinct values (ties across and inside slices
     and at the k-th place), -inf rows and halves, a ragged last slice, and all-equal rows, where every slice's max
-    ties."""
-    rng = np.random.default_rng(vocab + k + chunk)
+    ties; with one screening level or several (a tuple of widths), the small top-k's sorted or counted."""
+    monkeypatch.setattr(trees, "RANK_TOP_K_MAX", rank_max)
+    rng = np.random.default_rng(vocab + k + sum(np.atleast_1d(chunk)))
     x = np.round(rng.standard_normal((3, 4, vocab)) * 2) / 2
     x[0, 0, :] = -np.inf
     x[1, 2, rng.choice(vocab, vocab // 2, replace=False)] = -np.inf
@@ -186,7 +188,7 @@ def test_best_first_counting_ranks_builds_the_sorted_tree(monkeypatch, budget):
         monkeypatch.setattr(trees, "RANK_TOP_K_MAX", 4096)
         got = build()
         ops = [e.primitive.name for e in jax.make_jaxpr(lambda lp: trees.best_first(lp, budget))(logp[0]).eqns]
-        assert ops.count("top_k") == 1 and "sort" not in ops  # the vocabulary's top-k is the only sort left
+        assert "top_k" not in ops and "sort" not in ops  # no sort left, the vocabulary's top-k included
         for a, b in zip(got, want):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -202,8 +204,9 @@ def test_tree_probe_quick_compares_sorted_and_counted_builds(monkeypatch, capsys
     before = trees.RANK_TOP_K_MAX
     runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "h200" / "tree_probe.py"), run_name="__main__")
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 |")]
-    assert len(rows) == 10 and all(row.split(" | ")[5] == "True" for row in rows)
-    assert sum("accept" in row for row in rows) == 4 and sum("counted up to 4096" in row for row in rows) == 2
+    assert len(rows) == 16 and all(row.split(" | ")[5] == "True" for row in rows)
+    assert sum("accept" in row for row in rows) == 4 and sum("counted up to 4096" in row for row in rows) == 4
+    assert sum("screened (4, 4)" in row for row in rows) == 6
     assert trees.RANK_TOP_K_MAX == before
 
 

@@ -1,8 +1,9 @@
 """DDTree's tree stage on the GPU, kernel by kernel: the drafter rows' log-softmax and ``best_first`` (vmapped over
 the batch, as ``SpecEngine._build`` runs it) with its small top-k's sorted (``RANK_TOP_K_MAX = 0``) or counted
-(``rank_top_k`` up to each limit), same inputs, trees checked equal to the sorted build; then the accept on that
-tree (ancestor mask and walk, in the verify stage) with the mask's former loop against its unrolled chain. CUPTI
-time per call, its launches, and its largest kernels (issue #8's tree + accept + compaction share).
+(``rank_top_k`` up to each limit), the vocabulary's top-k screened in one level or several (``--chunks``), same
+inputs, trees checked equal to the first form's; then the accept on that tree (ancestor mask and walk, in the
+verify stage) with the mask's former loop against its unrolled chain. CUPTI time per call, its launches, and its
+largest kernels (issue #8's tree + accept + compaction share).
 
     PYTHONPATH=$PWD python3 scripts/h200/tree_probe.py > $OUT/tree.txt
     PYTHONPATH=$PWD python3 scripts/h200/tree_probe.py --quick   # CPU smoke run: tiny shapes, no timing
@@ -44,6 +45,19 @@ def accept_fn(mask_fn, depths: int):
   return accept
 
 
+def chunk_form(text: str) -> tuple[int, ...] | None:
+  """``--chunks`` entries: "table" (``tree.VOCAB_TOPK_CHUNKS`` as it is) or widths joined by commas ("16,16")."""
+  if text == "table":
+    return None
+  try:
+    widths = tuple(int(w) for w in text.split(","))
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected 'table' or widths like 16,16, got {text!r}") from None
+  if not widths or min(widths) < 1:
+    raise argparse.ArgumentTypeError(f"widths must be >= 1, got {text!r}")
+  return widths
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--vocab", type=int, default=151936)
@@ -52,66 +66,63 @@ def main():
   ap.add_argument("--budgets", type=int, nargs="+", default=[64, 256])
   ap.add_argument("--rank-max", type=int, nargs="+", default=[0, 1024, 4096],
                   help="RANK_TOP_K_MAX values to compare (0: every small top-k sorts)")
-  ap.add_argument("--iters", type=int, default=20)
+  ap.add_argument("--chunks", type=chunk_form, nargs="+", default=[None, (16, 16), (32, 8), (8, 8, 8)],
+                  help="vocabulary screening forms: 'table' (VOCAB_TOPK_CHUNKS) or slice widths a level, e.g. 16,16")
+  ap.add_argument("--iters", type=int, default=10)
   ap.add_argument("--top", type=int, default=6, help="kernels listed per row")
   ap.add_argument("--quick", action="store_true", help="tiny shapes on any backend, trees compared, no timing")
   args = ap.parse_args()
   if args.quick:
-    args.vocab, args.depths, args.batch, args.budgets = 300, 4, [2], [5, 64]
-  timed = not args.quick
-  if timed:
+    args.vocab, args.depths, args.batch, args.budgets, args.chunks = 300, 4, [2], [5, 64], [None, (4, 4)]
+  cupti = None
+  if not args.quick:
     from specpilot.costmodel import cupti
+
+  def row(b, budget, form, fn, inputs, want):
+    """Run ``fn``, check it against ``want`` (None: it is the baseline), time it, print its row; its output."""
+    got = jax.block_until_ready(fn(*inputs))
+    equal = want is None or all(np.array_equal(np.asarray(g), np.asarray(w))
+                                for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+    cells = ["–", "–", "–"]
+    if cupti is not None:
+      parts = cupti.median_kernel_us(lambda: fn(*inputs), args.iters)
+      largest = sorted(parts.items(), key=lambda kv: -kv[1])[: args.top]
+      cells = [f"{sum(parts.values()):.1f}", str(len(cupti.kernel_timings(lambda: fn(*inputs)))),
+               ", ".join(f"{name[:40]} {us:.1f}" for name, us in largest)]
+    print(f"| {b} | {budget} | {form} | {cells[0]} | {cells[1]} | {equal} | {cells[2]} |", flush=True)
+    if not equal:
+      raise SystemExit(f"tree_probe: {form} differs from the first form (batch {b}, budget {budget})")
+    return got
+
   print("| batch | budget | form | GPU us | launches | equal | largest kernels (us) |\n|---|---|---|---|---|---|---|",
         flush=True)
-  default = trees.RANK_TOP_K_MAX
-  for b in args.batch:
-    # bf16-valued logits, as the drafter's head gives them (cast to float32 by `dflash._block_pass`)
-    rows = (jax.random.normal(jax.random.key(b), (b, args.depths, args.vocab)) * 3).astype(jnp.bfloat16)
-    rows = rows.astype(jnp.float32)
-    for budget in args.budgets:
-      want = None
-      for limit in args.rank_max:
-        trees.RANK_TOP_K_MAX = limit
-        fn = jax.jit(build_fn(budget))  # traced with this limit
-        got = jax.block_until_ready(fn(rows))
-        if want is None:
-          want = got
-        equal = all(np.array_equal(np.asarray(g), np.asarray(w)) for g, w in zip(got, want))
-        cells = ["–", "–", "–"]
-        if timed:
-          parts = cupti.median_kernel_us(lambda: fn(rows), args.iters)
-          launches = len(cupti.kernel_timings(lambda: fn(rows)))
-          largest = sorted(parts.items(), key=lambda kv: -kv[1])[: args.top]
-          cells = [f"{sum(parts.values()):.1f}", str(launches),
-                   ", ".join(f"{name[:40]} {us:.1f}" for name, us in largest)]
-        form = f"tree, top-k's counted up to {limit}" if limit else "tree, top-k's sorted"
-        print(f"| {b} | {budget} | {form} | {cells[0]} | {cells[1]} | {equal} | {cells[2]} |", flush=True)
-        if not equal:
-          raise SystemExit(f"tree_probe: RANK_TOP_K_MAX={limit} built a different tree (batch {b}, budget {budget})")
-      # the accept on that tree: the target picks each node's own token half the time, else token 0
-      tree = want
-      root = jnp.zeros((b,), jnp.int32)
-      full = jnp.concatenate([root[:, None], tree.tokens], axis=1)
-      choice = jnp.where(jax.random.bernoulli(jax.random.key(budget), 0.5, full.shape), jnp.roll(full, -1, 1), 0)
-      base = None
-      for name, mask_fn in (("accept, looped mask", looped_ancestor_mask), ("accept, unrolled mask",
-                                                                            trees.ancestor_mask)):
-        fn = jax.jit(accept_fn(mask_fn, args.depths))
-        got = jax.block_until_ready(fn(tree, root, choice))
-        base = got if base is None else base
-        equal = all(np.array_equal(np.asarray(g), np.asarray(w)) for g, w in zip(jax.tree.leaves(got),
-                                                                                  jax.tree.leaves(base)))
-        cells = ["–", "–", "–"]
-        if timed:
-          parts = cupti.median_kernel_us(lambda: fn(tree, root, choice), args.iters)
-          launches = len(cupti.kernel_timings(lambda: fn(tree, root, choice)))
-          largest = sorted(parts.items(), key=lambda kv: -kv[1])[: args.top]
-          cells = [f"{sum(parts.values()):.1f}", str(launches),
-                   ", ".join(f"{k[:40]} {us:.1f}" for k, us in largest)]
-        print(f"| {b} | {budget} | {name} | {cells[0]} | {cells[1]} | {equal} | {cells[2]} |", flush=True)
-        if not equal:
-          raise SystemExit(f"tree_probe: the unrolled ancestor mask differs from the looped one (batch {b})")
-  trees.RANK_TOP_K_MAX = default
+  saved = trees.RANK_TOP_K_MAX, trees.VOCAB_TOPK_CHUNKS
+  try:
+    for b in args.batch:
+      # bf16-valued logits, as the drafter's head gives them (cast to float32 by `dflash._block_pass`)
+      rows = (jax.random.normal(jax.random.key(b), (b, args.depths, args.vocab)) * 3).astype(jnp.bfloat16)
+      rows = rows.astype(jnp.float32)
+      for budget in args.budgets:
+        want = None
+        for widths in args.chunks:
+          trees.VOCAB_TOPK_CHUNKS = saved[1] if widths is None else {budget: widths}
+          for limit in args.rank_max:
+            trees.RANK_TOP_K_MAX = limit
+            screen = f"screened {trees.vocab_topk_chunk(budget)}"
+            form = f"tree, {screen}, top-k's " + (f"counted up to {limit}" if limit else "sorted")
+            got = row(b, budget, form, jax.jit(build_fn(budget)), (rows,), want)  # traced with these settings
+            want = got if want is None else want
+        # the accept on that tree: the target picks each node's own token half the time, else token 0
+        root = jnp.zeros((b,), jnp.int32)
+        full = jnp.concatenate([root[:, None], want.tokens], axis=1)
+        choice = jnp.where(jax.random.bernoulli(jax.random.key(budget), 0.5, full.shape), jnp.roll(full, -1, 1), 0)
+        base = None
+        for form, mask_fn in (("accept, looped mask", looped_ancestor_mask),
+                              ("accept, unrolled mask", trees.ancestor_mask)):
+          got = row(b, budget, form, jax.jit(accept_fn(mask_fn, args.depths)), (want, root, choice), base)
+          base = got if base is None else base
+  finally:
+    trees.RANK_TOP_K_MAX, trees.VOCAB_TOPK_CHUNKS = saved
 
 
 if __name__ == "__main__":

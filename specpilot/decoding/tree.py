@@ -55,55 +55,6 @@ def _undominated_pairs(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     return i.astype(np.int32), j.astype(np.int32)
 
 
-VOCAB_TOPK_CHUNKS: dict[int, int] = {8: 128, 16: 32, 64: 64, 256: 64}
-"""``vocab_top_k``'s slice width in ``best_first`` by top-k size: the entry of the smallest key >= k, and
-``VOCAB_TOPK_CHUNK_LARGE`` above the largest key.
-
-Measured on the H200 over [B, 15, 151,936] log-probs (``scripts/h200/topk_probe.py``,
-docs/results/2026-12-01-pdl-h200/callB_topk.txt), device us, ``lax.top_k`` -> the screened top-k at the chosen
-width (the sorted two-stage top-k this replaced, in brackets):
-
-| k | B = 1 | B = 8 |
-|---|---|---|
-| 8 | 140 -> 27 | 151 -> 45 |
-| 16 | 298 -> 77 | 349 -> 114 |
-| 64 | 558 -> 66 (167) | 1,265 -> 86 (920) |
-| 256 | 557 -> 88 (206) | 1,265 -> 203 (1,117) |
-"""
-VOCAB_TOPK_CHUNK_LARGE = 64
-
-
-def vocab_topk_chunk(k: int) -> int:
-    """The slice width ``best_first`` screens a top-``k`` over the vocabulary with (``VOCAB_TOPK_CHUNKS``)."""
-    return next((chunk for limit, chunk in sorted(VOCAB_TOPK_CHUNKS.items()) if k <= limit), VOCAB_TOPK_CHUNK_LARGE)
-
-
-def vocab_top_k(x: jax.Array, k: int, chunk: int) -> tuple[jax.Array, jax.Array]:
-    """``jax.lax.top_k(x, k)`` over the last axis, exactly (values, indices and tie order), by screening: the max
-    of every ``chunk``-wide slice (one pass over ``x`` at memory speed), the ``k`` slices with the largest maxima
-    (ties to the lower slice), then one ``top_k`` over those ``k * chunk`` candidates, kept in index order.
-
-    Why it is exact: take any x outside the chosen slices. Each chosen slice's max ranks before x (its max is
-    larger, or equal and in an earlier slice, so at a lower index). That is k elements ranked before x, so x is
-    not in the top k. The sorts run over ``V / chunk`` maxima and ``k * chunk`` candidates instead of the whole
-    vocabulary row: XLA sorts a whole row for a top-k with k > 16, in many passes over memory. No NaN in ``x``
-    (log-probs have none); -inf is fine.
-    """
-    vocab = x.shape[-1]
-    slices = -(-vocab // chunk)
-    if k >= slices:
-        return jax.lax.top_k(x, k)
-    padded = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, slices * chunk - vocab)], constant_values=-jnp.inf)
-    padded = padded.reshape(*x.shape[:-1], slices, chunk)
-    _, chosen = jax.lax.top_k(padded.max(axis=-1), k)
-    # ascending: slice order = index order, so the last top_k breaks ties as lax.top_k does
-    chosen = -rank_top_k(-chosen, k)[0] if k <= RANK_TOP_K_MAX else jnp.sort(chosen, axis=-1)
-    candidates = jnp.take_along_axis(padded, chosen[..., None], axis=-2).reshape(*x.shape[:-1], k * chunk)
-    best, pos = jax.lax.top_k(candidates, k)
-    index = jnp.take_along_axis(chosen, pos // chunk, axis=-1) * chunk + pos % chunk
-    return best, index
-
-
 RANK_TOP_K_MAX = 0
 """``best_first``'s small top-k's (each depth's survivors, the final pick over all depths) count ranks
 (``rank_top_k``) instead of sorting (``jax.lax.top_k``) where the row is at most this long; 0: always sort.
@@ -137,6 +88,63 @@ def rank_top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
 def small_top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     """``best_first``'s top-k of a short row: ``rank_top_k`` up to ``RANK_TOP_K_MAX`` elements, else a sort."""
     return rank_top_k(x, k) if x.shape[-1] <= RANK_TOP_K_MAX else jax.lax.top_k(x, k)
+
+
+VOCAB_TOPK_CHUNKS: dict[int, int | tuple[int, ...]] = {8: 128, 16: 32, 64: 64, 256: 64}
+"""``vocab_top_k``'s slice width (or widths, one a screening level) in ``best_first`` by top-k size: the entry of
+the smallest key >= k, and ``VOCAB_TOPK_CHUNK_LARGE`` above the largest key.
+
+Measured on the H200 over [B, 15, 151,936] log-probs (``scripts/h200/topk_probe.py``,
+docs/results/2026-12-01-pdl-h200/callB_topk.txt), device us, ``lax.top_k`` -> the screened top-k at the chosen
+width (the sorted two-stage top-k this replaced, in brackets):
+
+| k | B = 1 | B = 8 |
+|---|---|---|
+| 8 | 140 -> 27 | 151 -> 45 |
+| 16 | 298 -> 77 | 349 -> 114 |
+| 64 | 558 -> 66 (167) | 1,265 -> 86 (920) |
+| 256 | 557 -> 88 (206) | 1,265 -> 203 (1,117) |
+"""
+VOCAB_TOPK_CHUNK_LARGE = 64
+
+
+def vocab_topk_chunk(k: int) -> int | tuple[int, ...]:
+    """The slice width ``best_first`` screens a top-``k`` over the vocabulary with (``VOCAB_TOPK_CHUNKS``)."""
+    return next((chunk for limit, chunk in sorted(VOCAB_TOPK_CHUNKS.items()) if k <= limit), VOCAB_TOPK_CHUNK_LARGE)
+
+
+def vocab_top_k(x: jax.Array, k: int, chunk: int | tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+    """``jax.lax.top_k(x, k)`` over the last axis, exactly (values, indices and tie order), by screening: the max
+    of every ``chunk``-wide slice (one pass over ``x`` at memory speed), the ``k`` slices with the largest maxima
+    (ties to the lower slice), then one top-k over those ``k * chunk`` candidates, kept in index order.
+
+    Why it is exact: take any x outside the chosen slices. Each chosen slice's max ranks before x (its max is
+    larger, or equal and in an earlier slice, so at a lower index). That is k elements ranked before x, so x is
+    not in the top k. The sorts run over ``V / chunk`` maxima and ``k * chunk`` candidates instead of the whole
+    vocabulary row: XLA sorts a whole row for a top-k with k > 16, in many passes over memory. No NaN in ``x``
+    (log-probs have none); -inf is fine.
+
+    A tuple of widths screens the maxima the same way, one level a width (``(16, 16)``: 16-wide slices, whose
+    maxima are screened in 16-wide slices of maxima): each level is this exact top-k, so the whole is too, and
+    every top-k left is over ~``k * width`` elements, short enough to count ranks (``small_top_k``).
+    """
+    chunks = (chunk,) if isinstance(chunk, int) else tuple(chunk)
+    if not chunks:
+        return small_top_k(x, k)
+    width, inner = chunks[0], chunks[1:]
+    vocab = x.shape[-1]
+    slices = -(-vocab // width)
+    if k >= slices:
+        return small_top_k(x, k)
+    padded = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, slices * width - vocab)], constant_values=-jnp.inf)
+    padded = padded.reshape(*x.shape[:-1], slices, width)
+    _, chosen = vocab_top_k(padded.max(axis=-1), k, inner)
+    # ascending: slice order = index order, so the last top-k breaks ties as lax.top_k does
+    chosen = -rank_top_k(-chosen, k)[0] if k <= RANK_TOP_K_MAX else jnp.sort(chosen, axis=-1)
+    candidates = jnp.take_along_axis(padded, chosen[..., None], axis=-2).reshape(*x.shape[:-1], k * width)
+    best, pos = small_top_k(candidates, k)
+    index = jnp.take_along_axis(chosen, pos // width, axis=-1) * width + pos % width
+    return best, index
 
 
 def best_first(logp: jax.Array, budget: int, depth_limit: jax.Array | int | None = None) -> Tree:

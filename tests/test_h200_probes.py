@@ -2,7 +2,7 @@
 to end on the tiny model, ``prefetch_probe.py``'s chain lowered for Hopper, ``swiglu_matmul_probe.py``'s configs,
 ``attention_ablation_probe.py``'s ablations, ``w12_probe.py``'s stand-in decode and bf16 configs,
 ``stream_probe.py``'s layouts, ``grid_barrier_probe.py``'s and ``cluster_merge_probe.py``'s kernels lowered for Hopper,
-``stall_table.py`` on a recorded Nsight Compute page."""
+``stall_table.py`` on a recorded Nsight Compute page, ``tree_probe.py``'s CPU smoke run."""
 
 import importlib.util
 import re
@@ -244,3 +244,21 @@ def test_w12_probe_records_the_kernel_form_it_traced(monkeypatch):
   assert seen == ["split 1, 128 a step, 4 deep, bf16, escapes in the kernel",
                   "split 2, 128 a step, 4 deep, f32 halves, escapes in the kernel"]
   assert mosaic_gpu._register_decode_call.__name__ == "_register_decode_call"  # undone
+
+
+def test_tree_probe_quick_compares_tree_and_accept_forms(monkeypatch, capsys):
+  """``tree_probe.py --quick``: every tree form builds the first form's tree, both accept forms agree, and the
+  tree module's settings are left as they were; a bad ``--chunks`` entry is argparse's one-line error."""
+  from specpilot.decoding import tree as trees
+
+  probe = load_probe("tree_probe", monkeypatch)
+  before = trees.RANK_TOP_K_MAX, trees.VOCAB_TOPK_CHUNKS
+  probe.main(["--quick"])
+  rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 |")]
+  assert len(rows) == 16 and all(row.split(" | ")[5] == "True" for row in rows)
+  assert sum("accept" in row for row in rows) == 4 and sum("counted up to 4096" in row for row in rows) == 4
+  assert sum("screened (4, 4)" in row for row in rows) == 6
+  assert (trees.RANK_TOP_K_MAX, trees.VOCAB_TOPK_CHUNKS) == before
+  with pytest.raises(SystemExit):
+    probe.main(["--chunks", "16,x"])
+  assert "expected 'table' or widths like 16,16, got '16,x'" in capsys.readouterr().err

@@ -193,23 +193,6 @@ def test_best_first_counting_ranks_builds_the_sorted_tree(monkeypatch, budget):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_tree_probe_quick_compares_sorted_and_counted_builds(monkeypatch, capsys):
-    """``scripts/h200/tree_probe.py --quick``, the GPU probe's CPU smoke run: every tree row builds the sorted tree,
-    both accept forms agree, and the module's ``RANK_TOP_K_MAX`` is left as it was."""
-    import runpy
-    import sys
-    from pathlib import Path
-
-    monkeypatch.setattr(sys, "argv", ["tree_probe.py", "--quick"])
-    before = trees.RANK_TOP_K_MAX
-    runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "h200" / "tree_probe.py"), run_name="__main__")
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 |")]
-    assert len(rows) == 16 and all(row.split(" | ")[5] == "True" for row in rows)
-    assert sum("accept" in row for row in rows) == 4 and sum("counted up to 4096" in row for row in rows) == 4
-    assert sum("screened (4, 4)" in row for row in rows) == 6
-    assert trees.RANK_TOP_K_MAX == before
-
-
 def test_vocab_topk_chunk_follows_the_measured_table():
     assert trees.vocab_topk_chunk(1) == trees.vocab_topk_chunk(8) == 128
     assert trees.vocab_topk_chunk(16) == 32

@@ -58,7 +58,7 @@ def chunk_form(text: str) -> tuple[int, ...] | None:
   return widths
 
 
-def main():
+def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--vocab", type=int, default=151936)
   ap.add_argument("--depths", type=int, default=15, help="draft depths (DFlash b16: 15)")
@@ -71,7 +71,7 @@ def main():
   ap.add_argument("--iters", type=int, default=10)
   ap.add_argument("--top", type=int, default=6, help="kernels listed per row")
   ap.add_argument("--quick", action="store_true", help="tiny shapes on any backend, trees compared, no timing")
-  args = ap.parse_args()
+  args = ap.parse_args(argv)
   if args.quick:
     args.vocab, args.depths, args.batch, args.budgets, args.chunks = 300, 4, [2], [5, 64], [None, (4, 4)]
   cupti = None

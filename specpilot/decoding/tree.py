@@ -56,11 +56,11 @@ def _undominated_pairs(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 RANK_TOP_K_MAX = 0
-"""``best_first``'s small top-k's (each depth's survivors, the final pick over all depths) count ranks
-(``rank_top_k``) instead of sorting (``jax.lax.top_k``) where the row is at most this long; 0: always sort.
-Both give the same result bit for bit; which is faster on a GPU is ``scripts/h200/tree_probe.py``'s question
-(a sort of a few hundred elements is one kernel of ~45 dependent compare-exchange rounds; a rank count is
-two reductions with no dependent rounds)."""
+"""``best_first``'s small top-k's (each depth's survivors, the final pick over all depths, the screened vocabulary
+top-k's candidates and maxima) count ranks (``rank_top_k``) instead of sorting (``jax.lax.top_k``) where the row is
+at most this long; 0: always sort. Both give the same result bit for bit; which is faster on a GPU is
+``scripts/h200/tree_probe.py``'s question (a bitonic sort of a few hundred elements runs ~45 dependent
+compare-exchange rounds; a rank count is two reductions with none). Off until that probe has run on an H200."""
 
 
 def rank_top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
@@ -196,8 +196,9 @@ def best_first(logp: jax.Array, budget: int, depth_limit: jax.Array | int | None
 
 def ancestor_mask(tree: Tree, max_depth: int) -> jax.Array:
     """[N+1, N+1] bool: row i sees verify index j iff j is i's ancestor or i itself. Invalid nodes see
-    only themselves and no one sees them. `max_depth` parent steps suffice (depth ≤ block − 1), unrolled: one
-    chain of row gathers XLA can fuse, where a loop runs a kernel (and its counter's) per step."""
+    only themselves and no one sees them. `max_depth` parent steps suffice (depth ≤ block − 1), unrolled: a
+    chain of row gathers XLA may fuse, where a ``fori_loop`` launches at least a kernel a step (the two forms are
+    timed against each other by ``scripts/h200/tree_probe.py``)."""
     n = tree.tokens.shape[0]
     parent_full = jnp.concatenate([jnp.zeros((1,), jnp.int32), tree.parent])
     valid_full = jnp.concatenate([jnp.ones((1,), bool), tree.valid])

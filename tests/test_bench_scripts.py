@@ -258,7 +258,6 @@ def test_acceptance_rejects_bad_engines_and_knobs_in_one_line(argv, message, cap
     (["--target", "MISSING", "--drafter", "MISSING"], "argument --target: no such folder: "),
     (["--models", "tiny", "qwen3_9b"], "argument --models: invalid choice: 'qwen3_9b'"),
     (["--dtype", "float16"], "argument --dtype: invalid choice: 'float16'"),
-    (["--tree-rank-max", "-1"], "argument --tree-rank-max: must be >= 0, got -1"),
 ])
 def test_reproduce_scripts_reject_a_bad_path_model_or_dtype_before_any_work(script, argv, message, tmp_path, capsys):
     """A mistyped path, model or dtype is argparse's one-line error at once: it was a traceback, some only after

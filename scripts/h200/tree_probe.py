@@ -10,7 +10,6 @@ largest kernels (issue #8's tree + accept + compaction share).
 """
 
 import argparse
-import statistics
 
 import jax
 import jax.numpy as jnp

@@ -77,7 +77,7 @@ def test_bench_runs_without_hydra_or_pydantic(tmp_path, cache_env):
     assert "PROJECTED speedup" in md and "Components against their ceilings" in md and "leave one out" in md
     assert ("- bf16 linears: mosaic_gpu (`skinny_matmul.ops.DEFAULT`); residual add + RMSNorm: mosaic_gpu "
             "(`add_rms_norm.ops.DEFAULT`); q/k norm + rope: mosaic_gpu (`qk_norm_rope.ops.DEFAULT`); PDL: no; "
-            "tree top-k's counted up to 4096 elements (`tree.RANK_TOP_K_MAX`); XLA_FLAGS: `") in md
+            "tree top-k's: counted up to 4096 elements (`tree.RANK_TOP_K_MAX`); XLA_FLAGS: `") in md
     assert all("stage_gpu_ms" not in r and "NVIDIA GPU" in r["stage_gpu_error"] for r in res["rows"])
     assert "- not measured: CUPTI kernel timings need an NVIDIA GPU; this backend is 'cpu'" in md
     assert res["provenance"]["command"].startswith("python ") and res["provenance"]["device"]

@@ -257,7 +257,7 @@ def test_tree_probe_quick_compares_tree_and_accept_forms(monkeypatch, capsys):
   rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 |")]
   assert len(rows) == 16 and all(row.split(" | ")[5] == "True" for row in rows)
   assert sum("accept" in row for row in rows) == 4 and sum("counted up to 4096" in row for row in rows) == 4
-  assert sum("screened (4, 4)" in row for row in rows) == 6
+  assert sum("screen widths (4, 4)" in row for row in rows) == 6
   assert (trees.RANK_TOP_K_MAX, trees.VOCAB_TOPK_CHUNKS) == before
   with pytest.raises(SystemExit):
     probe.main(["--chunks", "16,x"])

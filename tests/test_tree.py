@@ -173,6 +173,13 @@ def test_rank_top_k_is_lax_top_k_exactly(n, k):
     np.testing.assert_array_equal(np.asarray(got_i), np.asarray(want_i))
     with pytest.raises(ValueError, match="exceeds the row length"):
         trees.rank_top_k(x, n + 1)
+    with pytest.raises(ValueError, match="float rows must be float32"):
+        trees.rank_top_k(x.astype(jnp.bfloat16), k)
+    bf16 = x.astype(jnp.bfloat16)  # small_top_k sorts what rank_top_k cannot count
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(trees, "RANK_TOP_K_MAX", 4096)
+        for got, want in zip(trees.small_top_k(bf16, k), jax.lax.top_k(bf16, k)):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 @pytest.mark.parametrize("chunks", [None, (4, 4)])

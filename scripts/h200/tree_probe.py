@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specpilot.argtypes import non_negative_int
 from specpilot.decoding import tree as trees
 
 
@@ -63,7 +64,7 @@ def main(argv=None):
   ap.add_argument("--depths", type=int, default=15, help="draft depths (DFlash b16: 15)")
   ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
   ap.add_argument("--budgets", type=int, nargs="+", default=[64, 256])
-  ap.add_argument("--rank-max", type=int, nargs="+", default=[0, 1024, 4096],
+  ap.add_argument("--rank-max", type=non_negative_int, nargs="+", default=[0, 1024, 4096],
                   help="RANK_TOP_K_MAX values to compare (0: every small top-k sorts)")
   ap.add_argument("--chunks", type=chunk_form, nargs="+", default=[None, (16, 16), (32, 8), (8, 8, 8)],
                   help="vocabulary screening forms: 'table' (VOCAB_TOPK_CHUNKS) or slice widths a level, e.g. 16,16")
@@ -107,11 +108,12 @@ def main(argv=None):
           trees.VOCAB_TOPK_CHUNKS = saved[1] if widths is None else {budget: widths}
           for limit in args.rank_max:
             trees.RANK_TOP_K_MAX = limit
-            screen = f"screened {trees.vocab_topk_chunk(budget)}"
+            screen = f"screen widths {trees.vocab_topk_chunk(budget)}"  # (none runs where k >= the slices)
             form = f"tree, {screen}, top-k's " + (f"counted up to {limit}" if limit else "sorted")
             got = row(b, budget, form, jax.jit(build_fn(budget)), (rows,), want)  # traced with these settings
             want = got if want is None else want
-        # the accept on that tree: the target picks each node's own token half the time, else token 0
+        # the accept on that tree: each verify index's target token is the next index's token half the time, else
+        # token 0 (some nodes match, so the walk goes a few steps down)
         root = jnp.zeros((b,), jnp.int32)
         full = jnp.concatenate([root[:, None], want.tokens], axis=1)
         choice = jnp.where(jax.random.bernoulli(jax.random.key(budget), 0.5, full.shape), jnp.roll(full, -1, 1), 0)

@@ -93,6 +93,10 @@ def gpu_time_lines(rows: list[dict]) -> list[str]:
     return out
 
 
+def _tree_top_k(rank_max: int) -> str:
+    return f"counted up to {rank_max} elements" if rank_max else "sorted"
+
+
 def bench_markdown(res: dict) -> str:
     dep = res["deployment"]
     rows = res["rows"]
@@ -106,7 +110,7 @@ def bench_markdown(res: dict) -> str:
             f"- bf16 linears: {res.get('matmul', 'default')} (`skinny_matmul.ops.DEFAULT`); residual add + RMSNorm: "
             f"{res.get('norm', 'default')} (`add_rms_norm.ops.DEFAULT`); q/k norm + rope: {res.get('rope', 'default')} "
             f"(`qk_norm_rope.ops.DEFAULT`); PDL: {'yes' if res.get('pdl') else 'no'}; "
-            f"tree top-k's counted up to {res.get('tree_rank_max', 0)} elements (`tree.RANK_TOP_K_MAX`); "
+            f"tree top-k's: {_tree_top_k(res.get('tree_rank_max', 0))} (`tree.RANK_TOP_K_MAX`); "
             f"XLA_FLAGS: `{res.get('xla_flags') or '(none)'}`.",
             ""]
     out += ["## Step time per round (ms)", ""]

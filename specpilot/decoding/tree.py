@@ -86,8 +86,10 @@ def rank_top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
 
 
 def small_top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
-    """``best_first``'s top-k of a short row: ``rank_top_k`` up to ``RANK_TOP_K_MAX`` elements, else a sort."""
-    return rank_top_k(x, k) if x.shape[-1] <= RANK_TOP_K_MAX else jax.lax.top_k(x, k)
+    """``best_first``'s top-k of a short row: ``rank_top_k`` up to ``RANK_TOP_K_MAX`` elements (float32 or integer
+    rows), else a sort."""
+    countable = x.dtype == jnp.float32 or jnp.issubdtype(x.dtype, jnp.integer)
+    return rank_top_k(x, k) if countable and x.shape[-1] <= RANK_TOP_K_MAX else jax.lax.top_k(x, k)
 
 
 VOCAB_TOPK_CHUNKS: dict[int, int | tuple[int, ...]] = {8: 128, 16: 32, 64: 64, 256: 64}

@@ -80,8 +80,9 @@ def parse_args(argv=None):
     ap.add_argument("--pdl", action="store_true",
                     help="launch every Mosaic GPU kernel with programmatic dependent launch (pallas_kernels.pdl)")
     ap.add_argument("--tree-rank-max", type=non_negative_int, default=None,
-                    help="best-first trees' small top-k's count ranks up to this row length instead of sorting (sets "
-                         "specpilot.decoding.tree.RANK_TOP_K_MAX; 0: always sort; default: as it is)")
+                    help="best-first trees' small top-k's count ranks up to this row length instead of sorting, at "
+                         "batches up to tree.RANK_TOP_K_MAX_BATCH (sets specpilot.decoding.tree.RANK_TOP_K_MAX; 0: "
+                         "always sort; default: as it is)")
     ap.add_argument("--command-buffers", action="store_true",
                     help=f"add {COMMAND_BUFFER_FLAGS!r} to XLA_FLAGS before the backend starts: the fused decode loop "
                          "went 5.87 -> 5.29 ms on the H200 (docs/results/2026-11-30-skinny-matmul-h200/)")

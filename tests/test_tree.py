@@ -147,6 +147,7 @@ def test_best_first_with_the_screened_vocab_top_k_builds_the_same_tree(monkeypat
     logp = jax.nn.log_softmax(jnp.asarray(rng.standard_normal((5, 1000)) * 3.0, jnp.float32), axis=-1)
     build = lambda: jax.jit(lambda lp: trees.best_first(lp, 64))(logp)  # noqa: E731  a fresh trace each time
     top_ks = lambda: str(jax.make_jaxpr(lambda lp: trees.best_first(lp, 64))(logp)).count("top_k")  # noqa: E731
+    monkeypatch.setattr(trees, "RANK_TOP_K_MAX", 0)  # every top-k a sort, so the screen's own shows in the count
     monkeypatch.setattr(trees, "VOCAB_TOPK_CHUNKS", {64: 128})
     want, direct = build(), top_ks()
     monkeypatch.setattr(trees, "VOCAB_TOPK_CHUNKS", {64: 8})
@@ -206,11 +207,23 @@ def test_best_first_counting_ranks_builds_the_sorted_tree(monkeypatch, budget, c
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_rank_limit_counts_only_at_the_timed_batches(monkeypatch):
+    """Engines count ranks at batch 1 only (the one batch timed); an explicit ``rank_max`` overrides the module's."""
+    assert trees.rank_limit(1) == trees.RANK_TOP_K_MAX > 0 and trees.rank_limit(2) == 0
+    monkeypatch.setattr(trees, "RANK_TOP_K_MAX_BATCH", 8)
+    assert trees.rank_limit(8) == trees.RANK_TOP_K_MAX and trees.rank_limit(9) == 0
+    logp = jax.nn.log_softmax(jnp.asarray(np.random.default_rng(0).standard_normal((4, 300)), jnp.float32), axis=-1)
+    lowered = {r: jax.jit(lambda lp, r=r: trees.best_first(lp, 64, None, r)).lower(logp).as_text() for r in (0, 4096)}
+    sorts = {r: len(re.findall(r"\b(stablehlo|chlo)\.(sort|top_k)\b", text)) for r, text in lowered.items()}
+    assert sorts[0] > 0 and sorts[4096] == 0
+
+
 def test_vocab_topk_chunk_follows_the_measured_table():
     assert trees.vocab_topk_chunk(1) == trees.vocab_topk_chunk(8) == 128
     assert trees.vocab_topk_chunk(16) == 32
-    assert trees.vocab_topk_chunk(17) == trees.vocab_topk_chunk(64) == trees.vocab_topk_chunk(256) == 64
-    assert trees.vocab_topk_chunk(1024) == trees.VOCAB_TOPK_CHUNK_LARGE
+    assert trees.vocab_topk_chunk(17) == trees.vocab_topk_chunk(64) == (16, 16)
+    assert trees.vocab_topk_chunk(65) == trees.vocab_topk_chunk(256) == (32, 8)
+    assert trees.vocab_topk_chunk(1024) == trees.VOCAB_TOPK_CHUNK_LARGE == 64
 
 
 # ---- ancestor_mask ---------------------------------------------------------------------------------

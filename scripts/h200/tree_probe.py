@@ -23,7 +23,7 @@ def build_fn(budget: int):
   """The tree stage of one round: [B, D, V] drafter logits (float32) -> the vmapped best-first tree."""
   def build(rows):
     logp = jax.nn.log_softmax(rows, axis=-1)
-    return jax.vmap(lambda lp: trees.best_first(lp, budget))(logp)
+    return jax.vmap(lambda lp: trees.best_first(lp, budget))(logp)  # RANK_TOP_K_MAX at any batch: the probe's own
   return build
 
 

@@ -154,7 +154,8 @@ class SpecEngine(Engine):
             q = target_probs(rows, self.sampling)
             return jax.vmap(trees.chain)(sample(key, q)), q
         logp = jax.nn.log_softmax(rows, axis=-1)
-        return jax.vmap(lambda lp, lim: trees.best_first(lp, self.n_nodes, lim))(logp, depth_limit), None
+        rank_max = trees.rank_limit(rows.shape[0])  # vmapped, best_first cannot see the batch
+        return jax.vmap(lambda lp, lim: trees.best_first(lp, self.n_nodes, lim, rank_max))(logp, depth_limit), None
 
     def _run_tree(self, weights, last, tree, cache, hidden_layer_ids=()):
         """One target pass over [root, nodes] at positions start + depth under the ancestor-only mask."""

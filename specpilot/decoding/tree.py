@@ -55,12 +55,24 @@ def _undominated_pairs(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     return i.astype(np.int32), j.astype(np.int32)
 
 
-RANK_TOP_K_MAX = 0
+RANK_TOP_K_MAX = 4096
 """``best_first``'s small top-k's (each depth's survivors, the final pick over all depths, the screened vocabulary
 top-k's candidates and maxima) count ranks (``rank_top_k``) instead of sorting (``jax.lax.top_k``) where the row is
-at most this long; 0: always sort. Both give the same result bit for bit; which is faster on a GPU is
-``scripts/h200/tree_probe.py``'s question (a bitonic sort of a few hundred elements runs ~45 dependent
-compare-exchange rounds; a rank count is two reductions with none). Off until that probe has run on an H200."""
+at most this long; 0: always sort. Both give the same result bit for bit. A bitonic sort of a few hundred elements
+runs ~45 dependent compare-exchange rounds (6.6 µs a depth on the H200); a rank count is two reductions with none,
+but n² comparisons: counting 2,374 slice maxima took 83 µs where their sort took 32. So ``VOCAB_TOPK_CHUNKS``
+screens in levels that leave ≤ ~2,000 elements to count. Measured with ``scripts/h200/tree_probe.py``
+(docs/results/2026-12-06-tree-probe-h200/), the whole tree stage at batch 1, µs, sorted -> counted up to 4,096:
+64 nodes 209.8 -> 133.8 (with ``(16, 16)`` screening; 1,024 gives 133.5), 256 nodes 355.8 -> 208.0 (``(32, 8)``).
+Budgets of 16 or fewer nodes were not re-timed. Only batch 1 was timed, so trees of bigger batches sort
+(``RANK_TOP_K_MAX_BATCH``): their sorts run side by side at no extra latency, where counting's work grows with B."""
+RANK_TOP_K_MAX_BATCH = 1
+
+
+def rank_limit(batch: int) -> int:
+    """The ``best_first(..., rank_max=)`` for a batch of ``batch`` trees: ``RANK_TOP_K_MAX`` up to
+    ``RANK_TOP_K_MAX_BATCH`` requests, else 0 (sort)."""
+    return RANK_TOP_K_MAX if batch <= RANK_TOP_K_MAX_BATCH else 0
 
 
 def rank_top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
@@ -85,20 +97,24 @@ def rank_top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     return jnp.take_along_axis(x, pos, axis=-1), pos
 
 
-def small_top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
-    """``best_first``'s top-k of a short row: ``rank_top_k`` up to ``RANK_TOP_K_MAX`` elements (float32 or integer
-    rows), else a sort."""
+def small_top_k(x: jax.Array, k: int, rank_max: int | None = None) -> tuple[jax.Array, jax.Array]:
+    """``best_first``'s top-k of a short row: ``rank_top_k`` up to ``rank_max`` elements (default
+    ``RANK_TOP_K_MAX``; float32 or integer rows), else a sort."""
+    rank_max = RANK_TOP_K_MAX if rank_max is None else rank_max
     countable = x.dtype == jnp.float32 or jnp.issubdtype(x.dtype, jnp.integer)
-    return rank_top_k(x, k) if countable and x.shape[-1] <= RANK_TOP_K_MAX else jax.lax.top_k(x, k)
+    return rank_top_k(x, k) if countable and x.shape[-1] <= rank_max else jax.lax.top_k(x, k)
 
 
-VOCAB_TOPK_CHUNKS: dict[int, int | tuple[int, ...]] = {8: 128, 16: 32, 64: 64, 256: 64}
+VOCAB_TOPK_CHUNKS: dict[int, int | tuple[int, ...]] = {8: 128, 16: 32, 64: (16, 16), 256: (32, 8)}
 """``vocab_top_k``'s slice width (or widths, one a screening level) in ``best_first`` by top-k size: the entry of
 the smallest key >= k, and ``VOCAB_TOPK_CHUNK_LARGE`` above the largest key.
 
-Measured on the H200 over [B, 15, 151,936] log-probs (``scripts/h200/topk_probe.py``,
-docs/results/2026-12-01-pdl-h200/callB_topk.txt), device us, ``lax.top_k`` -> the screened top-k at the chosen
-width (the sorted two-stage top-k this replaced, in brackets):
+The 64 and 256 entries are the fastest forms of ``scripts/h200/tree_probe.py``'s sweep (one level of 64, (16, 16),
+(32, 8), (8, 8, 8)) with the small top-k's counted (``RANK_TOP_K_MAX``; the whole tree stage's times are there).
+The 8 and 16 entries, and the table below, are from the single-level sweep with every top-k sorted, on the H200
+over [B, 15, 151,936] log-probs (``scripts/h200/topk_probe.py``, docs/results/2026-12-01-pdl-h200/callB_topk.txt),
+device us, ``lax.top_k`` -> the screened top-k at the chosen width (the sorted two-stage top-k this replaced, in
+brackets):
 
 | k | B = 1 | B = 8 |
 |---|---|---|
@@ -111,11 +127,12 @@ VOCAB_TOPK_CHUNK_LARGE = 64
 
 
 def vocab_topk_chunk(k: int) -> int | tuple[int, ...]:
-    """The slice width ``best_first`` screens a top-``k`` over the vocabulary with (``VOCAB_TOPK_CHUNKS``)."""
+    """The slice width(s) ``best_first`` screens a top-``k`` over the vocabulary with (``VOCAB_TOPK_CHUNKS``)."""
     return next((chunk for limit, chunk in sorted(VOCAB_TOPK_CHUNKS.items()) if k <= limit), VOCAB_TOPK_CHUNK_LARGE)
 
 
-def vocab_top_k(x: jax.Array, k: int, chunk: int | tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+def vocab_top_k(x: jax.Array, k: int, chunk: int | tuple[int, ...],
+                rank_max: int | None = None) -> tuple[jax.Array, jax.Array]:
     """``jax.lax.top_k(x, k)`` over the last axis, exactly (values, indices and tie order), by screening: the max
     of every ``chunk``-wide slice (one pass over ``x`` at memory speed), the ``k`` slices with the largest maxima
     (ties to the lower slice), then one top-k over those ``k * chunk`` candidates, kept in index order.
@@ -128,36 +145,39 @@ def vocab_top_k(x: jax.Array, k: int, chunk: int | tuple[int, ...]) -> tuple[jax
 
     A tuple of widths screens the maxima the same way, one level a width (``(16, 16)``: 16-wide slices, whose
     maxima are screened in 16-wide slices of maxima): each level is this exact top-k, so the whole is too, and
-    every top-k left is over ~``k * width`` elements, short enough to count ranks (``small_top_k``).
+    every top-k left is over ~``k * width`` elements, short enough to count ranks (``small_top_k``, ``rank_max``).
     """
+    rank_max = RANK_TOP_K_MAX if rank_max is None else rank_max
     chunks = (chunk,) if isinstance(chunk, int) else tuple(chunk)
     if not chunks:
-        return small_top_k(x, k)
+        return small_top_k(x, k, rank_max)
     width, inner = chunks[0], chunks[1:]
     vocab = x.shape[-1]
     slices = -(-vocab // width)
     if k >= slices:
-        return small_top_k(x, k)
+        return small_top_k(x, k, rank_max)
     padded = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, slices * width - vocab)], constant_values=-jnp.inf)
     padded = padded.reshape(*x.shape[:-1], slices, width)
-    _, chosen = vocab_top_k(padded.max(axis=-1), k, inner)
+    _, chosen = vocab_top_k(padded.max(axis=-1), k, inner, rank_max)
     # ascending: slice order = index order, so the last top-k breaks ties as lax.top_k does
-    chosen = -rank_top_k(-chosen, k)[0] if k <= RANK_TOP_K_MAX else jnp.sort(chosen, axis=-1)
+    chosen = -rank_top_k(-chosen, k)[0] if k <= rank_max else jnp.sort(chosen, axis=-1)
     candidates = jnp.take_along_axis(padded, chosen[..., None], axis=-2).reshape(*x.shape[:-1], k * width)
-    best, pos = small_top_k(candidates, k)
+    best, pos = small_top_k(candidates, k, rank_max)
     index = jnp.take_along_axis(chosen, pos // width, axis=-1) * width + pos % width
     return best, index
 
 
-def best_first(logp: jax.Array, budget: int, depth_limit: jax.Array | int | None = None) -> Tree:
+def best_first(logp: jax.Array, budget: int, depth_limit: jax.Array | int | None = None,
+               rank_max: int | None = None) -> Tree:
     """DDTree's best-first tree of `budget` draft nodes from per-depth log-probs `logp` [D, V].
 
-    depth_limit (optional, may be traced): depths beyond it are not expanded.
+    depth_limit (optional, may be traced): depths beyond it are not expanded. rank_max: the longest top-k row
+    counted rather than sorted (``small_top_k``; default ``RANK_TOP_K_MAX``, engines pass ``rank_limit(batch)``).
     """
     d_max, vocab = logp.shape
     n = budget
     k = min(budget, vocab)
-    top_lp, top_id = vocab_top_k(logp.astype(jnp.float32), k, vocab_topk_chunk(k))  # [D, K], descending
+    top_lp, top_id = vocab_top_k(logp.astype(jnp.float32), k, vocab_topk_chunk(k), rank_max)  # [D, K], descending
     neg = jnp.float32(-jnp.inf)
     allowed = jnp.ones((d_max,), bool) if depth_limit is None else jnp.arange(d_max) < depth_limit
 
@@ -172,13 +192,13 @@ def best_first(logp: jax.Array, budget: int, depth_limit: jax.Array | int | None
     survivor, child_rank = _undominated_pairs(n, k)
     for d in range(1, d_max):
         cand = scores[-1][survivor] + top_lp[d][child_rank]  # parent-major, then rank
-        best, pos = small_top_k(cand, n)
+        best, pos = small_top_k(cand, n, rank_max)
         best = jnp.where(allowed[d], best, neg)
         scores.append(best)
         ranks.append(jnp.asarray(child_rank)[pos])
         parents.append(jnp.asarray(survivor)[pos])
     all_scores = jnp.stack(scores)  # [D, n]
-    chosen_score, sel = small_top_k(all_scores.reshape(-1), n)  # depth-major order breaks ties shallow-first
+    chosen_score, sel = small_top_k(all_scores.reshape(-1), n, rank_max)  # depth-major order breaks ties shallow-first
     sel_depth = sel // n
     sel_idx = sel % n
     ranks, parents = jnp.stack(ranks), jnp.stack(parents)

@@ -66,8 +66,9 @@ def main(argv=None):
   ap.add_argument("--budgets", type=int, nargs="+", default=[64, 256])
   ap.add_argument("--rank-max", type=non_negative_int, nargs="+", default=[0, 1024, 4096],
                   help="RANK_TOP_K_MAX values to compare (0: every small top-k sorts)")
-  ap.add_argument("--chunks", type=chunk_form, nargs="+", default=[None, (16, 16), (32, 8), (8, 8, 8)],
-                  help="vocabulary screening forms: 'table' (VOCAB_TOPK_CHUNKS) or slice widths a level, e.g. 16,16")
+  ap.add_argument("--chunks", type=chunk_form, nargs="+", default=[(64,), (16, 16), (32, 8), (8, 8, 8)],
+                  help="vocabulary screening forms: 'table' (VOCAB_TOPK_CHUNKS) or slice widths a level, e.g. 16,16 "
+                       "(default: one level of 64, the table before 2026-12-06, then the multi-level forms)")
   ap.add_argument("--iters", type=int, default=10)
   ap.add_argument("--top", type=int, default=6, help="kernels listed per row")
   ap.add_argument("--quick", action="store_true", help="tiny shapes on any backend, trees compared, no timing")

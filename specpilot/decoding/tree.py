@@ -105,12 +105,14 @@ def small_top_k(x: jax.Array, k: int, rank_max: int | None = None) -> tuple[jax.
     return rank_top_k(x, k) if countable and x.shape[-1] <= rank_max else jax.lax.top_k(x, k)
 
 
-VOCAB_TOPK_CHUNKS: dict[int, int | tuple[int, ...]] = {8: 128, 16: 32, 64: (16, 16), 256: (32, 8)}
+VOCAB_TOPK_CHUNKS: dict[int, int | tuple[int, ...]] = {8: 128, 16: 32, 64: (16, 16), 128: (16, 16), 256: (32, 8)}
 """``vocab_top_k``'s slice width (or widths, one a screening level) in ``best_first`` by top-k size: the entry of
 the smallest key >= k, and ``VOCAB_TOPK_CHUNK_LARGE`` above the largest key.
 
 The 64 and 256 entries are the fastest forms of ``scripts/h200/tree_probe.py``'s sweep (one level of 64, (16, 16),
 (32, 8), (8, 8, 8)) with the small top-k's counted (``RANK_TOP_K_MAX``; the whole tree stage's times are there).
+The 128 entry (TLV's level-1 tree) is not timed: (16, 16) keeps every counted row at ≤ 2,048 elements, where
+(32, 8) would count 4,096 candidates a row (the costly kind: 36 µs at k = 64).
 The 8 and 16 entries, and the table below, are from the single-level sweep with every top-k sorted, on the H200
 over [B, 15, 151,936] log-probs (``scripts/h200/topk_probe.py``, docs/results/2026-12-01-pdl-h200/callB_topk.txt),
 device us, ``lax.top_k`` -> the screened top-k at the chosen width (the sorted two-stage top-k this replaced, in

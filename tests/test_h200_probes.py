@@ -247,18 +247,19 @@ def test_w12_probe_records_the_kernel_form_it_traced(monkeypatch):
 
 
 def test_tree_probe_quick_compares_tree_and_accept_forms(monkeypatch, capsys):
-  """``tree_probe.py --quick``: every tree form builds the first form's tree, both accept forms agree, and the
-  tree module's settings are left as they were; a bad ``--chunks`` entry is argparse's one-line error."""
+  """``tree_probe.py --quick --barrier``: every tree form (materialised inputs included) builds the first form's
+  tree, both accept forms agree, and the tree module's settings are left as they were; a bad ``--chunks`` entry is
+  argparse's one-line error."""
   from specpilot.decoding import tree as trees
 
   probe = load_probe("tree_probe", monkeypatch)
-  before = trees.RANK_TOP_K_MAX, trees.VOCAB_TOPK_CHUNKS
-  probe.main(["--quick"])
+  before = trees.RANK_TOP_K_MAX, trees.VOCAB_TOPK_CHUNKS, trees.rank_top_k
+  probe.main(["--quick", "--barrier"])
   rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 |")]
-  assert len(rows) == 16 and all(row.split(" | ")[5] == "True" for row in rows)
-  assert sum("accept" in row for row in rows) == 4 and sum("counted up to 4096" in row for row in rows) == 4
-  assert sum("screen widths (4, 4)" in row for row in rows) == 6
-  assert (trees.RANK_TOP_K_MAX, trees.VOCAB_TOPK_CHUNKS) == before
+  assert len(rows) == 24 and all(row.split(" | ")[5] == "True" for row in rows)
+  assert sum("accept" in row for row in rows) == 4 and sum("counted up to 4096" in row for row in rows) == 8
+  assert sum("screen widths (4, 4)" in row for row in rows) == 10 and sum("materialised" in row for row in rows) == 8
+  assert (trees.RANK_TOP_K_MAX, trees.VOCAB_TOPK_CHUNKS, trees.rank_top_k) == before
   with pytest.raises(SystemExit):
     probe.main(["--chunks", "16,x"])
   assert "expected 'table' or widths like 16,16, got '16,x'" in capsys.readouterr().err

@@ -45,6 +45,14 @@ def accept_fn(mask_fn, depths: int):
   return accept
 
 
+def materialised(rank_top_k):
+  """``rank_top_k`` with its input behind an optimization barrier: XLA computes the row once before the n² count
+  instead of (perhaps) fusing the row's producers, gathers included, into every comparison."""
+  def rank_top_k_materialised(x, k):
+    return rank_top_k(jax.lax.optimization_barrier(x), k)
+  return rank_top_k_materialised
+
+
 def chunk_form(text: str) -> tuple[int, ...] | None:
   """``--chunks`` entries: "table" (``tree.VOCAB_TOPK_CHUNKS`` as it is) or widths joined by commas ("16,16")."""
   if text == "table":
@@ -69,6 +77,8 @@ def main(argv=None):
   ap.add_argument("--chunks", type=chunk_form, nargs="+", default=[(64,), (16, 16), (32, 8), (8, 8, 8)],
                   help="vocabulary screening forms: 'table' (VOCAB_TOPK_CHUNKS) or slice widths a level, e.g. 16,16 "
                        "(default: one level of 64, the table before 2026-12-06, then the multi-level forms)")
+  ap.add_argument("--barrier", action="store_true",
+                  help="also time every counted form with rank_top_k's input materialised (optimization barrier)")
   ap.add_argument("--iters", type=int, default=10)
   ap.add_argument("--top", type=int, default=6, help="kernels listed per row")
   ap.add_argument("--quick", action="store_true", help="tiny shapes on any backend, trees compared, no timing")
@@ -97,7 +107,7 @@ def main(argv=None):
 
   print("| batch | budget | form | GPU us | launches | equal | largest kernels (us) |\n|---|---|---|---|---|---|---|",
         flush=True)
-  saved = trees.RANK_TOP_K_MAX, trees.VOCAB_TOPK_CHUNKS
+  saved = trees.RANK_TOP_K_MAX, trees.VOCAB_TOPK_CHUNKS, trees.rank_top_k
   try:
     for b in args.batch:
       # bf16-valued logits, as the drafter's head gives them (cast to float32 by `dflash._block_pass`)
@@ -108,11 +118,14 @@ def main(argv=None):
         for widths in args.chunks:
           trees.VOCAB_TOPK_CHUNKS = saved[1] if widths is None else {budget: widths}
           for limit in args.rank_max:
-            trees.RANK_TOP_K_MAX = limit
-            screen = f"screen widths {trees.vocab_topk_chunk(budget)}"  # (none runs where k >= the slices)
-            form = f"tree, {screen}, top-k's " + (f"counted up to {limit}" if limit else "sorted")
-            got = row(b, budget, form, jax.jit(build_fn(budget)), (rows,), want)  # traced with these settings
-            want = got if want is None else want
+            for barrier in (False, True) if args.barrier and limit else (False,):
+              trees.RANK_TOP_K_MAX = limit
+              trees.rank_top_k = materialised(saved[2]) if barrier else saved[2]
+              screen = f"screen widths {trees.vocab_topk_chunk(budget)}"  # (none runs where k >= the slices)
+              form = f"tree, {screen}, top-k's " + (f"counted up to {limit}" if limit else "sorted")
+              form += ", inputs materialised" if barrier else ""
+              got = row(b, budget, form, jax.jit(build_fn(budget)), (rows,), want)  # traced with these settings
+              want = got if want is None else want
         # the accept on that tree: each verify index's target token is the next index's token half the time, else
         # token 0 (some nodes match, so the walk goes a few steps down)
         root = jnp.zeros((b,), jnp.int32)
@@ -124,7 +137,7 @@ def main(argv=None):
           got = row(b, budget, form, jax.jit(accept_fn(mask_fn, args.depths)), (want, root, choice), base)
           base = got if base is None else base
   finally:
-    trees.RANK_TOP_K_MAX, trees.VOCAB_TOPK_CHUNKS = saved
+    trees.RANK_TOP_K_MAX, trees.VOCAB_TOPK_CHUNKS, trees.rank_top_k = saved
 
 
 if __name__ == "__main__":

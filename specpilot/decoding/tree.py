@@ -60,8 +60,8 @@ RANK_TOP_K_MAX = 4096
 top-k's candidates and maxima) count ranks (``rank_top_k``) instead of sorting (``jax.lax.top_k``) where the row is
 at most this long; 0: always sort. Both give the same result bit for bit. A bitonic sort of a few hundred elements
 runs ~45 dependent compare-exchange rounds (6.6 µs a depth on the H200); a rank count is two reductions with none,
-but n² comparisons: counting 2,374 slice maxima took 83 µs where their sort took 32. So ``VOCAB_TOPK_CHUNKS``
-screens in levels that leave ≤ ~2,000 elements to count. Measured with ``scripts/h200/tree_probe.py``
+but n² comparisons: counting one screen level's 2,374 maxima and 4,096 candidates a row took 120 µs where their two
+sorts took 56. So ``VOCAB_TOPK_CHUNKS`` screens in levels that leave ≤ ~2,000 elements to count. Measured with ``scripts/h200/tree_probe.py``
 (docs/results/2026-12-06-tree-probe-h200/), the whole tree stage at batch 1, µs, sorted -> counted up to 4,096:
 64 nodes 209.8 -> 133.8 (with ``(16, 16)`` screening; 1,024 gives 133.5), 256 nodes 355.8 -> 208.0 (``(32, 8)``).
 Budgets of 16 or fewer nodes were not re-timed. Only batch 1 was timed, so trees of bigger batches sort
@@ -112,7 +112,7 @@ the smallest key >= k, and ``VOCAB_TOPK_CHUNK_LARGE`` above the largest key.
 The 64 and 256 entries are the fastest forms of ``scripts/h200/tree_probe.py``'s sweep (one level of 64, (16, 16),
 (32, 8), (8, 8, 8)) with the small top-k's counted (``RANK_TOP_K_MAX``; the whole tree stage's times are there).
 The 128 entry (TLV's level-1 tree) is not timed: (16, 16) keeps every counted row at ≤ 2,048 elements, where
-(32, 8) would count 4,096 candidates a row (the costly kind: 36 µs at k = 64).
+(32, 8) would count 4,096 candidates a row (the costly kind, above).
 The 8 and 16 entries, and the table below, are from the single-level sweep with every top-k sorted, on the H200
 over [B, 15, 151,936] log-probs (``scripts/h200/topk_probe.py``, docs/results/2026-12-01-pdl-h200/callB_topk.txt),
 device us, ``lax.top_k`` -> the screened top-k at the chosen width (the sorted two-stage top-k this replaced, in

@@ -61,8 +61,9 @@ top-k's candidates and maxima) count ranks (``rank_top_k``) instead of sorting (
 at most this long; 0: always sort. Both give the same result bit for bit. A bitonic sort of a few hundred elements
 runs ~45 dependent compare-exchange rounds (6.6 µs a depth on the H200); a rank count is two reductions with none,
 but n² comparisons: counting one screen level's 2,374 maxima and 4,096 candidates a row took 120 µs where their two
-sorts took 56. So ``VOCAB_TOPK_CHUNKS`` screens in levels that leave ≤ ~2,000 elements to count. Measured with ``scripts/h200/tree_probe.py``
-(docs/results/2026-12-06-tree-probe-h200/), the whole tree stage at batch 1, µs, sorted -> counted up to 4,096:
+sorts took 56. So ``VOCAB_TOPK_CHUNKS`` screens in levels that leave ≤ ~2,000 elements to count. Measured with
+``scripts/h200/tree_probe.py`` (docs/results/2026-12-06-tree-probe-h200/), the whole tree stage at batch 1, µs,
+sorted -> counted up to 4,096:
 64 nodes 209.8 -> 133.8 (with ``(16, 16)`` screening; 1,024 gives 133.5), 256 nodes 355.8 -> 208.0 (``(32, 8)``).
 Budgets of 16 or fewer nodes were not re-timed. Only batch 1 was timed, so trees of bigger batches sort
 (``RANK_TOP_K_MAX_BATCH``): their sorts run side by side at no extra latency, where counting's work grows with B."""

@@ -234,8 +234,14 @@ def test_f32_from_halves_is_exact_for_every_bit_pattern():
 
 def _split_of(x, w):
   """The K split the kernel runs with: the leading axis of its partial-sum output in the traced program."""
-  jaxpr = jax.make_jaxpr(skinny_mosaic_gpu.skinny_matmul)(x, w)
-  (eqn,) = [e for e in jaxpr.eqns if e.primitive.name in ("pallas_call", "custom_vmap_call")]  # plgpu.kernel
+  def kernels(jaxpr):  # the kernel sits in the jitted call of ``lowering.lowered_once``
+    for e in jaxpr.eqns:
+      if e.primitive.name in ("pallas_call", "custom_vmap_call"):  # plgpu.kernel
+        yield e
+      for sub in (p.jaxpr for p in e.params.values() if hasattr(getattr(p, "jaxpr", None), "eqns")):
+        yield from kernels(sub)
+
+  (eqn,) = kernels(jax.make_jaxpr(skinny_mosaic_gpu.skinny_matmul)(x, w).jaxpr)
   return eqn.outvars[0].aval.shape[0]
 
 

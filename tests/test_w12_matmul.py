@@ -327,6 +327,7 @@ def test_register_kernel_with_overlapped_wgmma_lowers_for_hopper(monkeypatch):
 
   def traced_waits(**fields):
     waits.clear()
+    jax.clear_caches()  # a kernel traced before (``lowering.lowered_once``) would not be traced again
     config = w12.TuningConfig(decode="registers", tile_m=8, tile_k=128, escapes_in_kernel=True, **fields)
     fn = jax.jit(lambda x, p: w12_mosaic_gpu.w12_matmul(x, p, config=config))
     assert "mosaic_gpu" in fn.trace(x, packed).lower(lowering_platforms=("cuda",)).as_text()

@@ -26,6 +26,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import pdl
+from pallas_kernels.lowering import lowered_once
 from pallas_kernels.split_k import SplitKPartials, load_row
 
 _SUPPORTED_DTYPES = (jnp.bfloat16, jnp.float16)
@@ -54,6 +55,7 @@ def check_supported(x: jax.Array, delta: jax.Array | SplitKPartials | None, w: j
     raise NotImplementedError("no rows: a kernel of an empty grid")
 
 
+@lowered_once("eps", "interpret")
 def add_rms_norm(x: jax.Array, delta: jax.Array | SplitKPartials | None, w: jax.Array, eps: float, *,
                  prefix: jax.Array | None = None, interpret: plgpu.InterpretGPUParams | None = None
                  ) -> tuple[jax.Array, jax.Array]:

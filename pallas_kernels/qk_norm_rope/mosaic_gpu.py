@@ -26,6 +26,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import pdl
+from pallas_kernels.lowering import lowered_once
 from pallas_kernels.split_k import SplitKPartials, load_row
 
 _SUPPORTED_DTYPES = (jnp.bfloat16, jnp.float16)
@@ -58,6 +59,7 @@ def check_supported(qkv, q_norm, k_norm, cos, sin, num_kv_heads: int) -> None:
 
 
 
+@lowered_once("num_kv_heads", "eps", "split", "interpret")
 def qk_norm_rope(qkv: jax.Array | SplitKPartials, q_norm: jax.Array | None, k_norm: jax.Array | None,
                  cos: jax.Array, sin: jax.Array, *, num_kv_heads: int, eps: float, split: bool = False,
                  interpret: plgpu.InterpretGPUParams | None = None):

@@ -41,6 +41,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import pdl
+from pallas_kernels.lowering import lowered_once
 from pallas_kernels.skinny_matmul.config import TuningConfig
 from pallas_kernels.split_k import (
     SMEM_LIMIT,
@@ -111,6 +112,7 @@ def _pipeline_depth(config: TuningConfig, tile_m: int, steps: int, halves: int) 
   return depth
 
 
+@lowered_once("tile_m", "tile_k", "max_concurrent_steps", "split_k", "halves", "interpret", "mp", "out_rows")
 def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, interpret, mp, out_rows):
   """``[split_k, halves, Mp, N]`` bf16: each block's accumulator stored transposed (tokens-major). With
   ``halves`` = 1 the bf16 result; with 2 the f32 partial sum's high and low 16 bits (``f32_from_halves``):

@@ -26,6 +26,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import pdl
+from pallas_kernels.lowering import lowered_once
 from pallas_kernels.split_k import SplitKPartials, load_row
 
 _SUPPORTED_DTYPES = (jnp.bfloat16, jnp.float16)
@@ -47,6 +48,7 @@ def check_supported(gate_up: jax.Array | SplitKPartials) -> None:
     raise NotImplementedError("no rows: a kernel of an empty grid")
 
 
+@lowered_once("interpret")
 def swiglu(gate_up: jax.Array | SplitKPartials, *, interpret: plgpu.InterpretGPUParams | None = None) -> jax.Array:
   """``reference.swiglu_reference`` in one kernel: ``[..., I]`` from the fused projection ``[..., 2 I]``."""
   check_supported(gate_up)

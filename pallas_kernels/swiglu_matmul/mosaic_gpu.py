@@ -38,6 +38,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import pdl
+from pallas_kernels.lowering import lowered_once
 from pallas_kernels.split_k import exit_wait, halves_scratch, round_up, smem_transforms, token_tile
 from pallas_kernels.tma import pad_for_tma
 
@@ -84,6 +85,7 @@ def check_supported(x: jax.Array, w: jax.Array, config: TuningConfig) -> None:
     raise NotImplementedError(f"K={k} is not a multiple of tile_k={config.tile_k}")
 
 
+@lowered_once("m", "tile_m", "tile_k", "max_concurrent_steps", "interpret")
 def _call(x2, w, *, m, tile_m, tile_k, max_concurrent_steps, interpret):
   k, n = w.shape
   inter = n // 2

@@ -74,6 +74,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import pdl
+from pallas_kernels.lowering import lowered_once
 from pallas_kernels.split_k import exit_wait
 from pallas_kernels.tma import pad_for_tma
 from pallas_kernels.tree_attention.ancestors import WORD_BITS, num_words
@@ -139,6 +140,8 @@ def smem_bytes(d: int, row_words: int, config: TuningConfig, *, final: bool, int
     )  # K and V stages
 
 
+@lowered_once("groups", "head0", "config", "n_pad", "splits", "tree_blocks", "interpretable", "interpret",
+              "early_cache", "lse_apart", "ablate")
 def _kernel_call(
     q,
     k_cache,
@@ -158,6 +161,7 @@ def _kernel_call(
     interpret,
     early_cache: bool,
     lse_apart: bool,
+    ablate: tuple = (),
 ):
     """The ``(B, Hkv, row blocks, splits)`` grid over ``n_pad`` nodes (``q`` may hold fewer: TMA reads zeros past
     them and stores nothing there); returns the output ``[B, n, Hkv, G, D]``, plus lse when ``splits > 1``.
@@ -168,7 +172,8 @@ def _kernel_call(
 
     ``early_cache``: the PDL grid-dependency wait (``pdl.begin_kernel``) comes after the prefix pipeline's first loads
     and before anything else is read (q, the ancestor words, the tree's K/V), instead of first thing. ``lse_apart``
-    (split only): the lse tile goes through a buffer of its own, so its store does not wait for the output's."""
+    (split only): the lse tile goes through a buffer of its own, so its store does not wait for the output's.
+    ``ablate``: ``ABLATE``'s items."""
     b, n_q, _, d = q.shape
     capacity, hkv, g = k_cache.shape[1], k_cache.shape[2], groups
     q0, k0, v0 = head0
@@ -182,7 +187,7 @@ def _kernel_call(
     score_scale = d**-0.5 * _LOG2E  # scores in log2 units: exp2 is the native instruction
     kv_transforms = _smem_transforms(d, dtype)
     kv_spec = lambda first: plgpu.BlockSpec((block_kv, d), lambda i: (first + i, 0), transforms=kv_transforms)
-    ablate = dict(ABLATE)
+    ablate = dict(ablate)
 
     def tree_attention_body(q_ref, k_cache_ref, v_cache_ref, lengths_ref, k_tree_ref, v_tree_ref, bits_ref,
                               *refs):  # its name in profiles (CUPTI)
@@ -447,6 +452,7 @@ without them XLA launches its own fusions as programmatic dependents too (docs/r
 ``bench_roofline.py --combine-kernel`` (rows ``chain_*``). Read at trace time."""
 
 
+@lowered_once("dtype", "interpret")
 def _combine_kernel(out_parts, lse, dtype, interpret):
     """``_combine`` as one Mosaic GPU kernel, rounded to ``dtype``: one block of 128 threads per (request, node, KV
     head) reads its ``G x D`` values of every split and merges them as ``_combine`` does (``_merge_splits``); None
@@ -575,6 +581,7 @@ def _attend(q_src, k_src, v_src, head0, hq, k_cache, v_cache, lengths, ancestor_
         interpret=interpret,
         early_cache=cache_settled and pdl.ENABLED,
         lse_apart=lse_apart,
+        ablate=tuple(sorted(ABLATE.items())),
     )
     if splits == 1:
         out = result

@@ -63,6 +63,7 @@ from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import pdl
+from pallas_kernels.lowering import lowered_once
 from pallas_kernels.split_k import (
   SMEM_LIMIT,
   SplitKPartials,
@@ -280,6 +281,8 @@ def _check_supported(x: jax.Array, packed: W12Array, config: TuningConfig, inter
     raise NotImplementedError(f"split_k={config.split_k} does not divide the {kp // config.tile_k} K steps")
 
 
+@lowered_once("tile_n", "tile_m", "tile_k", "max_concurrent_steps", "split_k", "overlap_decode", "out_dtype",
+              "interpret")
 def _smem_decode_call(x2, byte_plane, partner_plane, nibble_plane, base_tiles, *, tile_n, tile_m, tile_k,
                       max_concurrent_steps, split_k, overlap_decode, out_dtype, interpret):
   """One block per (tile_n channels, tile_m tokens, K split); a TMA pipeline over its K steps.
@@ -669,6 +672,8 @@ def _add_escape_sums(tile_m: int, count: int, row_blocks: int):
   return add
 
 
+@lowered_once("mp", "group_k", "tile_n", "tile_m", "tile_k", "max_concurrent_steps", "split_k", "halves", "out_rows",
+              "overlap_decode", "m")
 def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, group_k, tile_n, tile_m, tile_k,
                           max_concurrent_steps, split_k, halves, out_rows, overlap_decode=False, escape_lists=None,
                           m=None):

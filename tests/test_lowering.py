@@ -1,0 +1,90 @@
+"""``pallas_kernels.lowering.lowered_once``: a program lowers each distinct Mosaic GPU kernel once, whatever its number
+of call sites, and a trace-time setting still reaches the kernel (lowered for ``cuda`` on the CPU: no GPU needed)."""
+
+from __future__ import annotations
+
+import importlib
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from pallas_kernels import choices
+from pallas_kernels.lowering import lowered_once
+from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
+from pallas_kernels.tree_attention import mosaic_gpu as tree_mosaic_gpu
+from pallas_kernels.tree_attention import num_words
+from specpilot.costmodel.measure import model_config
+from specpilot.models.kv_cache import init_cache
+from specpilot.models.target import forward
+from specpilot.models.weights import init_random_target
+
+BF16 = jnp.bfloat16
+sds = jax.ShapeDtypeStruct
+OPS = ("tree_attention", "qk_norm_rope", "add_rms_norm", "skinny_matmul", "swiglu")
+
+
+def cuda_text(fn, *args) -> str:
+  return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def kernels_in(text: str) -> int:
+  """Mosaic GPU kernels the lowered program holds (a kernel called from several sites is one function)."""
+  return len(re.findall(r"custom_call @mosaic_gpu", text))
+
+
+def test_equal_call_sites_lower_one_kernel_and_a_new_shape_another():
+  def three_sites(x, w, v):
+    return (skinny_mosaic_gpu.skinny_matmul(x, w), skinny_mosaic_gpu.skinny_matmul(x * 2, w),
+            skinny_mosaic_gpu.skinny_matmul(x, v))
+
+  w = sds((4096, 1024), BF16)
+  assert kernels_in(cuda_text(three_sites, sds((1, 4096), BF16), w, w)) == 1
+  assert kernels_in(cuda_text(three_sites, sds((1, 4096), BF16), w, sds((4096, 2048), BF16))) == 2
+
+
+@pytest.fixture
+def fast_kernels(monkeypatch):
+  """The models' fast path (every op's Mosaic GPU kernel) as if on a Hopper; the choices restored after."""
+  for op in OPS:
+    monkeypatch.setattr(importlib.import_module(f"pallas_kernels.{op}.ops"), "_on_hopper", lambda: True)
+  before = choices.use(matmul="mosaic_gpu", norm="mosaic_gpu", rope="mosaic_gpu")
+  yield
+  choices.use(**before)
+
+
+@pytest.mark.parametrize("tokens", [1, 64])
+def test_the_forward_lowers_as_many_kernels_at_three_layers_as_at_two(fast_kernels, tokens):
+  """Qwen3-8B's layer shapes, two and three layers: a third layer adds call sites, not kernels."""
+
+  def lowered(layers: int) -> str:
+    cfg = model_config("qwen3_8b").replace(num_layers=layers)
+    w = jax.eval_shape(lambda: init_random_target(cfg, 0, BF16))
+    cache = jax.eval_shape(lambda: init_cache(layers, 1, 2048, cfg.num_kv_heads, cfg.head_dim, BF16))
+    step = lambda w, t, p, c: forward(w, cfg, t, p, c, attention="pallas_tree").logits  # noqa: E731
+    toks = sds((1, tokens), jnp.int32)
+    return cuda_text(step, w, toks, toks, cache)
+
+  two = kernels_in(lowered(2))
+  assert two >= 5  # q|k|v, o, down (skinny), add + norm, q/k norm + rope, attention at least
+  assert kernels_in(lowered(3)) == two
+
+
+def test_a_setting_passed_in_reaches_an_already_traced_kernel(monkeypatch):
+  """The tree-attention kernel's ablation switches are read at trace time: a second trace with one set lowers a
+  kernel of its own (the store left out), not the first trace's."""
+  def attend(*args):  # a new function each trace: jit's cache of the outer program is not the question here
+    return tree_mosaic_gpu.tree_attention(*args, interpretable=False)
+
+  kv, tree_kv = sds((1, 2048, 8, 128), BF16), sds((1, 16, 8, 128), BF16)
+  args = (sds((1, 16, 32, 128), BF16), kv, kv, sds((1,), jnp.int32), tree_kv, tree_kv,
+          sds((1, 16, num_words(16)), jnp.uint32))
+  plain = cuda_text(lambda *a: attend(*a), *args)
+  monkeypatch.setattr(tree_mosaic_gpu, "ABLATE", {"no_store": True})
+  assert cuda_text(lambda *a: attend(*a), *args) != plain
+
+
+def test_a_static_name_must_name_a_parameter():
+  with pytest.raises(TypeError, match="no parameter named tile"):
+    lowered_once("tile")(lambda x, tile_m: x)

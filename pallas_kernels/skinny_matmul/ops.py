@@ -29,9 +29,10 @@ DEFAULT: Implementation = "xla"
 """``"xla"``, measured (docs/results/2026-11-30-skinny-matmul-h200/). Alone the kernel leaves the fused decode loop
 where it was (5.85 against 5.87 ms a step); with XLA command buffers it gave 5.03 against 5.29. With attention on the
 tree-attention kernel (``attention=pallas_tree``) its loop is the best AR step so far, 4.69-4.87 ms against XLA's
-5.12-5.57, command buffers or not (docs/results/2026-11-30-ar-tree-attention-h200/). A 36-layer forward then compiles
-in 45 s instead of 7 (Mosaic GPU compiles each of its ~145 call sites), which the search loop would pay per
-candidate. Benchmarks and deployments that want it set it
+5.12-5.57, command buffers or not (docs/results/2026-11-30-ar-tree-attention-h200/). A 36-layer forward then compiled
+in 45 s instead of 7, jax lowering each of its ~145 call sites apart; since ``pallas_kernels.lowering.lowered_once``
+it lowers each distinct kernel once (a fast-path AR + DDTree bench compiled in 32.4 s on an H100, where it had taken
+245.6 s on the H200: docs/results/2026-12-06-lowered-once-bench-h100/). Benchmarks and deployments that want it set it
 (``bench.py --matmul mosaic_gpu --command-buffers``, ``bench_roofline.py --matmul mosaic_gpu``)."""
 MAX_TOKENS = 8
 """Above this many token rows, XLA's dot: on the H200 the kernel beats it at M = 1 (Qwen3-8B's five layer shapes,

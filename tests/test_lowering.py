@@ -8,6 +8,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from pallas_kernels import choices
@@ -88,3 +89,16 @@ def test_a_setting_passed_in_reaches_an_already_traced_kernel(monkeypatch):
 def test_a_static_name_must_name_a_parameter():
   with pytest.raises(TypeError, match="no parameter named tile"):
     lowered_once("tile")(lambda x, tile_m: x)
+
+
+def test_w12_call_sites_of_one_shape_lower_one_kernel():
+  """The W12 register decode (its escape lists traced arguments): two weights of one shape, one kernel."""
+  from pallas_kernels import w12
+  from pallas_kernels.w12 import mosaic_gpu as w12_mosaic_gpu
+
+  rng = np.random.default_rng(0)
+  a, b = (w12.pack((rng.normal(size=(512, 128)) * 0.02).astype(np.float32).astype(BF16)) for _ in range(2))
+  config = w12.TuningConfig(decode="registers", tile_m=64, tile_k=128)
+  two = lambda x, p, q: (w12_mosaic_gpu.w12_matmul(x, p, config=config),  # noqa: E731
+                         w12_mosaic_gpu.w12_matmul(x, q, config=config))
+  assert kernels_in(cuda_text(two, jnp.ones((1, 512), BF16), a, b)) == 1

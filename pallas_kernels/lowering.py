@@ -2,9 +2,10 @@
 
 Why: jax lowers a Mosaic GPU kernel call (its body traced, layouts inferred, the Mosaic GPU dialect lowered: ~0.2 s
 a kernel on this repository's 2-core machine) once per call site, and a 36-layer Qwen3-8B decode step on the fast
-kernels has ~290 call sites of ten distinct kernels. Tracing and lowering that one step for ``cuda`` took 73 s here
-(3.7 s wrapped), and a ``bench.py`` run of AR + DDTree on the fast path spent 245.6 s compiling on the H200 before its
-first round (docs/results/2026-12-06-tree-probe-h200/; 32.4 s wrapped, on an H100:
+kernels has ~290 call sites of ten distinct kernels. Tracing and lowering that one step for ``cuda`` took 64.2 s
+here (3.0 s wrapped; ``scripts/lowering_time.py``, docs/results/2026-12-06-lowering-time-cpu/), and a ``bench.py``
+run of AR + DDTree on the fast path spent 245.6 s compiling on the H200 before its first round
+(docs/results/2026-12-06-tree-probe-h200/; 32.4 s wrapped, on an H100:
 docs/results/2026-12-06-lowered-once-bench-h100/).
 
 A kernel entry wrapped in ``jax.jit`` with its static parameters traces, at every call site with equal shapes and

@@ -3,36 +3,31 @@ of call sites, and a trace-time setting still reaches the kernel (lowered for ``
 
 from __future__ import annotations
 
-import importlib
-import re
+import importlib.util
+import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels import choices
 from pallas_kernels.lowering import lowered_once
 from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
 from pallas_kernels.tree_attention import mosaic_gpu as tree_mosaic_gpu
 from pallas_kernels.tree_attention import num_words
-from specpilot.costmodel.measure import model_config
-from specpilot.models.kv_cache import init_cache
-from specpilot.models.target import forward
-from specpilot.models.weights import init_random_target
 
 BF16 = jnp.bfloat16
 sds = jax.ShapeDtypeStruct
-OPS = ("tree_attention", "qk_norm_rope", "add_rms_norm", "skinny_matmul", "swiglu")
+_spec = importlib.util.spec_from_file_location(
+    "lowering_time", Path(__file__).resolve().parents[1] / "scripts" / "lowering_time.py")
+lowering_time = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(lowering_time)
+kernels_in = lowering_time.kernels_in
 
 
 def cuda_text(fn, *args) -> str:
   return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-
-
-def kernels_in(text: str) -> int:
-  """Mosaic GPU kernels the lowered program holds (a kernel called from several sites is one function)."""
-  return len(re.findall(r"custom_call @mosaic_gpu", text))
 
 
 def test_equal_call_sites_lower_one_kernel_and_a_new_shape_another():
@@ -45,31 +40,25 @@ def test_equal_call_sites_lower_one_kernel_and_a_new_shape_another():
   assert kernels_in(cuda_text(three_sites, sds((1, 4096), BF16), w, sds((4096, 2048), BF16))) == 2
 
 
-@pytest.fixture
-def fast_kernels(monkeypatch):
-  """The models' fast path (every op's Mosaic GPU kernel) as if on a Hopper; the choices restored after."""
-  for op in OPS:
-    monkeypatch.setattr(importlib.import_module(f"pallas_kernels.{op}.ops"), "_on_hopper", lambda: True)
-  before = choices.use(matmul="mosaic_gpu", norm="mosaic_gpu", rope="mosaic_gpu")
-  yield
-  choices.use(**before)
-
-
 @pytest.mark.parametrize("tokens", [1, 64])
-def test_the_forward_lowers_as_many_kernels_at_three_layers_as_at_two(fast_kernels, tokens):
+def test_the_forward_lowers_as_many_kernels_at_three_layers_as_at_two(tokens):
   """Qwen3-8B's layer shapes, two and three layers: a third layer adds call sites, not kernels."""
-
-  def lowered(layers: int) -> str:
-    cfg = model_config("qwen3_8b").replace(num_layers=layers)
-    w = jax.eval_shape(lambda: init_random_target(cfg, 0, BF16))
-    cache = jax.eval_shape(lambda: init_cache(layers, 1, 2048, cfg.num_kv_heads, cfg.head_dim, BF16))
-    step = lambda w, t, p, c: forward(w, cfg, t, p, c, attention="pallas_tree").logits  # noqa: E731
-    toks = sds((1, tokens), jnp.int32)
-    return cuda_text(step, w, toks, toks, cache)
-
-  two = kernels_in(lowered(2))
+  with lowering_time.fast_kernels_as_if_on_hopper():
+    two, three = (lowering_time.lower_forward("qwen3_8b", layers, tokens)["kernels"] for layers in (2, 3))
   assert two >= 5  # q|k|v, o, down (skinny), add + norm, q/k norm + rope, attention at least
-  assert kernels_in(lowered(3)) == two
+  assert three == two
+
+
+def test_the_lowering_time_script_reports_and_restores(capsys):
+  """``scripts/lowering_time.py`` prints its JSON line and leaves the kernel choices and device checks as they were."""
+  from pallas_kernels import choices
+  from pallas_kernels.skinny_matmul import ops as skinny_ops
+
+  before, on_hopper = choices.current(), skinny_ops._on_hopper
+  res = lowering_time.main(["--layers", "2"])
+  assert json.loads(capsys.readouterr().out) == res
+  assert res["layers"] == 2 and res["tokens"] == 1 and res["kernels"] >= 5 and res["lower_s"] > 0
+  assert choices.current() == before and skinny_ops._on_hopper is on_hopper
 
 
 def test_a_setting_passed_in_reaches_an_already_traced_kernel(monkeypatch):

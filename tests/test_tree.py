@@ -219,9 +219,7 @@ def test_rank_limit_counts_only_at_the_timed_batches(monkeypatch):
 
 
 def test_vocab_topk_chunk_follows_the_measured_table():
-    assert trees.vocab_topk_chunk(1) == trees.vocab_topk_chunk(8) == 128
-    assert trees.vocab_topk_chunk(16) == 32
-    assert trees.vocab_topk_chunk(17) == trees.vocab_topk_chunk(64) == (16, 16)
+    assert trees.vocab_topk_chunk(1) == trees.vocab_topk_chunk(16) == trees.vocab_topk_chunk(64) == (16, 16)
     assert trees.vocab_topk_chunk(65) == trees.vocab_topk_chunk(128) == (16, 16)
     assert trees.vocab_topk_chunk(129) == trees.vocab_topk_chunk(256) == (32, 8)
     assert trees.vocab_topk_chunk(1024) == trees.VOCAB_TOPK_CHUNK_LARGE == 64

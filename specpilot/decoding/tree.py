@@ -65,8 +65,10 @@ sorts took 56. So ``VOCAB_TOPK_CHUNKS`` screens in levels that leave ≤ ~2,000 
 ``scripts/h200/tree_probe.py`` (docs/results/2026-12-06-tree-probe-h200/), the whole tree stage at batch 1, µs,
 sorted -> counted up to 4,096:
 64 nodes 209.8 -> 133.8 (with ``(16, 16)`` screening; 1,024 gives 133.5), 256 nodes 355.8 -> 208.0 (``(32, 8)``).
-Budgets of 16 or fewer nodes were not re-timed. Only batch 1 was timed, so trees of bigger batches sort
-(``RANK_TOP_K_MAX_BATCH``): their sorts run side by side at no extra latency, where counting's work grows with B."""
+On an H100 (docs/results/2026-12-06-tree-probe-small-h100/, (16, 16) screening): 8 nodes 121.1 -> 104.2,
+16 nodes 141.9 -> 114.0, 128 nodes 249.0 -> 196.6. Trees of bigger batches sort (``RANK_TOP_K_MAX_BATCH``): their
+sorts run side by side at no extra latency, where counting's work grows with B; at batch 8 on that H100, counting
+took 471.7 µs where sorting took 274.3 (64 nodes), 774.8 where it took 500.4 (256 nodes)."""
 RANK_TOP_K_MAX_BATCH = 1
 
 
@@ -106,26 +108,22 @@ def small_top_k(x: jax.Array, k: int, rank_max: int | None = None) -> tuple[jax.
     return rank_top_k(x, k) if countable and x.shape[-1] <= rank_max else jax.lax.top_k(x, k)
 
 
-VOCAB_TOPK_CHUNKS: dict[int, int | tuple[int, ...]] = {8: 128, 16: 32, 64: (16, 16), 128: (16, 16), 256: (32, 8)}
+VOCAB_TOPK_CHUNKS: dict[int, int | tuple[int, ...]] = {128: (16, 16), 256: (32, 8)}
 """``vocab_top_k``'s slice width (or widths, one a screening level) in ``best_first`` by top-k size: the entry of
 the smallest key >= k, and ``VOCAB_TOPK_CHUNK_LARGE`` above the largest key.
 
-The 64 and 256 entries are the fastest forms of ``scripts/h200/tree_probe.py``'s sweep (one level of 64, (16, 16),
-(32, 8), (8, 8, 8)) with the small top-k's counted (``RANK_TOP_K_MAX``; the whole tree stage's times are there).
-The 128 entry (TLV's level-1 tree) is not timed: (16, 16) keeps every counted row at ≤ 2,048 elements, where
-(32, 8) would count 4,096 candidates a row (the costly kind, above).
-The 8 and 16 entries, and the table below, are from the single-level sweep with every top-k sorted, on the H200
-over [B, 15, 151,936] log-probs (``scripts/h200/topk_probe.py``, docs/results/2026-12-01-pdl-h200/callB_topk.txt),
-device us, ``lax.top_k`` -> the screened top-k at the chosen width (the sorted two-stage top-k this replaced, in
-brackets):
-
-| k | B = 1 | B = 8 |
-|---|---|---|
-| 8 | 140 -> 27 | 151 -> 45 |
-| 16 | 298 -> 77 | 349 -> 114 |
-| 64 | 558 -> 66 (167) | 1,265 -> 86 (920) |
-| 256 | 557 -> 88 (206) | 1,265 -> 203 (1,117) |
-"""
+The entries are the fastest forms of ``scripts/h200/tree_probe.py``'s sweeps with the small top-k's counted
+(``RANK_TOP_K_MAX``), the whole tree stage at batch 1, µs:
+- 64 and 256 nodes on the H200 (docs/results/2026-12-06-tree-probe-h200/; one level of 64, (16, 16), (32, 8),
+  (8, 8, 8)): (16, 16) 133.8 at 64 nodes, (32, 8) 208.0 at 256.
+- 8, 16 and 128 nodes on an H100 (docs/results/2026-12-06-tree-probe-small-h100/): (16, 16) took 104.2 where the
+  former single-level 128 took 111.8 (8 nodes), 114.0 where 32 took 157.6 (16 nodes), and 196.6 against (8, 8)'s
+  197.0 (128 nodes; (32, 8) would count 4,096 candidates a row, the costly kind, above). Not re-timed on an H200:
+  the stage is small latency-bound kernels, whose order the two cards have kept in every sweep so far.
+Screening at all: ``lax.top_k`` over the 151,936 log-probs of 15 depths took 558 µs at k = 64 on the H200
+(``scripts/h200/topk_probe.py``, docs/results/2026-12-01-pdl-h200/callB_topk.txt), one screened level 66.
+Sorting every small top-k instead (batches above ``RANK_TOP_K_MAX_BATCH``), the single level would still win at 8
+nodes (114.9 against 121.1 µs on that H100) and lose at 16 (183.5 against 141.9)."""
 VOCAB_TOPK_CHUNK_LARGE = 64
 
 

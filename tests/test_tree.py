@@ -187,14 +187,16 @@ def test_rank_top_k_is_lax_top_k_exactly(n, k):
 @pytest.mark.parametrize("budget", [5, 64])
 def test_best_first_counting_ranks_builds_the_sorted_tree(monkeypatch, budget, chunks):
     """``RANK_TOP_K_MAX`` swaps every small top-k of the build for ``rank_top_k``: the same tree, bit for bit, on
-    random log-probs and on ties (log-probs rounded to a few values); over 300 tokens the table's widths take the
+    random log-probs, on ties (log-probs rounded to a few values) and on +0.0 against -0.0; over 300 tokens the table's widths take the
     whole row in one top-k, ``(4, 4)`` screens it in two levels."""
     if chunks is not None:
         monkeypatch.setattr(trees, "VOCAB_TOPK_CHUNKS", {budget: chunks})
     rng = np.random.default_rng(budget)
     raw = rng.standard_normal((2, 6, 300)) * 3.0
-    for logits in (raw, np.round(raw)):
-        logp = jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), axis=-1)
+    log_softmax = lambda x: jax.nn.log_softmax(jnp.asarray(x, jnp.float32), axis=-1)  # noqa: E731
+    signed_zeros = np.array(log_softmax(np.round(raw)))
+    signed_zeros[:, :, :4] = [0.0, -0.0, 0.0, -0.0]  # scores that tie at zero, the two signs ranked apart
+    for logp in (log_softmax(raw), log_softmax(np.round(raw)), jnp.asarray(signed_zeros)):
         build = lambda: jax.jit(jax.vmap(lambda lp: trees.best_first(lp, budget, 4)))(logp)  # noqa: E731
         monkeypatch.setattr(trees, "RANK_TOP_K_MAX", 0)
         want = build()
@@ -203,8 +205,9 @@ def test_best_first_counting_ranks_builds_the_sorted_tree(monkeypatch, budget, c
         # no sort left, the vocabulary's top-k included; the lowered text, as jnp.sort traces inside a nested jit
         text = jax.jit(lambda lp: trees.best_first(lp, budget)).lower(logp[0]).as_text()
         assert not re.search(r"\b(stablehlo|chlo)\.(sort|top_k)\b", text)
-        for a, b in zip(got, want):
-            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        for a, b in zip(got, want):  # bit for bit: scores' -0.0 stays -0.0
+            a, b = np.asarray(a), np.asarray(b)
+            np.testing.assert_array_equal(*(x.view(np.int32) if x.dtype == np.float32 else x for x in (a, b)))
 
 
 def test_rank_limit_counts_only_at_the_timed_batches(monkeypatch):

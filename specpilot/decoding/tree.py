@@ -80,24 +80,39 @@ def rank_limit(batch: int) -> int:
 
 def rank_top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     """``jax.lax.top_k(x, k)`` over the last axis, exactly (values, indices, ties to the lower index), without a
-    sort: element i's place is the number of elements before it in that order (larger, or equal at a lower index),
-    and slot r takes the element whose place is r. Costs n² comparisons for a row of n: for short rows only.
-    Floats compare in ``lax.top_k``'s total order (-0.0 below +0.0), as integers whose order is the floats'."""
+    sort: slot r takes the element whose ``places`` entry is r. Costs n² comparisons for a row of n: for short
+    rows only."""
     n = x.shape[-1]
     if k > n:
         raise ValueError(f"rank_top_k: k = {k} exceeds the row length {n}")
+    pos = _at_places(places(x), jnp.arange(n, dtype=jnp.int32), k)
+    return jnp.take_along_axis(x, pos, axis=-1), pos
+
+
+def places(x: jax.Array) -> jax.Array:
+    """[..., n] int32: each element's place in ``lax.top_k``'s order over the last axis (larger first, equal ones
+    by index): the number of elements before it in that order, a permutation of 0..n-1. Floats (float32 only)
+    compare in ``lax.top_k``'s total order (-0.0 below +0.0), as integers whose order is the floats'."""
     key = x
     if jnp.issubdtype(x.dtype, jnp.floating):
         if x.dtype != jnp.float32:
             raise ValueError(f"rank_top_k: float rows must be float32, got {x.dtype}")
         bits = jax.lax.bitcast_convert_type(x, jnp.int32)
         key = jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)  # sign-magnitude to two's complement order
-    index = jnp.arange(n, dtype=jnp.int32)
+    index = jnp.arange(x.shape[-1], dtype=jnp.int32)
     xi, xj = key[..., :, None], key[..., None, :]
     ahead = (xj > xi) | ((xj == xi) & (index[None, :] < index[:, None]))  # [..., i, j]: j ranks before i
-    place = jnp.sum(ahead, axis=-1, dtype=jnp.int32)  # [..., n], a permutation of 0..n-1
-    pos = jnp.sum(jnp.where(place[..., None, :] == jnp.arange(k, dtype=jnp.int32)[:, None], index, 0), axis=-1)
-    return jnp.take_along_axis(x, pos, axis=-1), pos
+    return jnp.sum(ahead, axis=-1, dtype=jnp.int32)
+
+
+def _at_places(place: jax.Array, values: jax.Array, k: int) -> jax.Array:
+    """[..., k]: slot r holds ``values[..., j]`` for the one j whose ``places`` entry is r, picked by a reduction
+    (no sort, no scatter) that keeps it exact: a sum over zeros for integers, a max over -inf for floats (a sum
+    would turn -0.0 into +0.0)."""
+    hit = place[..., None, :] == jnp.arange(k, dtype=jnp.int32)[:, None]  # [..., k, n]
+    if jnp.issubdtype(values.dtype, jnp.integer):
+        return jnp.sum(jnp.where(hit, values[..., None, :], 0), axis=-1, dtype=values.dtype)
+    return jnp.max(jnp.where(hit, values[..., None, :], -jnp.inf), axis=-1)
 
 
 def small_top_k(x: jax.Array, k: int, rank_max: int | None = None) -> tuple[jax.Array, jax.Array]:
@@ -189,20 +204,17 @@ def best_first(logp: jax.Array, budget: int, depth_limit: jax.Array | int | None
     score = pad(jnp.where(allowed[0], top_lp[0], neg), neg)
     rank = pad(jnp.arange(k, dtype=jnp.int32), 0)
     par = jnp.full((n,), -1, jnp.int32)
-    scores, ranks, parents = [score], [rank], [par]
     survivor, child_rank = _undominated_pairs(n, k)
-    for d in range(1, d_max):
-        cand = scores[-1][survivor] + top_lp[d][child_rank]  # parent-major, then rank
-        best, pos = small_top_k(cand, n, rank_max)
-        best = jnp.where(allowed[d], best, neg)
-        scores.append(best)
-        ranks.append(jnp.asarray(child_rank)[pos])
-        parents.append(jnp.asarray(survivor)[pos])
-    all_scores = jnp.stack(scores)  # [D, n]
+    rank_max = RANK_TOP_K_MAX if rank_max is None else rank_max
+    depths = _depths_counted if survivor.shape[0] <= rank_max else _depths_sorted
+    best, pos = (depths(score, top_lp, allowed, survivor, child_rank, n) if d_max > 1  # depths 2..D: [D - 1, n]
+                 else (jnp.zeros((0, n), jnp.float32), jnp.zeros((0, n), jnp.int32)))
+    all_scores = jnp.concatenate([score[None], best])  # [D, n]
+    ranks = jnp.concatenate([rank[None], jnp.asarray(child_rank)[pos]])
+    parents = jnp.concatenate([par[None], jnp.asarray(survivor)[pos]])
     chosen_score, sel = small_top_k(all_scores.reshape(-1), n, rank_max)  # depth-major order breaks ties shallow-first
     sel_depth = sel // n
     sel_idx = sel % n
-    ranks, parents = jnp.stack(ranks), jnp.stack(parents)
     verify_index = jnp.zeros((d_max, n), jnp.int32).at[sel_depth, sel_idx].set(jnp.arange(1, n + 1, dtype=jnp.int32))
     par_in_prev = parents[sel_depth, sel_idx]
     parent = jnp.where(sel_depth == 0, 0, verify_index[jnp.maximum(sel_depth - 1, 0), jnp.maximum(par_in_prev, 0)])
@@ -215,6 +227,36 @@ def best_first(logp: jax.Array, budget: int, depth_limit: jax.Array | int | None
         valid=valid,
         score=jnp.where(valid, chosen_score, neg),
     )
+
+
+def _depths_sorted(score, top_lp, allowed, survivor, child_rank, n):
+    """``best_first``'s depths 2..D with a top-k a depth: each depth's n best (parent, child-rank) pairs, given
+    the previous depth's n best scores in order. ([D - 1, n] scores, [D - 1, n] indices into the pairs.)"""
+    bests, poss = [], []
+    for d in range(1, top_lp.shape[0]):
+        cand = score[survivor] + top_lp[d][child_rank]  # parent-major, then rank
+        best, pos = jax.lax.top_k(cand, n)
+        score = jnp.where(allowed[d], best, -jnp.inf)
+        bests.append(score)
+        poss.append(pos)
+    return jnp.stack(bests), jnp.stack(poss)
+
+
+def _depths_counted(score, top_lp, allowed, survivor, child_rank, n):
+    """``_depths_sorted`` by counting ranks, bit for bit: a depth's chain is its pairs' places (``places``) and
+    the next depth's pairs picked by place straight from them, two reductions where a top-k's values and
+    indices, their gather and the next sum took four kernels (``scripts/h200/tree_probe.py``'s HLO dump,
+    docs/results/2026-12-06-tree-probe-small-h100/). Each depth's n best and their indices are picked by place
+    once, for all depths together, after the chain."""
+    cands, place = [score[survivor] + top_lp[1][child_rank]], []
+    for d in range(1, top_lp.shape[0]):
+        place.append(places(cands[-1]))
+        if d + 1 < top_lp.shape[0]:  # pair p's parent is depth d's survivor[p]-th best
+            parent = jnp.max(jnp.where(place[-1][None, :] == survivor[:, None], cands[-1][None, :], -jnp.inf), -1)
+            cands.append(jnp.where(allowed[d], parent, -jnp.inf) + top_lp[d + 1][child_rank])
+    cands, place = jnp.stack(cands), jnp.stack(place)
+    best = jnp.where(allowed[1:, None], _at_places(place, cands, n), -jnp.inf)
+    return best, _at_places(place, jnp.broadcast_to(jnp.arange(cands.shape[1], dtype=jnp.int32), cands.shape), n)
 
 
 def ancestor_mask(tree: Tree, max_depth: int) -> jax.Array:

@@ -70,6 +70,12 @@ On an H100 (docs/results/2026-12-06-tree-probe-small-h100/, (16, 16) screening):
 sorts run side by side at no extra latency, where counting's work grows with B; at batch 8 on that H100, counting
 took 471.7 µs where sorting took 274.3 (64 nodes), 774.8 where it took 500.4 (256 nodes)."""
 RANK_TOP_K_MAX_BATCH = 1
+CHAIN_MAX_PAIRS = 320
+"""``best_first``'s depth chain picks each depth's pairs by place (``_depths_chained``) up to this many (parent,
+child-rank) pairs a depth (``_undominated_pairs``: 280 at 64 nodes, 645 at 128), else a ``rank_top_k`` a depth:
+the pick's P² compares outgrow the top-k's n·P. On an H100 (docs/results/2026-12-06-tree-chain-h100/), the
+chain against a top-k a depth, µs of the whole tree stage: 8 nodes 81.1 against 104.2, 16 nodes 98.7 against
+114.0, 64 nodes 143.3 against 147.4-148.2, 128 nodes 212.0 against 196.6 (before the chain carried order keys)."""
 
 
 def rank_limit(batch: int) -> int:
@@ -89,16 +95,25 @@ def rank_top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     return jnp.take_along_axis(x, pos, axis=-1), pos
 
 
+def order_key(x: jax.Array) -> jax.Array:
+    """float32 -> int32 keys in ``lax.top_k``'s total order of the floats (-0.0 below +0.0): sign-magnitude to
+    two's complement. Its own inverse up to the bitcast (``from_order_key``)."""
+    if x.dtype != jnp.float32:
+        raise ValueError(f"rank_top_k: float rows must be float32, got {x.dtype}")
+    bits = jax.lax.bitcast_convert_type(x, jnp.int32)
+    return jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)
+
+
+def from_order_key(key: jax.Array) -> jax.Array:
+    """The float32 whose ``order_key`` is ``key``."""
+    return jax.lax.bitcast_convert_type(jnp.where(key < 0, key ^ jnp.int32(0x7FFFFFFF), key), jnp.float32)
+
+
 def places(x: jax.Array) -> jax.Array:
     """[..., n] int32: each element's place in ``lax.top_k``'s order over the last axis (larger first, equal ones
     by index): the number of elements before it in that order, a permutation of 0..n-1. Floats (float32 only)
-    compare in ``lax.top_k``'s total order (-0.0 below +0.0), as integers whose order is the floats'."""
-    key = x
-    if jnp.issubdtype(x.dtype, jnp.floating):
-        if x.dtype != jnp.float32:
-            raise ValueError(f"rank_top_k: float rows must be float32, got {x.dtype}")
-        bits = jax.lax.bitcast_convert_type(x, jnp.int32)
-        key = jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)  # sign-magnitude to two's complement order
+    compare as their ``order_key``."""
+    key = order_key(x) if jnp.issubdtype(x.dtype, jnp.floating) else x
     index = jnp.arange(x.shape[-1], dtype=jnp.int32)
     xi, xj = key[..., :, None], key[..., None, :]
     ahead = (xj > xi) | ((xj == xi) & (index[None, :] < index[:, None]))  # [..., i, j]: j ranks before i
@@ -106,13 +121,10 @@ def places(x: jax.Array) -> jax.Array:
 
 
 def _at_places(place: jax.Array, values: jax.Array, k: int) -> jax.Array:
-    """[..., k]: slot r holds ``values[..., j]`` for the one j whose ``places`` entry is r, picked by a reduction
-    (no sort, no scatter) that keeps it exact: a sum over zeros for integers, a max over -inf for floats (a sum
-    would turn -0.0 into +0.0)."""
+    """[..., k] integers: slot r holds ``values[..., j]`` for the one j whose ``places`` entry is r, picked by a
+    sum over zeros (no sort, no scatter)."""
     hit = place[..., None, :] == jnp.arange(k, dtype=jnp.int32)[:, None]  # [..., k, n]
-    if jnp.issubdtype(values.dtype, jnp.integer):
-        return jnp.sum(jnp.where(hit, values[..., None, :], 0), axis=-1, dtype=values.dtype)
-    return jnp.max(jnp.where(hit, values[..., None, :], -jnp.inf), axis=-1)
+    return jnp.sum(jnp.where(hit, values[..., None, :], 0), axis=-1, dtype=values.dtype)
 
 
 def small_top_k(x: jax.Array, k: int, rank_max: int | None = None) -> tuple[jax.Array, jax.Array]:
@@ -206,9 +218,14 @@ def best_first(logp: jax.Array, budget: int, depth_limit: jax.Array | int | None
     par = jnp.full((n,), -1, jnp.int32)
     survivor, child_rank = _undominated_pairs(n, k)
     rank_max = RANK_TOP_K_MAX if rank_max is None else rank_max
-    depths = _depths_counted if survivor.shape[0] <= rank_max else _depths_sorted
-    best, pos = (depths(score, top_lp, allowed, survivor, child_rank, n) if d_max > 1  # depths 2..D: [D - 1, n]
-                 else (jnp.zeros((0, n), jnp.float32), jnp.zeros((0, n), jnp.int32)))
+    pairs = survivor.shape[0]
+    if d_max == 1:
+        best, pos = jnp.zeros((0, n), jnp.float32), jnp.zeros((0, n), jnp.int32)
+    elif pairs <= min(rank_max, CHAIN_MAX_PAIRS):
+        best, pos = _depths_chained(score, top_lp, allowed, survivor, child_rank, n)
+    else:  # depths 2..D: [D - 1, n] each
+        top_k = rank_top_k if pairs <= rank_max else jax.lax.top_k
+        best, pos = _depths_by_top_k(score, top_lp, allowed, survivor, child_rank, n, top_k)
     all_scores = jnp.concatenate([score[None], best])  # [D, n]
     ranks = jnp.concatenate([rank[None], jnp.asarray(child_rank)[pos]])
     parents = jnp.concatenate([par[None], jnp.asarray(survivor)[pos]])
@@ -229,34 +246,38 @@ def best_first(logp: jax.Array, budget: int, depth_limit: jax.Array | int | None
     )
 
 
-def _depths_sorted(score, top_lp, allowed, survivor, child_rank, n):
-    """``best_first``'s depths 2..D with a top-k a depth: each depth's n best (parent, child-rank) pairs, given
-    the previous depth's n best scores in order. ([D - 1, n] scores, [D - 1, n] indices into the pairs.)"""
+def _depths_by_top_k(score, top_lp, allowed, survivor, child_rank, n, top_k):
+    """``best_first``'s depths 2..D with a ``top_k`` (``lax.top_k`` or ``rank_top_k``) a depth: each depth's n
+    best (parent, child-rank) pairs, given the previous depth's n best scores in order. ([D - 1, n] scores,
+    [D - 1, n] indices into the pairs.)"""
     bests, poss = [], []
     for d in range(1, top_lp.shape[0]):
         cand = score[survivor] + top_lp[d][child_rank]  # parent-major, then rank
-        best, pos = jax.lax.top_k(cand, n)
+        best, pos = top_k(cand, n)
         score = jnp.where(allowed[d], best, -jnp.inf)
         bests.append(score)
         poss.append(pos)
     return jnp.stack(bests), jnp.stack(poss)
 
 
-def _depths_counted(score, top_lp, allowed, survivor, child_rank, n):
-    """``_depths_sorted`` by counting ranks, bit for bit: a depth's chain is its pairs' places (``places``) and
-    the next depth's pairs picked by place straight from them, two reductions where a top-k's values and
-    indices, their gather and the next sum took four kernels (``scripts/h200/tree_probe.py``'s HLO dump,
-    docs/results/2026-12-06-tree-probe-small-h100/). Each depth's n best and their indices are picked by place
-    once, for all depths together, after the chain."""
-    cands, place = [score[survivor] + top_lp[1][child_rank]], []
+def _depths_chained(score, top_lp, allowed, survivor, child_rank, n):
+    """``_depths_by_top_k`` with ``rank_top_k``, bit for bit, in two reductions a depth where it takes four
+    kernels (``scripts/h200/tree_probe.py``'s HLO dump, docs/results/2026-12-06-tree-chain-h100/): the pairs'
+    places (``places``), then the next depth's pairs picked by place straight from this depth's (P² compares for
+    P pairs, against n·P for a top-k's values and indices, whose gather and sum take two more kernels). The chain
+    carries ``order_key``s, so each place count reads plain integers (XLA then fuses its compares into the
+    reduction instead of writing them out). Each depth's n best and their indices are picked once, for all depths
+    together, after the chain."""
+    keys, place = [order_key(score[survivor] + top_lp[1][child_rank])], []
     for d in range(1, top_lp.shape[0]):
-        place.append(places(cands[-1]))
+        place.append(places(keys[-1]))
         if d + 1 < top_lp.shape[0]:  # pair p's parent is depth d's survivor[p]-th best
-            parent = jnp.max(jnp.where(place[-1][None, :] == survivor[:, None], cands[-1][None, :], -jnp.inf), -1)
-            cands.append(jnp.where(allowed[d], parent, -jnp.inf) + top_lp[d + 1][child_rank])
-    cands, place = jnp.stack(cands), jnp.stack(place)
-    best = jnp.where(allowed[1:, None], _at_places(place, cands, n), -jnp.inf)
-    return best, _at_places(place, jnp.broadcast_to(jnp.arange(cands.shape[1], dtype=jnp.int32), cands.shape), n)
+            parent = from_order_key(jnp.sum(jnp.where(place[-1][None, :] == survivor[:, None], keys[-1][None, :], 0),
+                                            axis=-1, dtype=jnp.int32))
+            keys.append(order_key(jnp.where(allowed[d], parent, -jnp.inf) + top_lp[d + 1][child_rank]))
+    keys, place = jnp.stack(keys), jnp.stack(place)
+    best = jnp.where(allowed[1:, None], from_order_key(_at_places(place, keys, n)), -jnp.inf)
+    return best, _at_places(place, jnp.broadcast_to(jnp.arange(keys.shape[1], dtype=jnp.int32), keys.shape), n)
 
 
 def ancestor_mask(tree: Tree, max_depth: int) -> jax.Array:

@@ -272,8 +272,8 @@ def _depths_chained(score, top_lp, allowed, survivor, child_rank, n):
     for d in range(1, top_lp.shape[0]):
         place.append(places(keys[-1]))
         if d + 1 < top_lp.shape[0]:  # pair p's parent is depth d's survivor[p]-th best
-            hit = place[-1][None, :] == survivor[:, None]
-            parent = jnp.max(jnp.where(hit, from_order_key(keys[-1])[None, :], -jnp.inf), axis=-1)
+            parent = from_order_key(jnp.sum(jnp.where(place[-1][None, :] == survivor[:, None], keys[-1][None, :], 0),
+                                            axis=-1, dtype=jnp.int32))
             keys.append(order_key(jnp.where(allowed[d], parent, -jnp.inf) + top_lp[d + 1][child_rank]))
     keys, place = jnp.stack(keys), jnp.stack(place)
     best = jnp.where(allowed[1:, None], from_order_key(_at_places(place, keys, n)), -jnp.inf)

@@ -73,9 +73,9 @@ RANK_TOP_K_MAX_BATCH = 1
 CHAIN_MAX_PAIRS = 320
 """``best_first``'s depth chain picks each depth's pairs by place (``_depths_chained``) up to this many (parent,
 child-rank) pairs a depth (``_undominated_pairs``: 280 at 64 nodes, 645 at 128), else a ``rank_top_k`` a depth:
-the pick's P² compares outgrow the top-k's n·P. On an H100 (docs/results/2026-12-06-tree-chain-h100/), the
-chain against a top-k a depth, µs of the whole tree stage: 8 nodes 81.1 against 104.2, 16 nodes 98.7 against
-114.0, 64 nodes 143.3 against 147.4-148.2, 128 nodes 212.0 against 196.6 (before the chain carried order keys)."""
+the pick's P² compares outgrow the top-k's n·P. The whole tree stage on an H100, µs, a top-k a depth -> the chain
+(docs/results/2026-12-06-tree-chain-h100/): 8 nodes 104.2 -> 78.8, 16 nodes 114.0 -> 99.1, 64 nodes 147.4-148.2
+-> 135.0; at 128 nodes the chain's first form (floats, not order keys) took 212.0 against 196.6."""
 
 
 def rank_limit(batch: int) -> int:

@@ -248,7 +248,7 @@ def test_w12_probe_records_the_kernel_form_it_traced(monkeypatch):
 
 def test_tree_probe_quick_compares_tree_and_accept_forms(monkeypatch, capsys):
   """``tree_probe.py --quick --barrier``: every tree form (materialised inputs included) builds the first form's
-  tree, both accept forms agree, and the tree module's settings are left as they were; a bad ``--chunks`` entry is
+  tree, both accept forms agree, the depth chain on and off (``--chain-max-pairs``) too, and the tree module's settings are left as they were; a bad ``--chunks`` entry is
   argparse's one-line error."""
   from specpilot.decoding import tree as trees
 
@@ -260,6 +260,12 @@ def test_tree_probe_quick_compares_tree_and_accept_forms(monkeypatch, capsys):
   assert sum("accept" in row for row in rows) == 4 and sum("counted up to 4096" in row for row in rows) == 8
   assert sum("screen widths (4, 4)" in row for row in rows) == 10 and sum("materialised" in row for row in rows) == 8
   assert (trees.RANK_TOP_K_MAX, trees.VOCAB_TOPK_CHUNKS, trees.rank_top_k) == before
+  # the depth chain on and off (64 nodes: 280 pairs a depth) builds the same tree
+  chain_before = trees.CHAIN_MAX_PAIRS
+  probe.main(["--quick", "--rank-max", "4096", "--chain-max-pairs", "0", "4096"])
+  rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 | 64 | tree")]
+  assert [row.split(" | ")[2].rsplit(", ", 1)[1] for row in rows] == ["chain up to 0 pairs", "chain up to 4096 pairs"] * 2
+  assert all(row.split(" | ")[5] == "True" for row in rows) and trees.CHAIN_MAX_PAIRS == chain_before
   with pytest.raises(SystemExit):
     probe.main(["--chunks", "16,x"])
   assert "expected 'table' or widths like 16,16, got '16,x'" in capsys.readouterr().err

@@ -10,6 +10,7 @@ largest kernels (issue #8's tree + accept + compaction share).
 """
 
 import argparse
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -77,6 +78,9 @@ def main(argv=None):
   ap.add_argument("--chunks", type=chunk_form, nargs="+", default=[(64,), (16, 16), (32, 8), (8, 8, 8)],
                   help="vocabulary screening forms: 'table' (VOCAB_TOPK_CHUNKS) or slice widths a level, e.g. 16,16 "
                        "(default: one level of 64, the table before 2026-12-06, then the multi-level forms)")
+  ap.add_argument("--chain-max-pairs", type=non_negative_int, nargs="+", default=[None],
+                  help="CHAIN_MAX_PAIRS values to compare in every counted form (pairs a depth up to which the depths "
+                       "run as a chain of order keys; 0: a rank_top_k a depth; default: the module's)")
   ap.add_argument("--barrier", action="store_true",
                   help="also time every counted form with rank_top_k's input materialised (optimization barrier)")
   ap.add_argument("--iters", type=int, default=10)
@@ -107,7 +111,7 @@ def main(argv=None):
 
   print("| batch | budget | form | GPU us | launches | equal | largest kernels (us) |\n|---|---|---|---|---|---|---|",
         flush=True)
-  saved = trees.RANK_TOP_K_MAX, trees.VOCAB_TOPK_CHUNKS, trees.rank_top_k
+  saved = trees.RANK_TOP_K_MAX, trees.VOCAB_TOPK_CHUNKS, trees.rank_top_k, trees.CHAIN_MAX_PAIRS
   try:
     for b in args.batch:
       # bf16-valued logits, as the drafter's head gives them (cast to float32 by `dflash._block_pass`)
@@ -118,12 +122,15 @@ def main(argv=None):
         for widths in args.chunks:
           trees.VOCAB_TOPK_CHUNKS = saved[1] if widths is None else {budget: widths}
           for limit in args.rank_max:
-            for barrier in (False, True) if args.barrier and limit else (False,):
+            chains = args.chain_max_pairs if limit else [None]
+            for barrier, chain in itertools.product((False, True) if args.barrier and limit else (False,), chains):
               trees.RANK_TOP_K_MAX = limit
               trees.rank_top_k = materialised(saved[2]) if barrier else saved[2]
+              trees.CHAIN_MAX_PAIRS = saved[3] if chain is None else chain
               screen = f"screen widths {trees.vocab_topk_chunk(budget)}"  # (none runs where k >= the slices)
               form = f"tree, {screen}, top-k's " + (f"counted up to {limit}" if limit else "sorted")
               form += ", inputs materialised" if barrier else ""
+              form += "" if chain is None else f", chain up to {chain} pairs"
               got = row(b, budget, form, jax.jit(build_fn(budget)), (rows,), want)  # traced with these settings
               want = got if want is None else want
         # the accept on that tree: each verify index's target token is the next index's token half the time, else
@@ -137,7 +144,7 @@ def main(argv=None):
           got = row(b, budget, form, jax.jit(accept_fn(mask_fn, args.depths)), (want, root, choice), base)
           base = got if base is None else base
   finally:
-    trees.RANK_TOP_K_MAX, trees.VOCAB_TOPK_CHUNKS, trees.rank_top_k = saved
+    trees.RANK_TOP_K_MAX, trees.VOCAB_TOPK_CHUNKS, trees.rank_top_k, trees.CHAIN_MAX_PAIRS = saved
 
 
 if __name__ == "__main__":

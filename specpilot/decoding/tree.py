@@ -70,12 +70,13 @@ On an H100 (docs/results/2026-12-06-tree-probe-small-h100/, (16, 16) screening):
 sorts run side by side at no extra latency, where counting's work grows with B; at batch 8 on that H100, counting
 took 471.7 µs where sorting took 274.3 (64 nodes), 774.8 where it took 500.4 (256 nodes)."""
 RANK_TOP_K_MAX_BATCH = 1
-CHAIN_MAX_PAIRS = 320
+CHAIN_MAX_PAIRS = 1536
 """``best_first``'s depth chain picks each depth's pairs by place (``_depths_chained``) up to this many (parent,
-child-rank) pairs a depth (``_undominated_pairs``: 280 at 64 nodes, 645 at 128), else a ``rank_top_k`` a depth:
-the pick's P² compares outgrow the top-k's n·P. The whole tree stage on an H100, µs, a top-k a depth -> the chain
-(docs/results/2026-12-06-tree-chain-h100/): 8 nodes 104.2 -> 78.8, 16 nodes 114.0 -> 99.1, 64 nodes 147.4-148.2
--> 135.0; at 128 nodes the chain's first form (floats, not order keys) took 212.0 against 196.6."""
+child-rank) pairs a depth (``_undominated_pairs``: 280 at 64 nodes, 645 at 128, 1,466 at 256, 3,280 at 512), else
+a ``rank_top_k`` a depth. The whole tree stage on an H100, µs, a top-k a depth -> the chain
+(docs/results/2026-12-06-tree-chain-h100/): 8 nodes 104.2 -> 78.8, 16 nodes 114.0 -> 99.1, 32 nodes 134.2 ->
+113.2, 64 nodes 147.4-148.2 -> 135.0, 128 nodes 192.8 -> 175.2, 256 nodes 228.5 -> 215.7. 512 nodes is not timed:
+the pick's P² compares grow faster than a top-k's n·P (the chain's first form, floats, lost at 128 nodes)."""
 
 
 def rank_limit(batch: int) -> int:

@@ -82,7 +82,8 @@ def main(argv=None):
                   help="CHAIN_MAX_PAIRS values to compare in every counted form (pairs a depth up to which the depths "
                        "run as a chain of order keys; 0: a rank_top_k a depth; default: the module's)")
   ap.add_argument("--barrier", action="store_true",
-                  help="also time every counted form with rank_top_k's input materialised (optimization barrier)")
+                  help="also time every counted form with rank_top_k's input materialised (optimization barrier; the "
+                       "depth chain's counts, tree.CHAIN_MAX_PAIRS, do not call rank_top_k)")
   ap.add_argument("--iters", type=int, default=10)
   ap.add_argument("--top", type=int, default=6, help="kernels listed per row")
   ap.add_argument("--quick", action="store_true", help="tiny shapes on any backend, trees compared, no timing")

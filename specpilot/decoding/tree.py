@@ -262,13 +262,13 @@ def _depths_by_top_k(score, top_lp, allowed, survivor, child_rank, n, top_k):
 
 
 def _depths_chained(score, top_lp, allowed, survivor, child_rank, n):
-    """``_depths_by_top_k`` with ``rank_top_k``, bit for bit, in two reductions a depth where it takes four
-    kernels (``scripts/h200/tree_probe.py``'s HLO dump, docs/results/2026-12-06-tree-chain-h100/): the pairs'
-    places (``places``), then the next depth's pairs picked by place straight from this depth's (P² compares for
-    P pairs, against n·P for a top-k's values and indices, whose gather and sum take two more kernels). The chain
-    carries ``order_key``s, so each place count reads plain integers (XLA then fuses its compares into the
-    reduction instead of writing them out). Each depth's n best and their indices are picked once, for all depths
-    together, after the chain."""
+    """``_depths_by_top_k`` with ``rank_top_k``, bit for bit, in three launches a depth where that takes four
+    (``scripts/h200/tree_probe.py``'s HLO dump, docs/results/2026-12-06-tree-chain-h100/): the pairs' places
+    (``places``), the next depth's pairs picked by place straight from this depth's (P² compares for P pairs,
+    where a top-k's values and indices take n·P and a gather and a sum after them), and a small kernel turning
+    the pick back into floats, adding the next log-probs and taking their keys. The chain carries ``order_key``s,
+    so each place count reads plain integers (XLA then fuses its compares into the reduction instead of writing
+    them out). Each depth's n best and their indices are picked once, for all depths together, after the chain."""
     keys, place = [order_key(score[survivor] + top_lp[1][child_rank])], []
     for d in range(1, top_lp.shape[0]):
         place.append(places(keys[-1]))

@@ -124,8 +124,8 @@ def test_best_first_exact_ties():
 @pytest.mark.parametrize("vocab,k,chunk", [(1000, 16, 64), (999, 64, 8), (151, 7, 32), (4096, 256, 8), (50, 8, 4),
                                            (300, 3, 128), (3001, 16, (8, 4)), (999, 5, (4, 3, 2)), (64, 8, (4, 4))])
 def test_vocab_top_k_is_lax_top_k_exactly(vocab, k, chunk, rank_max, monkeypatch):
-    """Values, indices and tie order on adversarial inputs: a dozen distinct values (ties across and inside slices
-    and at the k-th place), -inf rows and halves, a ragged last slice, and all-equal rows, where every slice's max
+    """Values (bit for bit), indices and tie order on adversarial inputs: a dozen distinct values (ties across and
+    inside slices and at the k-th place), zeros of both signs, -inf rows and halves, a ragged last slice, and all-equal rows, where every slice's max
     ties; with one screening level or several (a tuple of widths), the small top-k's sorted or counted."""
     monkeypatch.setattr(trees, "RANK_TOP_K_MAX", rank_max)
     rng = np.random.default_rng(vocab + k + sum(np.atleast_1d(chunk)))
@@ -133,10 +133,11 @@ def test_vocab_top_k_is_lax_top_k_exactly(vocab, k, chunk, rank_max, monkeypatch
     x[0, 0, :] = -np.inf
     x[1, 2, rng.choice(vocab, vocab // 2, replace=False)] = -np.inf
     x[2, 1, :] = 0.5
+    x[0, 1, : vocab // 2] = np.where(rng.random(vocab // 2) < 0.5, -0.0, 0.0)  # -0.0 ranks below +0.0
     x = jnp.asarray(x, jnp.float32)
     want_v, want_i = jax.lax.top_k(x, k)
     got_v, got_i = jax.jit(lambda x: trees.vocab_top_k(x, k, chunk))(x)
-    np.testing.assert_array_equal(np.asarray(got_v), np.asarray(want_v))
+    np.testing.assert_array_equal(np.asarray(got_v).view(np.int32), np.asarray(want_v).view(np.int32))
     np.testing.assert_array_equal(np.asarray(got_i), np.asarray(want_i))
 
 

@@ -110,14 +110,14 @@ def from_order_key(key: jax.Array) -> jax.Array:
     return jax.lax.bitcast_convert_type(jnp.where(key < 0, key ^ jnp.int32(0x7FFFFFFF), key), jnp.float32)
 
 
-def places(x: jax.Array) -> jax.Array:
+def places(x: jax.Array, index: jax.Array | None = None) -> jax.Array:
     """[..., n] int32: each element's place in ``lax.top_k``'s order over the last axis (larger first, equal ones
-    by index): the number of elements before it in that order, a permutation of 0..n-1. Floats (float32 only)
-    compare as their ``order_key``."""
+    by index: their position, or ``index`` [..., n], distinct, where given): the number of elements before it in
+    that order, a permutation of 0..n-1. Floats (float32 only) compare as their ``order_key``."""
     key = order_key(x) if jnp.issubdtype(x.dtype, jnp.floating) else x
-    index = jnp.arange(x.shape[-1], dtype=jnp.int32)
+    index = jnp.arange(x.shape[-1], dtype=jnp.int32) if index is None else index
     xi, xj = key[..., :, None], key[..., None, :]
-    ahead = (xj > xi) | ((xj == xi) & (index[None, :] < index[:, None]))  # [..., i, j]: j ranks before i
+    ahead = (xj > xi) | ((xj == xi) & (index[..., None, :] < index[..., :, None]))  # [..., i, j]: j ranks before i
     return jnp.sum(ahead, axis=-1, dtype=jnp.int32)
 
 
@@ -164,7 +164,8 @@ def vocab_top_k(x: jax.Array, k: int, chunk: int | tuple[int, ...],
                 rank_max: int | None = None) -> tuple[jax.Array, jax.Array]:
     """``jax.lax.top_k(x, k)`` over the last axis, exactly (values, indices and tie order), by screening: the max
     of every ``chunk``-wide slice (one pass over ``x`` at memory speed), the ``k`` slices with the largest maxima
-    (ties to the lower slice), then one top-k over those ``k * chunk`` candidates, kept in index order.
+    (ties to the lower slice), then one top-k over those ``k * chunk`` candidates, ties broken by their indices in
+    the row (the slices put in index order for a sort; a count compares the indices themselves).
 
     Why it is exact: take any x outside the chosen slices. Each chosen slice's max ranks before x (its max is
     larger, or equal and in an earlier slice, so at a lower index). That is k elements ranked before x, so x is
@@ -188,7 +189,12 @@ def vocab_top_k(x: jax.Array, k: int, chunk: int | tuple[int, ...],
     padded = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, slices * width - vocab)], constant_values=-jnp.inf)
     padded = padded.reshape(*x.shape[:-1], slices, width)
     _, chosen = vocab_top_k(padded.max(axis=-1), k, inner, rank_max)
-    # ascending: slice order = index order, so the last top-k breaks ties as lax.top_k does
+    if k * width <= rank_max and x.dtype == jnp.float32:  # counted, ties broken by the row's own indices
+        candidates = jnp.take_along_axis(padded, chosen[..., None], axis=-2).reshape(*x.shape[:-1], k * width)
+        index = (chosen[..., None] * width + jnp.arange(width, dtype=chosen.dtype)).reshape(candidates.shape)
+        place = places(candidates, index)
+        return from_order_key(_at_places(place, order_key(candidates), k)), _at_places(place, index, k)
+    # ascending: slice order = index order, so the top-k breaks ties as lax.top_k does
     chosen = -rank_top_k(-chosen, k)[0] if k <= rank_max else jnp.sort(chosen, axis=-1)
     candidates = jnp.take_along_axis(padded, chosen[..., None], axis=-2).reshape(*x.shape[:-1], k * width)
     best, pos = small_top_k(candidates, k, rank_max)

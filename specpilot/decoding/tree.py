@@ -76,7 +76,8 @@ child-rank) pairs a depth (``_undominated_pairs``: 280 at 64 nodes, 645 at 128, 
 a ``rank_top_k`` a depth. The whole tree stage on an H100, µs, a top-k a depth -> the chain
 (docs/results/2026-12-06-tree-chain-h100/): 8 nodes 104.2 -> 78.8, 16 nodes 114.0 -> 99.1, 32 nodes 134.2 ->
 113.2, 64 nodes 147.4-148.2 -> 135.0, 128 nodes 192.8 -> 175.2, 256 nodes 228.5 -> 215.7. 512 nodes is not timed:
-the pick's P² compares grow faster than a top-k's n·P (the chain's first form, floats, lost at 128 nodes)."""
+the pick's P² compares grow faster than a top-k's n·P (the chain's first form, floats, lost at 128 nodes). With
+``vocab_top_k``'s ties broken by row index as well, 64 nodes took 120.0 (same file)."""
 
 
 def rank_limit(batch: int) -> int:

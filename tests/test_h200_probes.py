@@ -247,9 +247,9 @@ def test_w12_probe_records_the_kernel_form_it_traced(monkeypatch):
 
 
 def test_tree_probe_quick_compares_tree_and_accept_forms(monkeypatch, capsys):
-  """``tree_probe.py --quick --barrier``: every tree form (materialised inputs included) builds the first form's
-  tree, both accept forms agree, the depth chain on and off (``--chain-max-pairs``) too, and the tree module's settings are left as they were; a bad ``--chunks`` entry is
-  argparse's one-line error."""
+  """``tree_probe.py --quick --barrier``: every tree form (materialised inputs included) builds the sorted tree,
+  both accept forms agree, the depth chain on and off (``--chain-max-pairs``) too, and the tree module's settings
+  are left as they were; a bad ``--chunks`` entry is argparse's one-line error."""
   from specpilot.decoding import tree as trees
 
   probe = load_probe("tree_probe", monkeypatch)

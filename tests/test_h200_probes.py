@@ -264,7 +264,8 @@ def test_tree_probe_quick_compares_tree_and_accept_forms(monkeypatch, capsys):
   chain_before = trees.CHAIN_MAX_PAIRS
   probe.main(["--quick", "--rank-max", "4096", "--chain-max-pairs", "0", "4096"])
   rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 | 64 | tree")]
-  assert [row.split(" | ")[2].rsplit(", ", 1)[1] for row in rows] == ["chain up to 0 pairs", "chain up to 4096 pairs"] * 2
+  chains = [row.split(" | ")[2].rsplit(", ", 1)[1] for row in rows]
+  assert chains == ["chain up to 0 pairs", "chain up to 4096 pairs"] * 2
   assert all(row.split(" | ")[5] == "True" for row in rows) and trees.CHAIN_MAX_PAIRS == chain_before
   with pytest.raises(SystemExit):
     probe.main(["--chunks", "16,x"])

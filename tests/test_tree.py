@@ -125,8 +125,9 @@ def test_best_first_exact_ties():
                                            (300, 3, 128), (3001, 16, (8, 4)), (999, 5, (4, 3, 2)), (64, 8, (4, 4))])
 def test_vocab_top_k_is_lax_top_k_exactly(vocab, k, chunk, rank_max, monkeypatch):
     """Values (bit for bit), indices and tie order on adversarial inputs: a dozen distinct values (ties across and
-    inside slices and at the k-th place), zeros of both signs, -inf rows and halves, a ragged last slice, and all-equal rows, where every slice's max
-    ties; with one screening level or several (a tuple of widths), the small top-k's sorted or counted."""
+    inside slices and at the k-th place), zeros of both signs, -inf rows and halves, a ragged last slice, and
+    all-equal rows, where every slice's max ties; with one screening level or several (a tuple of widths), the small
+    top-k's sorted or counted."""
     monkeypatch.setattr(trees, "RANK_TOP_K_MAX", rank_max)
     rng = np.random.default_rng(vocab + k + sum(np.atleast_1d(chunk)))
     x = np.round(rng.standard_normal((3, 4, vocab)) * 2) / 2

@@ -101,7 +101,7 @@ def order_key(x: jax.Array) -> jax.Array:
     """float32 -> int32 keys in ``lax.top_k``'s total order of the floats (-0.0 below +0.0): sign-magnitude to
     two's complement. Its own inverse up to the bitcast (``from_order_key``)."""
     if x.dtype != jnp.float32:
-        raise ValueError(f"rank_top_k: float rows must be float32, got {x.dtype}")
+        raise ValueError(f"order_key: float rows must be float32 to count ranks, got {x.dtype}")
     bits = jax.lax.bitcast_convert_type(x, jnp.int32)
     return jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)
 
@@ -122,10 +122,11 @@ def places(x: jax.Array, index: jax.Array | None = None) -> jax.Array:
     return jnp.sum(ahead, axis=-1, dtype=jnp.int32)
 
 
-def _at_places(place: jax.Array, values: jax.Array, k: int) -> jax.Array:
-    """[..., k] integers: slot r holds ``values[..., j]`` for the one j whose ``places`` entry is r, picked by a
-    sum over zeros (no sort, no scatter)."""
-    hit = place[..., None, :] == jnp.arange(k, dtype=jnp.int32)[:, None]  # [..., k, n]
+def _at_places(place: jax.Array, values: jax.Array, slots: int | np.ndarray) -> jax.Array:
+    """[..., len(slots)] integers: entry s holds ``values[..., j]`` for the one j whose ``places`` entry is
+    ``slots[s]`` (an int k: places 0..k-1), picked by a sum over zeros (no sort, no scatter)."""
+    slots = np.arange(slots, dtype=np.int32) if isinstance(slots, int) else slots
+    hit = place[..., None, :] == slots[:, None]  # [..., len(slots), n]
     return jnp.sum(jnp.where(hit, values[..., None, :], 0), axis=-1, dtype=values.dtype)
 
 
@@ -280,8 +281,7 @@ def _depths_chained(score, top_lp, allowed, survivor, child_rank, n):
     for d in range(1, top_lp.shape[0]):
         place.append(places(keys[-1]))
         if d + 1 < top_lp.shape[0]:  # pair p's parent is depth d's survivor[p]-th best
-            parent = from_order_key(jnp.sum(jnp.where(place[-1][None, :] == survivor[:, None], keys[-1][None, :], 0),
-                                            axis=-1, dtype=jnp.int32))
+            parent = from_order_key(_at_places(place[-1], keys[-1], survivor))
             keys.append(order_key(jnp.where(allowed[d], parent, -jnp.inf) + top_lp[d + 1][child_rank]))
     keys, place = jnp.stack(keys), jnp.stack(place)
     best = jnp.where(allowed[1:, None], from_order_key(_at_places(place, keys, n)), -jnp.inf)

@@ -359,7 +359,11 @@ def test_gpu_time_table_shows_tree_and_commit_share():
     md = "\n".join(gpu_time_lines(rows))
     assert "| ddtree@64 | 1 | 0.900 | 0.100 | 8.800 | 0.200 | 10.000 | 3.0 % |" in md
     assert "| ar (calibration) | 1 | – | – | 5.000 | 0.050 | 5.050 | 1.0 % |" in md
-    assert "stock" not in md
+    assert "stock" not in md and "kernel by kernel" not in md  # no per-kernel split in these rows
+    rows[0]["stage_gpu_kernels"] = {"tree": {"sort": 0.08, "pick": 0.02}, "commit": {"scatter": 0.15, "add": 0.05}}
+    md = "\n".join(gpu_time_lines(rows))
+    assert "- ddtree@64 B=1 tree: sort 80.00, pick 20.00" in md
+    assert "- ddtree@64 B=1 commit: scatter 150.00, add 50.00" in md
     assert gpu_time_lines([{"label": "ar", "batch": 1, "stage_ms": {}}]) == []
     assert gpu_time_lines([{"label": "ar", "batch": 1, "stage_gpu_error": "no CUPTI"}])[-2] == "- not measured: no CUPTI"
 

@@ -12,6 +12,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from specpilot.costmodel.cupti import kernel_summary
 from specpilot.provenance import git_commit
 
 STAGES = ("draft", "tree", "level1", "verify", "commit")
@@ -73,7 +74,8 @@ def write_json(path: Path, obj) -> None:
 
 def gpu_time_lines(rows: list[dict]) -> list[str]:
     """`bench.py --gpu-time`: each stage's kernel time (CUPTI) per round, and what tree build + commit (accept
-    and KV compaction) take of it (issue #8's target: <= 3 %)."""
+    and KV compaction) take of it (issue #8's target: <= 3 %); where the rows have `stage_gpu_kernels`, the tree and
+    commit stages' kernels one line each."""
     timed = [r for r in rows if r.get("stage_gpu_ms")]
     errors = sorted({r["stage_gpu_error"] for r in rows if r.get("stage_gpu_error")})
     if not timed and not errors:
@@ -89,6 +91,12 @@ def gpu_time_lines(rows: list[dict]) -> list[str]:
             table.append([r["label"] + (" (calibration)" if r.get("role") == "calibration" else ""), r["batch"],
                           *[g.get(s) for s in stages], total, f"{100 * share:.1f} %" if share is not None else None])
         out += [md_table(["engine", "B", *stages, "sum", "tree + commit"], table), ""]
+        split = [(r, s, r["stage_gpu_kernels"][s]) for r in timed for s in ("tree", "commit")
+                 if r.get("stage_gpu_kernels", {}).get(s)]
+        if split:
+            out += ["The tree and commit stages kernel by kernel (µs a round, launches summed, largest first):", ""]
+            out += [f"- {r['label']} B={r['batch']} {s}: " + kernel_summary({k: 1e3 * ms for k, ms in kernels.items()})
+                    for r, s, kernels in split] + [""]
     out += [f"- not measured: {e}" for e in errors] + ([""] if errors else [])
     return out
 

@@ -64,11 +64,12 @@ def prefill(weights, cfg: ModelConfig, tokens, lens, cache: KVCache, hidden_laye
 
 def append_tokens(out: jax.Array, n_out: jax.Array, new: jax.Array, n_new: jax.Array) -> jax.Array:
     """Write new[b, :n_new[b]] into out[b] at n_out[b] (entries past n_new are written but later
-    overwritten or cut; `out` has slack for a whole round)."""
+    overwritten or cut; `out` has slack for a whole round). The slots are distinct: `unique_indices`."""
     slots = n_out[:, None] + jnp.arange(new.shape[1])[None, :]
     keep = jnp.arange(new.shape[1])[None, :] < n_new[:, None]
     cur = jnp.take_along_axis(out, jnp.clip(slots, 0, out.shape[1] - 1), axis=1)
-    return out.at[jnp.arange(out.shape[0])[:, None], slots].set(jnp.where(keep, new, cur), mode="drop")
+    return out.at[jnp.arange(out.shape[0])[:, None], slots].set(jnp.where(keep, new, cur), mode="drop",
+                                                                unique_indices=True)
 
 
 def first_eos(tokens: jax.Array, n: jax.Array, eos_ids: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:

@@ -78,7 +78,8 @@ def commit(state: LoopState, new: jax.Array, n_new: jax.Array, eos_ids: tuple[in
     n_out = jnp.minimum(n_out, stop)
     done = state.done | hit_eos | (n_out >= state.max_new + int(state.reference_stop))
     rows = jnp.arange(out.shape[0])
-    acc = state.acc.at[rows, state.n_rounds].set(jnp.where(live, n_new, state.acc[rows, state.n_rounds]), mode="drop")
+    acc = state.acc.at[rows, state.n_rounds].set(jnp.where(live, n_new, state.acc[rows, state.n_rounds]), mode="drop",
+                                                 unique_indices=True)  # one slot a row
     last = jnp.take_along_axis(new, jnp.clip(n_new - 1, 0)[:, None], axis=1)[:, 0]
     return dataclasses.replace(
         state,
@@ -149,7 +150,8 @@ class Engine:
         `specpilot` round chose (which a tree with fewer valid nodes than it verifies only in part).
         `eager_prefill` runs the (untimed) prefill op by op instead of compiling it. `gpu_time` adds
         `stage_gpu_ms`: per stage, the summed run time of its kernels in one more call per timed round under CUPTI
-        (`specpilot.costmodel.cupti`; launch gaps and host time excluded), where CUPTI exists; without it the
+        (`specpilot.costmodel.cupti`; launch gaps and host time excluded), and `stage_gpu_kernels` the same per
+        kernel name (ms a round, its launches summed, the largest first), where CUPTI exists; without it the
         result says why in `stage_gpu_error`."""
         import time
         import warnings
@@ -163,6 +165,7 @@ class Engine:
         per_round = {name: [] for name, _ in stage_fns}
         timed_rounds, committed, nodes, budgets = 0, 0, [], []
         per_round_gpu = {name: [] for name, _ in stage_fns} if gpu_time else None
+        per_kernel_gpu = {name: {} for name, _ in stage_fns}  # stage -> kernel name -> ms over all timed rounds
         gpu_error = None
         with warnings.catch_warnings():  # a stage forwards some donated buffers unchanged
             warnings.filterwarnings("ignore", "Some donated buffers were not usable")
@@ -186,13 +189,17 @@ class Engine:
                         pipelined = (time.perf_counter() - t0 - dispatch) / k
                         per_round[name].append(max(min(synced, pipelined), 0.0))
                         if per_round_gpu is not None and gpu_error is None:
-                            from specpilot.costmodel.cupti import gpu_ms
+                            from specpilot.costmodel.cupti import kernel_timings
 
                             inputs = _fresh_copies(state, carry)
                             try:
-                                per_round_gpu[name].append(gpu_ms(lambda: fn(self.params, *inputs)))
+                                launches = kernel_timings(lambda: fn(self.params, *inputs))
                             except RuntimeError as e:  # no CUPTI here
                                 gpu_error = str(e)
+                            else:
+                                per_round_gpu[name].append(sum(ms for _, ms in launches))
+                                for kernel, ms in launches:
+                                    per_kernel_gpu[name][kernel] = per_kernel_gpu[name].get(kernel, 0.0) + ms
                         if "nodes" in out:
                             nodes.append(int(np.max(np.asarray(out["nodes"]))))
                         if "budget" in out:
@@ -207,7 +214,9 @@ class Engine:
         gpu = {}
         if gpu_time:
             gpu = {"stage_gpu_error": gpu_error} if gpu_error else {
-                "stage_gpu_ms": {k: sum(v) / max(len(v), 1) for k, v in per_round_gpu.items()}}
+                "stage_gpu_ms": {k: sum(v) / max(len(v), 1) for k, v in per_round_gpu.items()},
+                "stage_gpu_kernels": {k: {kernel: ms / max(len(per_round_gpu[k]), 1) for kernel, ms in sorted(
+                    v.items(), key=lambda kv: -kv[1])} for k, v in per_kernel_gpu.items()}}
         return {
             "engine": self.name,
             "batch": len(prompts),

@@ -41,11 +41,12 @@ def write_layer(buf: jax.Array, layer: int | jax.Array | slice, new: jax.Array, 
     write is a 2.3 us copy).
 
     A scatter into the whole (donated) buffer updates it in place; writes past capacity are dropped,
-    never clamped onto committed slots.
+    never clamped onto committed slots. Its slots are distinct (one row per request, consecutive slots), so it is
+    declared `unique_indices`: XLA may then store each element instead of an atomic compare-and-swap loop.
     """
     b, t = new.shape[-4:-2]
     slots = lengths[:, None] + jnp.arange(t)[None, :]
-    return buf.at[layer, jnp.arange(b)[:, None], slots].set(new.astype(buf.dtype), mode="drop")
+    return buf.at[layer, jnp.arange(b)[:, None], slots].set(new.astype(buf.dtype), mode="drop", unique_indices=True)
 
 
 def advance(cache: KVCache, n: jax.Array) -> KVCache:
@@ -66,6 +67,6 @@ def compact(cache: KVCache, src: jax.Array, n: jax.Array) -> KVCache:
         # clip: a finished row near a full cache may point past its end; it reads the last slot, never NaN
         picked = jnp.take_along_axis(x, pos_src[None, :, :, None, None], axis=2, mode="clip")  # [L, B, P, Hkv, D]
         slots = cache.lengths[:, None] + jnp.arange(src.shape[1])[None, :]
-        return x.at[:, jnp.arange(x.shape[1])[:, None], slots].set(picked, mode="drop")
+        return x.at[:, jnp.arange(x.shape[1])[:, None], slots].set(picked, mode="drop", unique_indices=True)
 
     return KVCache(k=move(cache.k), v=move(cache.v), lengths=cache.lengths + n.astype(jnp.int32))

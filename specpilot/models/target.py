@@ -92,6 +92,25 @@ class StepOutput(NamedTuple):
 
 ATTENTION = ("xla", "cudnn", "pallas_tree")
 
+TREE_ROW_TILE = 8
+"""With `pallas_tree`, a step of more than this many new tokens and not a multiple of it runs padded up to one
+(`pad_tree_rows`): its kernels tile rows by 8 (`pallas_kernels.tma.pad_for_tma`), and padding each layer's operands
+instead cost four XLA pad kernels a layer, 274 us of DDTree@64's 65-token verify on an H100
+(docs/results/2026-12-06-kv-scatter-tree-rows-h100/)."""
+
+
+def pad_tree_rows(tokens: jax.Array, positions: jax.Array, block_mask) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """tokens, positions [B, T] and block_mask [B, T, T] padded to the next multiple of `TREE_ROW_TILE` nodes: each
+    padded node is token 0 at the last node's position and sees only itself, and no real node sees it, so the real
+    nodes' outputs are unchanged. A host (numpy) mask stays a host constant."""
+    b, t = tokens.shape
+    extra = -t % TREE_ROW_TILE
+    xp = np if isinstance(block_mask, np.ndarray) else jnp
+    own = np.broadcast_to(np.eye(t + extra, dtype=bool)[t:], (b, extra, t + extra))
+    mask = xp.concatenate([xp.pad(block_mask, ((0, 0), (0, 0), (0, extra))), own], axis=1)
+    positions = jnp.concatenate([positions, jnp.broadcast_to(positions[:, -1:], (b, extra))], axis=1)
+    return jnp.pad(tokens, ((0, 0), (0, extra))), positions, mask
+
 
 def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, implementation: str) -> jax.Array:
     """`attention` through `jax.nn.dot_product_attention` (GQA native there): "cudnn" on an NVIDIA GPU; its
@@ -156,6 +175,9 @@ def forward(
     if block_mask is None:
         block_mask = causal_block_mask(b, t)
     mask = tree_bits = None
+    rows = t  # the real new tokens; with `pallas_tree` the step may run more (`TREE_ROW_TILE`)
+    if attention == "pallas_tree" and t > TREE_ROW_TILE and t % TREE_ROW_TILE:
+        tokens, positions, block_mask = pad_tree_rows(tokens, positions, block_mask)
     if attention == "pallas_tree":
         tree_bits = dense_to_ancestor_bits(block_mask)
     else:
@@ -172,11 +194,12 @@ def forward(
         new_kv.append(kv)
     if tree_bits is not None:  # the kernel read the new K/V from k, v: write every layer's in one scatter each
         # stacked before the scatter, not inside it: fused in, the 36-way concatenate made each scatter ~13 us
-        ks, vs = jax.lax.optimization_barrier(tuple(jnp.stack(parts) for parts in zip(*new_kv)))
+        ks, vs = jax.lax.optimization_barrier(tuple(jnp.stack(parts)[:, :, :rows] for parts in zip(*new_kv)))
         every = slice(None)
         cache = dataclasses.replace(cache, k=write_layer(cache.k, every, ks, cache.lengths),
                                     v=write_layer(cache.v, every, vs, cache.lengths))
-    x = add_rms_norm(x, update, weights.final_norm, cfg.rms_norm_eps)[1]
+    hidden = {i: hid[:, :rows] for i, hid in hidden.items()}  # the padded rows' outputs are dropped here
+    x = add_rms_norm(x, update, weights.final_norm, cfg.rms_norm_eps)[1][:, :rows]
     if cfg.num_layers - 1 in hidden_layer_ids:
         hidden[cfg.num_layers - 1] = x
     logits = linear(x, weights.lm_head).astype(jnp.float32)

@@ -196,6 +196,10 @@ def main(argv=None):
     parser.add_argument("--nodes", type=int, nargs="+", default=[16, 64, 256])
     parser.add_argument("--trials", type=int, default=50)
     parser.add_argument("--no-sweep", action="store_true", help="only the default TuningConfig")
+    parser.add_argument("--splits", type=int, nargs="+", default=None,
+                        help="sweep these KV splits instead of SWEEP (0: the auto split), crossed with --steps")
+    parser.add_argument("--steps", type=int, nargs="+", default=[4],
+                        help="max_concurrent_steps values crossed with --splits (2 fits two CTAs an SM)")
     args = parser.parse_args(argv)
 
     device = jax.devices()[0]
@@ -203,6 +207,9 @@ def main(argv=None):
     if not ops._on_hopper():
         print("warning: not a Hopper GPU; the kernel rows will fail")
     sweep = SWEEP[:1] if args.no_sweep else SWEEP
+    if args.splits:
+        sweep = tuple(TuningConfig(max_concurrent_steps=st, num_splits=sp or None, min_blocks_per_split=1 if sp else 2)
+                      for sp in args.splits for st in args.steps)
     for i, config in enumerate(sweep):
         print(f"kernel[{i}]: {config}")
     rows = []

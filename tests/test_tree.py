@@ -301,15 +301,3 @@ def test_walk_chain():
     assert int(w.n_accepted) == 2
     assert np.asarray(w.path)[:3].tolist() == [0, 1, 2]
     assert np.asarray(w.new_tokens)[:3].tolist() == [3, 4, 0]
-
-
-@pytest.mark.parametrize("vocab,width", [(1000, 128), (151936, 128), (100, 128), (256, 64)])
-def test_log_softmax_in_two_levels_equals_jax(vocab, width):
-    """`trees.log_softmax` (each row's max and sum reduced as slices, then over the slices) is jax.nn.log_softmax up to
-    the sum's rounding, with -inf entries and a width that does not divide the row."""
-    x = jax.random.normal(jax.random.key(vocab), (2, 3, vocab)) * 5
-    x = x.at[0, 1, ::7].set(-jnp.inf)
-    got, want = trees.log_softmax(x, width), jax.nn.log_softmax(x, axis=-1)
-    np.testing.assert_array_equal(np.isinf(np.asarray(got)), np.isinf(np.asarray(want)))
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=2e-5)
-    assert got.dtype == jnp.float32

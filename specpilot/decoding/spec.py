@@ -153,7 +153,7 @@ class SpecEngine(Engine):
                 return jax.vmap(trees.chain)(jnp.argmax(rows, -1)), None
             q = target_probs(rows, self.sampling)
             return jax.vmap(trees.chain)(sample(key, q)), q
-        logp = trees.log_softmax(rows)
+        logp = jax.nn.log_softmax(rows, axis=-1)
         rank_max = trees.rank_limit(rows.shape[0])  # vmapped, best_first cannot see the batch
         return jax.vmap(lambda lp, lim: trees.best_first(lp, self.n_nodes, lim, rank_max))(logp, depth_limit), None
 

@@ -157,25 +157,6 @@ nodes (114.9 against 121.1 µs on that H100) and lose at 16 (183.5 against 141.9
 VOCAB_TOPK_CHUNK_LARGE = 64
 
 
-ROW_REDUCE_WIDTH = 128
-"""`log_softmax` reduces each row as slices of this many elements, then the slices' results."""
-
-
-def log_softmax(x: jax.Array, width: int = ROW_REDUCE_WIDTH) -> jax.Array:
-    """``jax.nn.log_softmax(x, axis=-1)`` in f32, as ``(x - max) - log(sum(exp(x - max)))``, with the max and the sum
-    each reduced in two levels: the row as ``[V / width, width]`` slices (padded with -inf), then the slices'
-    results. Why: the drafter's rows are few (B × 16) and long (the vocabulary), and XLA reduced each such row in
-    one ~20 us kernel, two a tree stage on an H100 (docs/results/2026-12-06-kv-scatter-tree-rows-h100/). The max
-    is exact; the sum rounds as its order has it (any reduction order does)."""
-    x = x.astype(jnp.float32)
-    w = min(width, x.shape[-1])
-    slices = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, -x.shape[-1] % w)], constant_values=-jnp.inf)
-    slices = slices.reshape(*x.shape[:-1], -1, w)
-    top = slices.max(axis=-1).max(axis=-1, keepdims=True)
-    total = jnp.exp(slices - top[..., None]).sum(axis=-1).sum(axis=-1, keepdims=True)
-    return (x - top) - jnp.log(total)
-
-
 def vocab_topk_chunk(k: int) -> int | tuple[int, ...]:
     """The slice width(s) ``best_first`` screens a top-``k`` over the vocabulary with (``VOCAB_TOPK_CHUNKS``)."""
     return next((chunk for limit, chunk in sorted(VOCAB_TOPK_CHUNKS.items()) if k <= limit), VOCAB_TOPK_CHUNK_LARGE)

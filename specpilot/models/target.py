@@ -16,7 +16,9 @@ Attention implementations (`forward(..., attention=)`, the engines' `attention` 
   so no kernel of the forward writes the prefix it reads (`cache_settled`: under PDL its loads start early).
   Above one new token the kernel reads their q, k and v from one array (`tree_attention_packed`), as
   `qk_norm_rope` writes them: in the H200's DFlash drafter pass (16 rows) that removed three copies a layer
-  (docs/results/2026-12-01-drafter-tree-h200/). A one-token step has them written as three arrays.
+  (docs/results/2026-12-01-drafter-tree-h200/). A one-token step has them written as three arrays. A step of 9+
+  tokens off a multiple of 8 (DDTree@64's root and 64 nodes) runs padded to one (`pad_tree_rows`), so no kernel
+  pads its operands layer by layer; the padded nodes' outputs and K/V are dropped.
 
 After the q|k|v projection, `pallas_kernels.qk_norm_rope` norms q's and k's heads (Qwen3) and rotates them: XLA's
 fusions, or with its `DEFAULT` set to `mosaic_gpu` one kernel that also adds the projection's K splits. The MLP's

@@ -29,12 +29,12 @@ def reason(space, base, delta) -> str:
 
 def test_engine_switch_starts_from_defaults_and_clamps(space, stock):
     cfg = space.apply(stock, {"engine": "specpilot"})
-    assert cfg["name"] == "specpilot" and cfg["tree_budget"] == 128  # YAML default 256, clamped to the deployment
+    assert cfg["name"] == "specpilot" and cfg["tree_budget"] == 128  # YAML default 255, clamped to the deployment
     assert max(cfg["budget_candidates"]) <= 128
     _ENGINE_CLASSES["specpilot"].model_validate(cfg)
     smaller = space.apply(cfg, {"tree_budget": 32})  # the cost-aware candidates follow a smaller budget
-    assert smaller["budget_candidates"] == [4, 8, 16, 32]
-    assert space.diff(stock, smaller) == {"engine": "specpilot", "tree_budget": 32, "budget_candidates": [4, 8, 16, 32]}
+    assert smaller["budget_candidates"] == [4, 7, 15, 31]
+    assert space.diff(stock, smaller) == {"engine": "specpilot", "tree_budget": 32, "budget_candidates": [4, 7, 15, 31]}
     assert space.apply(stock, space.diff(stock, smaller)) == smaller
 
 

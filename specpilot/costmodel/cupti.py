@@ -34,11 +34,6 @@ def kernel_timings(call: Callable[[], Any]) -> list[tuple[str, float]]:
     return [(str(name), float(ms)) for name, ms in timings or []]
 
 
-def gpu_ms(call: Callable[[], Any]) -> float:
-    """The summed run time of ``call()``'s kernels, in ms (``kernel_timings``)."""
-    return sum(ms for _, ms in kernel_timings(call))
-
-
 def median_kernel_us(call: Callable[[], Any], iters: int, per: float = 1.0) -> dict[str, float]:
     """Each kernel name's µs (its launches in one ``call()`` summed, divided by ``per``: calls or steps inside it),
     the median over ``iters`` runs (``kernel_timings``)."""

@@ -1636,6 +1636,14 @@ def fmt(x, digits=3):
     return str(x)
 
 
+def kernel_choices(s: dict) -> list[str]:
+    """The run's settings that make its `xla_*` rows other than plain XLA (`--matmul`, `--norm`, ... set every JAX
+    job's ops, and `--ar-attention` its AR rows' attention), as `op=implementation`."""
+    ops = [f"{op}={s[op]}" for op in ("matmul", "norm", "rope", "swiglu", "swiglu_matmul")
+           if s.get(op) not in (None, "default", "xla")]
+    return ops + ([f"attention={s['ar_attention']}"] if s.get("ar_attention", "xla") != "xla" else [])
+
+
 def markdown(rep: dict) -> str:
     p, s = rep["provenance"], rep["settings"]
     hw = p.get("hardware")
@@ -1662,7 +1670,11 @@ def markdown(rep: dict) -> str:
          "| tokens match | note |"),
         "|---|---|---|---|---|---|---|---|",
     ]
+    kernels = kernel_choices(s)
     for r in rep["rows"]:
+        what = r["what"]
+        if r["variant"] in ("xla_forward", "xla_decode_loop") and kernels:  # labelled XLA, but not plain XLA here
+            what += f", with {', '.join(kernels)}: not plain XLA"
         note = r.get("error") or ""
         if not note:
             bits = []
@@ -1688,7 +1700,7 @@ def markdown(rep: dict) -> str:
         tm_cell = fmt(tm) if r.get("tokens_ref") else ("ref" if r["variant"] == "xla_forward" else "–")
         if str(r.get("tokens_ref") or "").startswith("n/a"):
             tm_cell = "n/a"
-        lines.append(f"| {r['variant']} | {r['what']} | {fmt(r.get('ms'))} | {fmt(r['roofline']['ms_measured_bw'])} "
+        lines.append(f"| {r['variant']} | {what} | {fmt(r.get('ms'))} | {fmt(r['roofline']['ms_measured_bw'])} "
                      f"| {fmt(r['roofline']['ms_nominal'])} | {fmt(r.get('x_roofline_nominal'), 2)} | {tm_cell} "
                      f"| {note.replace('|', '/')} |")
     if rep["targets"]:

@@ -480,12 +480,30 @@ def test_h200_scripts_pass_bench_roofline_arguments_it_accepts(script):
     br = _load_script()
     text = script.read_text().replace("\\\n", " ")
     lines = [ln for ln in text.splitlines() if "scripts/bench_roofline.py" in ln]
+    runs = []
     for line in lines:
         words = shlex.split(line.split("scripts/bench_roofline.py", 1)[1].split(">")[0])
         # "$@" (the caller's extra arguments) dropped; another shell variable is a budget in these scripts
         words = ["300" if w.startswith("$") else w for w in words if w != "$@"]
         args = br.parse_args(words)
         assert br.selected_variants(args)
+        runs.append((br.selected_variants(args), br.kernel_choices(br.settings(args))))
     assert lines
-    if script.name == "ar_side_by_side.sh":
-        assert br.selected_variants(args) == ["xla_decode_loop", "rope_decode_loop", "torch_peer_cudagraphs"]
+    if script.name == "ar_side_by_side.sh":  # plain XLA and PyTorch with no kernel set, then our step
+        assert runs == [(["xla_decode_loop", "torch_peer_cudagraphs"], []),
+                        (["rope_decode_loop"], ["matmul=mosaic_gpu", "norm=mosaic_gpu", "rope=mosaic_gpu",
+                                                "attention=pallas_tree"])]
+
+
+def test_an_xla_row_run_with_kernels_says_it_is_not_plain_xla():
+    """`--matmul` and friends set every JAX job's ops, the `xla_*` rows' too: a side-by-side run that set them
+    measured our step twice (docs/results/2026-12-06-ar-side-by-side-h100/). The report says so on the row."""
+    br = _load_script()
+    plain = br.parse_args(["--quick", "--variants", "xla_decode_loop"])
+    ours = br.parse_args(["--quick", "--variants", "xla_decode_loop", "--matmul", "mosaic_gpu", "--ar-attention",
+                          "pallas_tree"])
+    texts = [br.markdown(br.build_report(br.settings(a), {"xla_decode_loop": {"ms": 5.5}}, [], ["xla_decode_loop"],
+                                         None, 1.0)) for a in (plain, ours)]
+    assert "not plain XLA" not in texts[0]
+    assert "| xla_decode_loop | XLA, N steps in one fori_loop, with matmul=mosaic_gpu, attention=pallas_tree: not plain " \
+           "XLA |" in texts[1]

@@ -489,10 +489,25 @@ def test_h200_scripts_pass_bench_roofline_arguments_it_accepts(script):
         assert br.selected_variants(args)
         runs.append((br.selected_variants(args), br.kernel_choices(br.settings(args))))
     assert lines
-    if script.name == "ar_side_by_side.sh":  # plain XLA and PyTorch with no kernel set, then our step
-        assert runs == [(["xla_decode_loop", "torch_peer_cudagraphs"], []),
-                        (["rope_decode_loop"], ["matmul=mosaic_gpu", "norm=mosaic_gpu", "rope=mosaic_gpu",
-                                                "attention=pallas_tree"])]
+    if script.name == "ar_side_by_side.sh":  # one run, no kernel flag: plain XLA, our fastest step, PyTorch
+        assert runs == [(["xla_decode_loop", "fast_decode_loop", "torch_peer_cudagraphs"], [])]
+
+
+def test_the_fast_decode_loop_sets_its_kernels_whatever_the_run_sets(tmp_path):
+    """`fast_decode_loop` runs our kernels and the tree-attention kernel in its own job, so a run without kernel flags
+    has plain XLA (`xla_decode_loop`) and our step side by side; its issue #8 check is <= 1.10x the roofline."""
+    br = _load_script()
+    args = br.parse_args(["--quick", "--variants", "xla_decode_loop", "fast_decode_loop", "torch_peer_cudagraphs"])
+    jobs, _ = br.plan_jobs(args, br.settings(args), tmp_path, br.selected_variants(args))
+    spec = {j.name: j.spec for j in jobs if j.kind == "jax"}
+    assert br.kernel_choices(spec["xla"]) == []
+    assert br.kernel_choices(spec["fast"]) == ["matmul=mosaic_gpu", "norm=mosaic_gpu", "rope=mosaic_gpu",
+                                               "attention=pallas_tree"]
+    rep = br.build_report(br.settings(args), {"fast_decode_loop": {"ms": 4.1}, "xla_decode_loop": {"ms": 5.6}}, [],
+                          ["xla_decode_loop", "fast_decode_loop"], None, 1.0)
+    check = next(t for t in rep["targets"] if t["what"].startswith("fast_decode_loop"))
+    assert check["target"] == "≤ 1.10" and check["ok"] == (check["value"] <= 1.10)
+    assert "not plain XLA" not in br.markdown(rep)
 
 
 def test_an_xla_row_run_with_kernels_says_it_is_not_plain_xla():

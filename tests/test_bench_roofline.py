@@ -503,11 +503,16 @@ def test_the_fast_decode_loop_sets_its_kernels_whatever_the_run_sets(tmp_path):
     assert br.kernel_choices(spec["xla"]) == []
     assert br.kernel_choices(spec["fast"]) == ["matmul=mosaic_gpu", "norm=mosaic_gpu", "rope=mosaic_gpu",
                                                "attention=pallas_tree"]
-    rep = br.build_report(br.settings(args), {"fast_decode_loop": {"ms": 4.1}, "xla_decode_loop": {"ms": 5.6}}, [],
-                          ["xla_decode_loop", "fast_decode_loop"], None, 1.0)
-    check = next(t for t in rep["targets"] if t["what"].startswith("fast_decode_loop"))
-    assert check["target"] == "≤ 1.10" and check["ok"] == (check["value"] <= 1.10)
-    assert "not plain XLA" not in br.markdown(rep)
+    def report(ms):
+        return br.build_report(br.settings(args), {"fast_decode_loop": {"ms": ms}, "xla_decode_loop": {"ms": 2 * ms}},
+                               [], ["xla_decode_loop", "fast_decode_loop"], None, 1.0)
+
+    floor = next(r for r in report(1.0)["rows"] if r["variant"] == "fast_decode_loop")["roofline"]["ms_nominal"]
+    for ms, ok in ((1.05 * floor, True), (1.2 * floor, False)):
+        rep = report(ms)
+        check = next(t for t in rep["targets"] if t["what"].startswith("fast_decode_loop"))
+        assert (check["target"], check["ok"]) == ("≤ 1.10", ok)
+        assert "not plain XLA" not in br.markdown(rep)
 
 
 def test_an_xla_row_run_with_kernels_says_it_is_not_plain_xla():

@@ -239,8 +239,11 @@ def test_profile_times_stages_and_reports_the_budgets_specpilot_chose(pair, prom
     timed = engine("ar", dict(name="ar"), tcfg, pair).profile(prompts[:2], 8, rounds=2, repeats=1, gpu_time=True)
     if jax.devices()[0].platform == "gpu":  # CUPTI: every stage's kernel time
         assert list(timed["stage_gpu_ms"]) == ["verify", "commit"] and timed["stage_gpu_ms"]["verify"] > 0
-        for stage, kernels in timed["stage_gpu_kernels"].items():  # the per-kernel split adds up to the stage
-            assert sum(kernels.values()) == pytest.approx(timed["stage_gpu_ms"][stage], rel=1e-6)
+        # every stage's kernels, each with its time a round, the largest first
+        assert list(timed["stage_gpu_kernels"]) == ["verify", "commit"]
+        for kernels in timed["stage_gpu_kernels"].values():
+            ms = list(kernels.values())
+            assert ms and all(v > 0 for v in ms) and ms == sorted(ms, reverse=True)
     else:
         assert "stage_gpu_ms" not in timed and "stage_gpu_kernels" not in timed
         assert "need an NVIDIA GPU" in timed["stage_gpu_error"]

@@ -189,8 +189,8 @@ def test_rank_top_k_is_lax_top_k_exactly(n, k):
 @pytest.mark.parametrize("budget", [5, 64, 128])
 def test_best_first_counting_ranks_builds_the_sorted_tree(monkeypatch, budget, chunks):
     """``RANK_TOP_K_MAX`` swaps every small top-k of the build for ``rank_top_k``: the same tree, bit for bit, on
-    random log-probs, on ties (log-probs rounded to a few values) and on +0.0 against -0.0; over 300 tokens the table's widths take the
-    whole row in one top-k, ``(4, 4)`` screens it in two levels."""
+    random log-probs, on ties (log-probs rounded to a few values) and on +0.0 against -0.0; over 300 tokens the
+    table's widths take the whole row in one top-k, ``(4, 4)`` screens it in two levels."""
     if chunks is not None:
         monkeypatch.setattr(trees, "VOCAB_TOPK_CHUNKS", {budget: chunks})
     if budget == 128:  # 645 pairs a depth: a rank_top_k a depth, not the chain

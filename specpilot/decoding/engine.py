@@ -164,8 +164,8 @@ class Engine:
         dispatch = self._dispatch_seconds(state)
         per_round = {name: [] for name, _ in stage_fns}
         timed_rounds, committed, nodes, budgets = 0, 0, [], []
-        per_round_gpu = {name: [] for name, _ in stage_fns} if gpu_time else None
-        per_kernel_gpu = {name: {} for name, _ in stage_fns}  # stage -> kernel name -> ms over all timed rounds
+        # stage -> kernel name -> ms summed over the timed rounds (each stage is timed once a timed round)
+        gpu_kernels = {name: {} for name, _ in stage_fns} if gpu_time else None
         gpu_error = None
         with warnings.catch_warnings():  # a stage forwards some donated buffers unchanged
             warnings.filterwarnings("ignore", "Some donated buffers were not usable")
@@ -188,7 +188,7 @@ class Engine:
                         del again, copies
                         pipelined = (time.perf_counter() - t0 - dispatch) / k
                         per_round[name].append(max(min(synced, pipelined), 0.0))
-                        if per_round_gpu is not None and gpu_error is None:
+                        if gpu_kernels is not None and gpu_error is None:
                             from specpilot.costmodel.cupti import kernel_timings
 
                             inputs = _fresh_copies(state, carry)
@@ -197,9 +197,8 @@ class Engine:
                             except RuntimeError as e:  # no CUPTI here
                                 gpu_error = str(e)
                             else:
-                                per_round_gpu[name].append(sum(ms for _, ms in launches))
                                 for kernel, ms in launches:
-                                    per_kernel_gpu[name][kernel] = per_kernel_gpu[name].get(kernel, 0.0) + ms
+                                    gpu_kernels[name][kernel] = gpu_kernels[name].get(kernel, 0.0) + ms
                         if "nodes" in out:
                             nodes.append(int(np.max(np.asarray(out["nodes"]))))
                         if "budget" in out:
@@ -213,10 +212,10 @@ class Engine:
         stage_ms = {k: 1e3 * sum(v) / n for k, v in per_round.items()}
         gpu = {}
         if gpu_time:
+            kernels = {k: {kernel: ms / n for kernel, ms in sorted(v.items(), key=lambda kv: -kv[1])}
+                       for k, v in gpu_kernels.items()}
             gpu = {"stage_gpu_error": gpu_error} if gpu_error else {
-                "stage_gpu_ms": {k: sum(v) / max(len(v), 1) for k, v in per_round_gpu.items()},
-                "stage_gpu_kernels": {k: {kernel: ms / max(len(per_round_gpu[k]), 1) for kernel, ms in sorted(
-                    v.items(), key=lambda kv: -kv[1])} for k, v in per_kernel_gpu.items()}}
+                "stage_gpu_ms": {k: sum(v.values()) for k, v in kernels.items()}, "stage_gpu_kernels": kernels}
         return {
             "engine": self.name,
             "batch": len(prompts),

@@ -191,14 +191,14 @@ def vocab_top_k(x: jax.Array, k: int, chunk: int | tuple[int, ...],
     padded = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, slices * width - vocab)], constant_values=-jnp.inf)
     padded = padded.reshape(*x.shape[:-1], slices, width)
     _, chosen = vocab_top_k(padded.max(axis=-1), k, inner, rank_max)
-    if k * width <= rank_max and x.dtype == jnp.float32:  # counted, ties broken by the row's own indices
-        candidates = jnp.take_along_axis(padded, chosen[..., None], axis=-2).reshape(*x.shape[:-1], k * width)
+    counted = k * width <= rank_max and x.dtype == jnp.float32  # ties broken by the row's own indices
+    if not counted:  # ascending: slice order = index order, so the sorted top-k breaks ties as lax.top_k does
+        chosen = -rank_top_k(-chosen, k)[0] if k <= rank_max else jnp.sort(chosen, axis=-1)
+    candidates = jnp.take_along_axis(padded, chosen[..., None], axis=-2).reshape(*x.shape[:-1], k * width)
+    if counted:
         index = (chosen[..., None] * width + jnp.arange(width, dtype=chosen.dtype)).reshape(candidates.shape)
         place = places(candidates, index)
         return from_order_key(_at_places(place, order_key(candidates), k)), _at_places(place, index, k)
-    # ascending: slice order = index order, so the top-k breaks ties as lax.top_k does
-    chosen = -rank_top_k(-chosen, k)[0] if k <= rank_max else jnp.sort(chosen, axis=-1)
-    candidates = jnp.take_along_axis(padded, chosen[..., None], axis=-2).reshape(*x.shape[:-1], k * width)
     best, pos = small_top_k(candidates, k, rank_max)
     index = jnp.take_along_axis(chosen, pos // width, axis=-1) * width + pos % width
     return best, index

@@ -42,7 +42,8 @@ def write_layer(buf: jax.Array, layer: int | jax.Array | slice, new: jax.Array, 
 
     A scatter into the whole (donated) buffer updates it in place; writes past capacity are dropped,
     never clamped onto committed slots. Its slots are distinct (one row per request, consecutive slots), so it is
-    declared `unique_indices`: XLA may then store each element instead of an atomic compare-and-swap loop.
+    declared `unique_indices`: then the compaction's two scatters take 3.8 us together on an H100 and its stage went
+    45 -> 32 us (docs/results/2026-12-06-kv-scatter-tree-rows-h100/).
     """
     b, t = new.shape[-4:-2]
     slots = lengths[:, None] + jnp.arange(t)[None, :]

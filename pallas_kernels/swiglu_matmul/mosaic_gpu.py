@@ -6,24 +6,28 @@ docs/results/2026-12-02-merge-in-kernel-h200/, call 2). Here it is the matmul's 
 layer fewer and the activation is written once, ``[M, I]`` instead of the projection's ``[M, 2 I]``.
 
 Shape of the call. The skinny kernel's (``pallas_kernels.skinny_matmul``): weights on the wgmma M side, tokens on N,
-``W`` read as stored (``[K, 2 I]``, gate columns first), no transpose. One block owns 64 intermediate channels: each
-pipeline step TMA-loads the ``[tile_k, 64]`` gate tile at columns ``64 j`` and the up tile at ``I + 64 j`` and runs
-two wgmmas into two ``[64, tile_m]`` f32 accumulators, so gate and up of one channel sit in the same thread's
-registers and the epilogue is elementwise: each value rounded to the projection's dtype (what the matmul returned
-before), ``silu(gate) * up`` in f32 (``gate / (1 + exp(-gate)) * up``, as the swiglu kernel computes it), rounded
-once; stored transposed (tokens-major) through SMEM with one TMA. K is never split: SwiGLU needs the whole sum, and
-Qwen3-8B's ``I / 64 = 192`` blocks at two a SM are all resident at once on the H200's 132 SMs (SMEM: three 34 KB
-pipeline slots a block), with ~96 KB of weights in flight a block.
+``W`` read as stored (``[K, 2 I]``, gate columns first), no transpose, one ``[tile_k, 64]`` weight tile a pipeline
+step. The blocks come in clusters of two: for intermediate channels ``64 j .. 64 j + 63`` the gate block (cluster
+index 0) streams gate columns ``64 j``, the up block (index 1) up columns ``I + 64 j``, so the grid has the skinny
+kernel's 384 blocks at Qwen3-8B's shape, not 192 blocks of two tiles each. K is never split: SwiGLU needs the whole
+sum. Epilogue: each block rounds its accumulator to the projection's dtype (what the matmul returned before) into its
+own shared memory; after a cluster barrier the gate block reads the up block's tile through distributed shared memory
+(``plgpu.cluster_ref``), computes ``silu(gate) * up`` in f32 (``gate / (1 + exp(-gate)) * up``, as the swiglu kernel
+does), rounds once, and stores it transposed (tokens-major) through SMEM with one TMA; a second cluster barrier keeps
+the up block's tile alive until it has been read.
 
 The output is ``[M, I]`` exactly: TMA reads zeros for the token rows past ``M`` in the activation tile and clips the
-stored box, so no pad or slice kernel runs around the call. Runs in Pallas GPU-interpret mode (both wgmma operands
-come from SMEM), so the CPU tests run the kernel.
+stored box, so no pad or slice kernel runs around the call.
 
-Measured on the H200 (docs/results/2026-12-02-swiglu-epilogue-h200/): equal to the reference, and at parity. At
-M = 1 it takes 47.6-49.5 us a call over the pipeline configs, the skinny kernel + XLA's SwiGLU 47.6 (both stream
-4.2 TB/s): its 192 blocks of 128 weight columns lose ~1 us a call against the skinny kernel's 384 of 64, what the
-SwiGLU kernel took. At M = 16 it is 48.4 against 51.3. What would keep 384 blocks (a load-time interleave of gate
-and up columns, paired across warps in the epilogue) is in that README.
+Interpret mode has no distributed shared memory (``cluster_ref`` is rejected there), so interpreted the up block
+hands its tile over through a GMEM scratch output instead (TMA out, cluster barrier, TMA in); everything else, the
+cluster barriers included, is the GPU form. ``interpretable`` picks the form (the default when interpreting).
+
+Measured: the first form (192 blocks of a gate and an up tile each) tied the two kernels it replaces on the H200
+(47.6-49.5 against 47.6 us a call at M = 1; docs/results/2026-12-02-swiglu-epilogue-h200/): its 192 blocks balanced
+worse on 132 SMs than the skinny kernel's 384. On an H100 this form took 66.1 us at M = 1 and 66.6 at 16 against 67.8
+and 70.0 for the two kernels and 67.4 and 68.2 for the 192-block form
+(docs/results/2026-12-06-swiglu-cluster-probe-h100/).
 """
 
 from __future__ import annotations
@@ -39,19 +43,21 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import pdl
 from pallas_kernels.lowering import lowered_once
-from pallas_kernels.split_k import exit_wait, halves_scratch, round_up, smem_transforms, token_tile
+from pallas_kernels.split_k import exit_wait, round_up, smem_transforms, token_tile
 from pallas_kernels.tma import pad_for_tma
 
-TILE_N = 64  # intermediate channels per block: one wgmma M for the gate, one for the up projection
+TILE_N = 64  # intermediate channels per cluster: one wgmma M in each of its two blocks
 X_TILE = (8, 64)  # the SMEM tiling of the activation tiles
+GATE, UP = 0, 1  # a block's index in its cluster
 
 
 @dataclasses.dataclass(frozen=True)
 class TuningConfig:
   """tile_m: token rows per block (wgmma N, a multiple of 8 up to 256; M is padded to ``min(tile_m, M rounded up to
-  8)``). tile_k: reduction depth per pipeline step (a multiple of 64; a step moves two ``[tile_k, 64]`` bf16 weight
-  tiles). max_concurrent_steps: pipeline slots, i.e. weight bytes in flight a block; three at tile_k = 128 leave room
-  for two blocks a SM. The default was the best at M = 16 on the H200 and 0.8 us behind (256, 1) at M = 1."""
+  8)``). tile_k: reduction depth per pipeline step (a multiple of 64; a step moves one ``[tile_k, 64]`` bf16 weight
+  tile). max_concurrent_steps: pipeline slots, i.e. weight bytes in flight a block. The default was the best of four
+  pipeline configs at M = 16 on an H100 and 0.1 us behind (256, 2) at M = 1
+  (docs/results/2026-12-06-swiglu-cluster-probe-h100/)."""
 
   tile_m: int = 64
   tile_k: int = 128
@@ -85,24 +91,24 @@ def check_supported(x: jax.Array, w: jax.Array, config: TuningConfig) -> None:
     raise NotImplementedError(f"K={k} is not a multiple of tile_k={config.tile_k}")
 
 
-@lowered_once("m", "tile_m", "tile_k", "max_concurrent_steps", "interpret")
-def _call(x2, w, *, m, tile_m, tile_k, max_concurrent_steps, interpret):
+@lowered_once("m", "tile_m", "tile_k", "max_concurrent_steps", "interpret", "interpretable")
+def _call(x2, w, *, m, tile_m, tile_k, max_concurrent_steps, interpret, interpretable):
   k, n = w.shape
   inter = n // 2
   steps = k // tile_k
   depth = min(max_concurrent_steps, steps)
+  n_blocks, m_blocks = inter // TILE_N, round_up(m, tile_m) // tile_m
   w_transforms = smem_transforms(TILE_N, jnp.bfloat16)
   x_transforms = smem_transforms(tile_k, jnp.bfloat16)
 
-  def swiglu_matmul_body(w_gmem, x_gmem, out_gmem, gate_smem, up_smem, x_smem, loaded, out_smem):  # profile name
-    j = lax.axis_index("n")
-    gate_cols, up_cols = pl.ds(j * TILE_N, TILE_N), pl.ds(inter + j * TILE_N, TILE_N)
-    m_slice = pl.ds(lax.axis_index("m") * tile_m, tile_m)
+  def swiglu_matmul_body(w_gmem, x_gmem, out_gmem, *handover, w_smem, x_smem, loaded, staged, proj_smem, out_smem,
+                         up_smem=None, handed=None):  # profile name
+    j, mi, half = lax.axis_index("n"), lax.axis_index("m"), lax.axis_index("c")
+    w_cols = pl.ds(half * inter + j * TILE_N, TILE_N)  # the gate block's gate columns, the up block's up columns
+    m_slice = pl.ds(mi * tile_m, tile_m)
 
     def load_w(step, slot):
-      k_slice = pl.ds(step * tile_k, tile_k)
-      plgpu.copy_gmem_to_smem(w_gmem.at[k_slice, gate_cols], gate_smem.at[slot], loaded.at[slot])
-      plgpu.copy_gmem_to_smem(w_gmem.at[k_slice, up_cols], up_smem.at[slot], loaded.at[slot])
+      plgpu.copy_gmem_to_smem(w_gmem.at[pl.ds(step * tile_k, tile_k), w_cols], w_smem.at[slot], loaded.at[slot])
 
     def load_x(step, slot):
       plgpu.copy_gmem_to_smem(x_gmem.at[m_slice, pl.ds(step * tile_k, tile_k)], x_smem.at[slot], loaded.at[slot])
@@ -115,53 +121,79 @@ def _call(x2, w, *, m, tile_m, tile_k, max_concurrent_steps, interpret):
     for slot in range(depth):
       load_x(slot, slot)
 
-    def accumulate(gate_acc, up_acc):
+    def accumulate(acc):
       def step(i, carry):
         slot = lax.rem(i, depth)
         plgpu.barrier_wait(loaded.at[slot])
-        plgpu.wgmma(gate_acc, gate_smem.at[slot].T, x_smem.at[slot].T)
-        plgpu.wgmma(up_acc, up_smem.at[slot].T, x_smem.at[slot].T)
+        plgpu.wgmma(acc, w_smem.at[slot].T, x_smem.at[slot].T)
         plgpu.wgmma_wait(0)
 
         @pl.when(i + depth < steps)
-        def _refill():  # the slot's tiles were read by the wgmmas just waited for
+        def _refill():  # the slot's tiles were read by the wgmma just waited for
           load_w(i + depth, slot)
           load_x(i + depth, slot)
 
         return carry
 
       lax.fori_loop(0, steps, step, None)
-      return gate_acc[...], up_acc[...]
+      return acc[...]
 
-    acc_type = plgpu.ACC((TILE_N, tile_m), jnp.float32)
-    gate, up = pl.run_scoped(accumulate, acc_type, acc_type)
-    gate = gate.astype(jnp.bfloat16).astype(jnp.float32)  # the projection as the matmul would have returned it
-    up = up.astype(jnp.bfloat16).astype(jnp.float32)
-    out_smem.at[0].T[...] = (gate / (1.0 + jnp.exp(-gate)) * up).astype(jnp.bfloat16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(out_smem.at[0], out_gmem.at[m_slice, gate_cols])  # rows past M are clipped
+    acc = pl.run_scoped(accumulate, plgpu.ACC((TILE_N, tile_m), jnp.float32))
+    proj_smem[...] = acc.astype(jnp.bfloat16)  # the projection as the matmul would have returned it
+    if interpretable:  # no distributed shared memory: the up block's tile goes through GMEM
+      @pl.when(half == UP)
+      def _hand_over():
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(proj_smem, handover[0].at[j, mi])
+        plgpu.wait_smem_to_gmem(0)
+
+    plgpu.barrier_arrive(staged.at[0])
+    plgpu.barrier_wait(staged.at[0])
+
+    @pl.when(half == GATE)
+    def _epilogue():
+      if interpretable:
+        plgpu.copy_gmem_to_smem(handover[0].at[j, mi], up_smem, handed.at[0])
+        plgpu.barrier_wait(handed.at[0])
+        up_tile = up_smem
+      else:
+        up_tile = plgpu.cluster_ref(proj_smem, {"c": UP})
+      gate = plgpu.load(proj_smem, layout=plgpu.Layout.WGMMA).astype(jnp.float32)
+      up = plgpu.load(up_tile, layout=plgpu.Layout.WGMMA).astype(jnp.float32)
+      out_smem.T[...] = (gate / (1.0 + jnp.exp(-gate)) * up).astype(jnp.bfloat16)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(out_smem, out_gmem.at[m_slice, pl.ds(j * TILE_N, TILE_N)])  # rows past M clipped
+
+    plgpu.barrier_arrive(staged.at[1])  # the up block's tile stays until the gate block has read it
+    plgpu.barrier_wait(staged.at[1])
     exit_wait()
 
-  call = plgpu.kernel(
-      swiglu_matmul_body, out_type=jax.ShapeDtypeStruct((m, inter), jnp.bfloat16),
-      grid=(inter // TILE_N, round_up(m, tile_m) // tile_m), grid_names=("n", "m"),
-      scratch_types={
-          "gate_smem": plgpu.SMEM((depth, tile_k, TILE_N), jnp.bfloat16, transforms=w_transforms),
-          "up_smem": plgpu.SMEM((depth, tile_k, TILE_N), jnp.bfloat16, transforms=w_transforms),
-          "x_smem": plgpu.SMEM((depth, tile_m, tile_k), jnp.bfloat16, transforms=x_transforms),
-          "loaded": plgpu.Barrier(num_arrivals=3, num_barriers=depth),  # a slot's gate, up and x tiles
-          "out_smem": halves_scratch(1, tile_m, TILE_N),
-      },
-      interpret=interpret,
-  )
-  return call(w, x2)
+  out_type = jax.ShapeDtypeStruct((m, inter), jnp.bfloat16)
+  scratch = {
+      "w_smem": plgpu.SMEM((depth, tile_k, TILE_N), jnp.bfloat16, transforms=w_transforms),
+      "x_smem": plgpu.SMEM((depth, tile_m, tile_k), jnp.bfloat16, transforms=x_transforms),
+      "loaded": plgpu.Barrier(num_arrivals=2, num_barriers=depth),  # a slot's weight and x tiles
+      "staged": plgpu.ClusterBarrier(collective_axes=("c",), num_barriers=2),  # projection stored; read
+      "proj_smem": plgpu.SMEM((TILE_N, tile_m), jnp.bfloat16),  # unswizzled: cluster_ref loads reject swizzles
+      "out_smem": plgpu.SMEM((tile_m, TILE_N), jnp.bfloat16, transforms=w_transforms),
+  }
+  if interpretable:
+    out_type = (out_type, jax.ShapeDtypeStruct((n_blocks, m_blocks, TILE_N, tile_m), jnp.bfloat16))
+    scratch["up_smem"] = plgpu.SMEM((TILE_N, tile_m), jnp.bfloat16)
+    scratch["handed"] = plgpu.Barrier(num_arrivals=1, num_barriers=1)
+  call = plgpu.kernel(swiglu_matmul_body, out_type=out_type, grid=(n_blocks, m_blocks), grid_names=("n", "m"),
+                      cluster=(2,), cluster_names=("c",), scratch_types=scratch, interpret=interpret)
+  out = call(w, x2)
+  return out[0] if interpretable else out
 
 
 def swiglu_matmul(x: jax.Array, w_gate_up: jax.Array, *, config: TuningConfig | None = None,
-                  interpret: plgpu.InterpretGPUParams | None = None) -> jax.Array:
+                  interpret: plgpu.InterpretGPUParams | None = None,
+                  interpretable: bool | None = None) -> jax.Array:
   """``reference.swiglu_matmul_reference(x, w_gate_up)`` in one kernel: ``[..., I]`` bf16 from bf16 ``x``
   ``[..., K]`` and ``w_gate_up`` ``[K, 2 I]``. Unsupported shapes raise NotImplementedError at trace time, so
-  ``ops.swiglu_matmul`` can fall back loudly."""
+  ``ops.swiglu_matmul`` can fall back loudly. ``interpretable`` (default: whether ``interpret`` is given) hands the
+  up projection over through GMEM instead of distributed shared memory (module docstring)."""
   config = config or DEFAULT_CONFIG
   check_supported(x, w_gate_up, config)
   lead, k = x.shape[:-1], x.shape[-1]
@@ -169,5 +201,6 @@ def swiglu_matmul(x: jax.Array, w_gate_up: jax.Array, *, config: TuningConfig | 
   tile_m = token_tile(config.tile_m, m)
   x2 = pad_for_tma(x.reshape(m, k), X_TILE)
   out = _call(x2, w_gate_up, m=x2.shape[0], tile_m=tile_m, tile_k=config.tile_k,
-              max_concurrent_steps=config.max_concurrent_steps, interpret=interpret)
+              max_concurrent_steps=config.max_concurrent_steps, interpret=interpret,
+              interpretable=interpret is not None if interpretable is None else interpretable)
   return (out if out.shape[0] == m else out[:m]).reshape(*lead, w_gate_up.shape[1] // 2)

@@ -140,10 +140,12 @@ def _call(x2, w, *, m, tile_m, tile_k, max_concurrent_steps, interpret, interpre
 
     acc = pl.run_scoped(accumulate, plgpu.ACC((TILE_N, tile_m), jnp.float32))
     proj_smem[...] = acc.astype(jnp.bfloat16)  # the projection as the matmul would have returned it
+    # Every thread's part written before the cluster arrive: that is one thread a block, with no barrier of its own
+    # (a tile_k = 256 run on an H100 read a half-written up tile without this).
+    plgpu.commit_smem()
     if interpretable:  # no distributed shared memory: the up block's tile goes through GMEM
       @pl.when(half == UP)
       def _hand_over():
-        plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(proj_smem, handover[0].at[j, mi])
         plgpu.wait_smem_to_gmem(0)
 
@@ -161,7 +163,7 @@ def _call(x2, w, *, m, tile_m, tile_k, max_concurrent_steps, interpret, interpre
       gate = plgpu.load(proj_smem, layout=plgpu.Layout.WGMMA).astype(jnp.float32)
       up = plgpu.load(up_tile, layout=plgpu.Layout.WGMMA).astype(jnp.float32)
       out_smem.T[...] = (gate / (1.0 + jnp.exp(-gate)) * up).astype(jnp.bfloat16)
-      plgpu.commit_smem()
+      plgpu.commit_smem()  # also: every thread has read the up tile before the arrive below
       plgpu.copy_smem_to_gmem(out_smem, out_gmem.at[m_slice, pl.ds(j * TILE_N, TILE_N)])  # rows past M clipped
 
     plgpu.barrier_arrive(staged.at[1])  # the up block's tile stays until the gate block has read it

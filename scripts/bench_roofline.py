@@ -154,9 +154,13 @@ off; docs/results/2026-12-01-pdl-h200/). With the early loads, inside XLA's comm
 (``pdl_rope`` 4.434, ``pdl_chain`` 4.431 against ``rope`` 4.397 ms); with them off (``XLA_FLAGS`` in the harness's
 environment, which its jobs inherit and the report names) the kernels overlap and ``pdl_rope`` takes 4.374 ms
 (docs/results/2026-12-01-pdl-early-loads-h200/). ``fast_decode_loop``: our fastest AR step whatever the run's flags
-(``rope_decode_loop``'s kernels, ``conf/kernels/hopper.yaml``, and the tree-attention kernel at one node), so one run
+(``FAST_KERNELS``, ``conf/kernels/hopper.yaml``'s, and the tree-attention kernel at one node), so one run
 of ``xla_decode_loop fast_decode_loop torch_peer_cudagraphs`` with no kernel flag puts plain XLA, ours and PyTorch side
 by side (issue #8's AR row; with ``--matmul`` and the like, ``xla_decode_loop`` runs those kernels too)."""
+FAST_KERNELS = dict(matmul="mosaic_gpu", norm="mosaic_gpu", rope="mosaic_gpu", swiglu_matmul="mosaic_gpu")
+"""``fast_decode_loop``'s kernels: ``conf/kernels/hopper.yaml``'s choices (a test holds the two equal; the device
+machine has no PyYAML to read the file). Until 2026-12-06 this row lacked the SwiGLU cluster kernel the file had
+taken (4.333 ms against the 4.241 of ``rope_decode_loop`` with ``--swiglu-matmul mosaic_gpu``, one H200)."""
 SKINNY_FLAG_VARIANTS = {"skinny_cmdbuf_while": "xla_flags_cmdbuf_while"}
 """The decode loop with the kernel and an ``XLA_FLAG_VARIANTS`` entry's flags: 5.03 ms on the H200 with XLA attention
 (docs/results/2026-11-30-skinny-matmul-h200/); with ``--ar-attention pallas_tree`` the same as without the flags
@@ -1277,7 +1281,7 @@ def plan_jobs(args, s: dict, run: Path, chosen: list[str]) -> tuple[list[Job], J
                             loop_label="summed_splits_decode_loop"))
     rope_kernels = dict(matmul="mosaic_gpu", norm="mosaic_gpu", rope="mosaic_gpu")
     chain_kernels = dict(rope_kernels, swiglu="mosaic_gpu", combine_kernel=True)
-    for name, kernels in (("fast", dict(rope_kernels, ar_attention="pallas_tree")), ("rope", rope_kernels),
+    for name, kernels in (("fast", dict(FAST_KERNELS, ar_attention="pallas_tree")), ("rope", rope_kernels),
                           ("pdl_chain", dict(chain_kernels, pdl=True)), ("pdl_rope", dict(rope_kernels, pdl=True)),
                           ("chain", chain_kernels)):
         if f"{name}_decode_loop" in chosen:

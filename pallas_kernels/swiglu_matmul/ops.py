@@ -27,10 +27,10 @@ _log = logging.getLogger(__name__)
 Implementation = Literal["xla", "mosaic_gpu"]
 _IMPLEMENTATIONS = ("xla", "mosaic_gpu")
 DEFAULT: Implementation = "xla"
-"""``"xla"``, measured: on the H200 the fused kernel ties the two kernels it replaces (47.6-48.4 against 47.6 us a
-call at M = 1; the AR step 4.352 against 4.327 ms and 4.393 against 4.387 in two machine starts; a DFlash-b16 drafter
-round -1.4 us), docs/results/2026-12-02-swiglu-epilogue-h200/. ``bench_roofline.py --swiglu-matmul mosaic_gpu``
-turns it on. Read at trace time."""
+"""``"xla"``, as every kernel's default here (the library assumes no GPU); ``conf/kernels/hopper.yaml`` (the engines'
+Hopper choice) and ``bench_roofline.py --swiglu-matmul mosaic_gpu`` turn it on. Measured on the H200 with the kernel's cluster form: the
+AR step 4.241 against 4.303-4.306 ms, its matmuls 13.6 us and the SwiGLU fusion's 51.1 us gone
+(docs/results/2026-12-06-swiglu-cluster-h200/); the first, 192-block form had tied. Read at trace time."""
 MAX_TOKENS = 32
 """Above this many token rows, the unfused path: a decode step's one row and a DFlash-b16 drafter's 16 (24 in a
 round) take the kernel when it is on; a 64-node verify keeps XLA's dot, which is faster there

@@ -48,6 +48,7 @@ def test_bench_runs_without_hydra_or_pydantic(tmp_path, cache_env):
            "--compile-cache", str(tmp_path / "jit"), "--compile-workers", "2", "--calibration-ddtree-budgets", "4",
            "--calibration-specpilot-candidates", "2", "4", "--tau-profile", str(tau),
            "--matmul", "mosaic_gpu", "--norm", "mosaic_gpu", "--rope", "mosaic_gpu",  # off a Hopper: XLA's
+           "--swiglu-matmul", "mosaic_gpu",
            "--command-buffers",  # the flag parses on any XLA
            "--tree-rank-max", "4096",
            "--gpu-time"]  # no CUPTI on a CPU: every row says so
@@ -56,7 +57,7 @@ def test_bench_runs_without_hydra_or_pydantic(tmp_path, cache_env):
     assert "compiled B=1 in 2 threads" in proc.stdout
     assert json.loads(proc.stdout.strip().splitlines()[-1])["rows"] == 9
     res = json.loads((out / "bench.json").read_text())
-    assert res["matmul"] == res["norm"] == "mosaic_gpu" and res["pdl"] is False and res["tree_rank_max"] == 4096
+    assert res["matmul"] == res["norm"] == res["swiglu_matmul"] == "mosaic_gpu" and res["pdl"] is False and res["tree_rank_max"] == 4096
     assert res["xla_flags"].endswith("--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL")
     assert [(r["label"], r["role"]) for r in res["rows"]] == [
         ("ar", "calibration"), ("stock", "calibration"), ("ddtree@4", "calibration"),

@@ -66,3 +66,28 @@ def test_kernel_choices_change_nothing_off_hopper(restored):
     choices.use(matmul="mosaic_gpu", norm="mosaic_gpu", rope="mosaic_gpu", swiglu="mosaic_gpu",
                 swiglu_matmul="mosaic_gpu")
     np.testing.assert_array_equal(logits(), plain)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(jax.devices()[0].platform != "gpu", reason="Hopper kernels need an H100/H200")
+@pytest.mark.parametrize("name", ["stock", "ddtree"])
+def test_engines_on_the_hopper_kernels_equal_ar_on_them(restored, name):
+    """Lossless on the kernels the engines run on Hopper (``conf/kernels/hopper.yaml``: the skinny matmul, add + norm,
+    q/k norm + rope, gate|up + SwiGLU on two-CTA clusters) and the tree-attention kernel: a speculative engine's
+    greedy tokens equal AR's on the same kernels, in bf16 at widths the kernels tile (hidden 1024, head_dim 128)."""
+    from pathlib import Path
+
+    import yaml
+
+    from specpilot.decoding import make_engine
+
+    hopper = yaml.safe_load((Path(__file__).resolve().parents[1] / "conf" / "kernels" / "hopper.yaml").read_text())
+    choices.use(**hopper)
+    tcfg = tm.target_config(vocab=256, hidden=1024, heads=8, kv_heads=2, head_dim=128, intermediate=2048)
+    tcfg, tw, dcfg, dw = tm.repeat_pair(tcfg, block_size=8, embed_scale=0.6, seed=0, dtype=jnp.bfloat16)
+    prompts = tm.prompts(2, 256, lengths=(3, 6), seed=1, exclude=(255,))
+    engines = {n: make_engine({"name": n, **({"tree_budget": 15} if n == "ddtree" else {}), "attention": "pallas_tree"},
+                              tcfg, tw, dcfg, dw, context=64) for n in ("ar", name)}
+    ar = engines["ar"].generate(prompts, 24)
+    got = engines[name].generate(prompts, 24)
+    assert got.tokens == ar.tokens

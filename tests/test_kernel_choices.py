@@ -97,7 +97,7 @@ def test_engines_on_the_hopper_kernels_pass_token_forcing(restored, name):
     prompts = tm.prompts(2, 256, lengths=(3, 6), seed=1, exclude=(255,))
     spec = {"name": name, "attention": "pallas_tree", **({"tree_budget": 15} if name == "ddtree" else {})}
     ar = make_engine({"name": "ar", "attention": "pallas_tree"}, tcfg, tw, dcfg, dw, context=64).generate(prompts, 24)
-    engine = make_engine(spec, tcfg, tw, dcfg, dw, context=64)
+    engine = make_engine(spec, tcfg, tw, dcfg, dw, context=128)  # forcing restarts: prompt + 2 x 24 + scratch
     report = force(engine, ar.tokens, prompts, target_margin_fn(tw, tcfg), reference_name="ar", tie_tolerance=BF16_TIE)
     assert report.passed, report.to_json()
     assert report.positions_checked == 48 and len(report.ties) <= 4, report.to_json()

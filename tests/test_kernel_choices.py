@@ -70,9 +70,10 @@ def test_kernel_choices_change_nothing_off_hopper(restored):
 
 BF16_TIE = 0.1
 """Token forcing's tie tolerance for the bf16 test below: about two bf16 steps of its logits (magnitude 4-16). AR
-(one row a step) and a verify pass (a block or a tree of rows) add attention's f32 partials over other KV splits, so
-their logits may differ in the last bits and a near-tie may flip (on an H100 a stock run left AR at its 13th token):
-the gate that counts is token forcing's, as the search's."""
+(one row a step) and a verify pass (a block or a tree of rows) add attention's f32 partials over other KV splits, and
+run some projections of many rows on XLA's dots, so their logits may differ in the last bits and a near-tie may flip
+(on an H100, with AR on XLA's attention, stock and DDTree left AR at a 13th token): the gate that counts is token
+forcing's, as the search's."""
 
 
 @pytest.mark.gpu

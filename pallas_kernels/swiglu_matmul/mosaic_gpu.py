@@ -25,9 +25,10 @@ cluster barriers included, is the GPU form. ``interpretable`` picks the form (th
 
 Measured: the first form (192 blocks of a gate and an up tile each) tied the two kernels it replaces on the H200
 (47.6-49.5 against 47.6 us a call at M = 1; docs/results/2026-12-02-swiglu-epilogue-h200/): its 192 blocks balanced
-worse on 132 SMs than the skinny kernel's 384. On an H100 this form took 66.1 us at M = 1 and 66.6 at 16 against 67.8
-and 70.0 for the two kernels and 67.4 and 68.2 for the 192-block form
-(docs/results/2026-12-06-swiglu-cluster-probe-h100/).
+worse on 132 SMs than the skinny kernel's 384. This form, on the H200: 46.4-47.0 us a call at M = 1 and 46.4 at 16
+against 47.5 and 51.3 for the two kernels, and the AR step 4.241 against 4.303-4.306 ms
+(docs/results/2026-12-06-swiglu-cluster-h200/; on an H100 5.857 against 5.906 ms,
+docs/results/2026-12-06-swiglu-cluster-loop-h100/).
 """
 
 from __future__ import annotations

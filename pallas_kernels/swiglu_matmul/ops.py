@@ -28,8 +28,8 @@ Implementation = Literal["xla", "mosaic_gpu"]
 _IMPLEMENTATIONS = ("xla", "mosaic_gpu")
 DEFAULT: Implementation = "xla"
 """``"xla"``, as every kernel's default here (the library assumes no GPU); ``conf/kernels/hopper.yaml`` (the engines'
-Hopper choice) and ``bench_roofline.py --swiglu-matmul mosaic_gpu`` turn it on. Measured on the H200 with the kernel's cluster form: the
-AR step 4.241 against 4.303-4.306 ms, its matmuls 13.6 us and the SwiGLU fusion's 51.1 us gone
+Hopper choice) and ``bench_roofline.py --swiglu-matmul mosaic_gpu`` turn it on. Measured on the H200 with the kernel's
+cluster form: the AR step 4.241 against 4.303-4.306 ms, its matmuls 13.6 us and the SwiGLU fusion's 51.1 us gone
 (docs/results/2026-12-06-swiglu-cluster-h200/); the first, 192-block form had tied. Read at trace time."""
 MAX_TOKENS = 32
 """Above this many token rows, the unfused path: a decode step's one row and a DFlash-b16 drafter's 16 (24 in a

@@ -102,6 +102,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from pallas_kernels.choices import OPS  # noqa: E402  (no jax import: the harness stays light)
 from specpilot.argtypes import model_name, positive_int  # noqa: E402
 
 NOMINAL_BYTES_PER_S = 4.3e12  # the H200's device-to-device copy rate (shared/GPU.md)
@@ -1651,8 +1652,7 @@ def fmt(x, digits=3):
 def kernel_choices(s: dict) -> list[str]:
     """The run's settings that make its `xla_*` rows other than plain XLA (`--matmul`, `--norm`, ... set every JAX
     job's ops, and `--ar-attention` its AR rows' attention), as `op=implementation`."""
-    ops = [f"{op}={s[op]}" for op in ("matmul", "norm", "rope", "swiglu", "swiglu_matmul")
-           if s.get(op) not in (None, "default", "xla")]
+    ops = [f"{op}={s[op]}" for op in OPS if s.get(op) not in (None, "default", "xla")]
     return ops + ([f"attention={s['ar_attention']}"] if s.get("ar_attention", "xla") != "xla" else [])
 
 

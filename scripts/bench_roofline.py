@@ -924,6 +924,10 @@ def apply_kernel_settings(spec: dict) -> dict:
         from pallas_kernels.tree_attention import mosaic_gpu as ta_mosaic_gpu
 
         ta_mosaic_gpu.COMBINE_KERNEL = True
+    if spec.get("cluster_merge"):
+        from pallas_kernels.tree_attention import mosaic_gpu as ta_mosaic_gpu
+
+        ta_mosaic_gpu.CLUSTER_MERGE = True
     if spec.get("skinny_splits"):
         from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
 
@@ -950,6 +954,7 @@ def apply_kernel_settings(spec: dict) -> dict:
     res["swiglu_matmul"] = spec.get("swiglu_matmul") or "default"
     res["swiglu_matmul_config"] = spec.get("swiglu_matmul_config")
     res["combine_kernel"] = bool(spec.get("combine_kernel"))
+    res["cluster_merge"] = bool(spec.get("cluster_merge"))
     res["pdl"] = bool(spec.get("pdl"))
     return res
 
@@ -1047,6 +1052,9 @@ def parse_args(argv=None):
     ap.add_argument("--combine-kernel", action="store_true",
                     help="the tree-attention kernel's split merge on its Mosaic GPU kernel in every JAX job (sets "
                          "tree_attention.mosaic_gpu.COMBINE_KERNEL)")
+    ap.add_argument("--cluster-merge", action="store_true",
+                    help="a one-token tree attention merges its KV splits inside the kernel, the splits one cluster "
+                         "(sets tree_attention.mosaic_gpu.CLUSTER_MERGE) in every JAX job")
     ap.add_argument("--skinny-splits", nargs="+", default=[], metavar="KxN=S|FILE",
                     help="the split_decode_loop row's K split per weight shape: KxN=S items or a JSON file of "
                          "{\"KxN\": S} (scripts/h200/split_probe.py --json)")
@@ -1153,6 +1161,7 @@ def settings(args) -> dict:
         "swiglu_matmul": args.swiglu_matmul,
         "swiglu_matmul_config": args.swiglu_matmul_config,
         "combine_kernel": args.combine_kernel,
+        "cluster_merge": args.cluster_merge,
         "pdl": args.pdl,
         "drafter_layers": 1 if q else 5,
         "block_size": 4 if q else 16,
@@ -1674,7 +1683,7 @@ def markdown(rep: dict) -> str:
         f"SwiGLU: `{s.get('swiglu') or 'default'}`, in the gate|up matmul: `{s.get('swiglu_matmul') or 'default'}`"
         + (f" (tile_k, steps {tuple(s['swiglu_matmul_config'])})" if s.get("swiglu_matmul_config") else "") + ". "
         f"Attention merge: "
-        f"`{'kernel' if s.get('combine_kernel') else 'xla'}`. PDL: `{bool(s.get('pdl'))}` (rows may set their own).",
+        f"`{'kernel' if s.get('combine_kernel') else 'cluster' if s.get('cluster_merge') else 'xla'}`. PDL: `{bool(s.get('pdl'))}` (rows may set their own).",
         (f"- Roofline = bytes of weights + KV read ÷ measured read bandwidth ({bw}) and ÷ 4.3 TB/s (nominal copy "
          f"rate). ms = median of synchronised steps (decode loop: loop time ÷ steps)."),
         "",

@@ -344,6 +344,46 @@ def test_gpu_kernel_lowers_for_cuda(b, n, config):
     assert "mosaic_gpu" in text
 
 
+@pytest.fixture
+def cluster_merge(monkeypatch):
+    monkeypatch.setattr(ta_mosaic_gpu, "CLUSTER_MERGE", True)
+
+
+@pytest.mark.usefixtures("cluster_merge")
+@pytest.mark.parametrize(
+    "b,hq,hkv,d,s,lengths,splits",
+    [
+        (1, 4, 1, 64, 128, [37], 4),  # G = 4 heads merged by 4 splits, one each
+        (2, 8, 2, 128, 512, [300, 0], 8),  # 8 splits, one request with an empty prefix
+        (1, 2, 1, 64, 256, [256], 4),  # G = 2: splits 2 and 3 merge nothing (a 3-CTA cluster hung interpreted)
+    ],
+)
+def test_cluster_merge_matches_oracle(b, hq, hkv, d, s, lengths, splits):
+    """A one-token step with its KV splits merged inside the kernel (``CLUSTER_MERGE``), interpreted: the heads'
+    rows handed over through GMEM instead of distributed shared memory, the rest as on the GPU."""
+    args, visible = make_inputs(b, 1, hq, hkv, d, s, "chain", lengths, seed=splits)
+    out = ta_mosaic_gpu.tree_attention(*args, config=ta.TuningConfig(num_splits=splits),
+                                       interpret=plgpu.InterpretGPUParams())
+    err = np.abs(np.asarray(out, np.float64) - oracle(*args[:-1], visible))
+    assert err.max() < 2e-2 and err.mean() < 2e-3, (err.max(), err.mean())
+
+
+@pytest.mark.parametrize("cluster", [False, True])
+def test_cluster_merge_is_one_kernel_writing_the_output(monkeypatch, cluster):
+    """At an AR step's Qwen3-8B shapes (8 splits of a 1k cache) the cluster form lowers for cuda as the one kernel,
+    returning the bf16 output; without it the kernel returns f32 partials for XLA's merge."""
+    monkeypatch.setattr(ta_mosaic_gpu, "CLUSTER_MERGE", cluster)
+    sds = jax.ShapeDtypeStruct
+    kv, tree_kv = sds((1, 1024, 8, 128), jnp.bfloat16), sds((1, 1, 8, 128), jnp.bfloat16)
+    shapes = (sds((1, 1, 32, 128), jnp.bfloat16), kv, kv, sds((1,), jnp.int32), tree_kv, tree_kv,
+              sds((1, 1, 1), jnp.uint32))
+    run = jax.jit(lambda *a: ta_mosaic_gpu.tree_attention(*a, interpretable=False))
+    text = run.trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+    (call,) = [line for line in text.splitlines() if "stablehlo.custom_call" in line]
+    assert ("-> tensor<1x1x8x4x128xbf16>" in call) == cluster, call[-200:]
+    assert ("exponential" in text or "exp2" in text or "power" in text) != cluster
+
+
 def test_auto_split_fills_one_wave_at_decode_shapes():
     config = ta.TuningConfig()
     kv_blocks = 2048 // config.block_kv + 1
@@ -379,6 +419,25 @@ class TestPackedMosaicGpu(TestMosaicGpu):
         args, visible = make_inputs(1, n, 32, 8, 128, 2048, "random", [1000], seed=n)
         out = jax.jit(lambda *a: ta.tree_attention_packed(*a, implementation="pallas"))(*pack(args))
         err = np.abs(np.asarray(out, np.float64) - oracle(*args[:-1], visible))
+        assert err.max() < 2e-2 and err.mean() < 2e-3, (err.max(), err.mean())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ta_ops._on_hopper(), reason="needs an H100/H200")
+@pytest.mark.usefixtures("cluster_merge")
+@pytest.mark.parametrize("packed", [False, True])
+def test_cluster_merge_on_the_gpu(packed):
+    """An AR step at Qwen3-8B's heads over a 1k prefix (8 splits), merged through distributed shared memory, thirty
+    calls: a handover race (a head's row read before its split wrote it) would show in some of them."""
+    args, visible = make_inputs(1, 1, 32, 8, 128, 1024, "chain", [1000], seed=7)
+    if packed:
+        run = jax.jit(lambda *a: ta.tree_attention_packed(*a, implementation="pallas"))
+        args = pack(args)
+    else:
+        run = jax.jit(lambda *a: ta.tree_attention(*a, implementation="pallas"))
+    expected = oracle(*make_inputs(1, 1, 32, 8, 128, 1024, "chain", [1000], seed=7)[0][:-1], visible)
+    for _ in range(30):
+        err = np.abs(np.asarray(run(*args), np.float64) - expected)
         assert err.max() < 2e-2 and err.mean() < 2e-3, (err.max(), err.mean())
 
 

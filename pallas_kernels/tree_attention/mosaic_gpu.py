@@ -127,21 +127,23 @@ def check_supported(q, k_cache, v_cache, k_tree, v_tree, ancestor_bits, config: 
 
 
 def smem_bytes(d: int, row_words: int, config: TuningConfig, *, final: bool, interpretable: bool,
-               lse_apart: bool = False) -> int:
+               lse_apart: bool = False, merge_rows: int = 0) -> int:
     """Shared memory one CTA allocates (the two KV pipelines reuse the same buffers); ``lse_apart``: the lse tile has
-    a buffer of its own instead of reusing the output tile's."""
+    a buffer of its own instead of reusing the output tile's; ``merge_rows``: the cluster merge's output rows, staged
+    for their TMA store."""
     m, kv = config.block_m, config.block_kv
     return (
         m * d * 2  # Q tile
         + row_words * m * 4  # ancestor words
         + m * d * (2 if final else 4) * (2 if lse_apart else 1)  # output tile (and the lse tile)
+        + merge_rows * d * 2
         + (m * kv * 2 if interpretable else 0)
         + 2 * config.max_concurrent_steps * kv * d * 2
     )  # K and V stages
 
 
 @lowered_once("groups", "head0", "config", "n_pad", "splits", "tree_blocks", "interpretable", "interpret",
-              "early_cache", "lse_apart", "ablate")
+              "early_cache", "lse_apart", "cluster", "ablate")
 def _kernel_call(
     q,
     k_cache,
@@ -161,6 +163,7 @@ def _kernel_call(
     interpret,
     early_cache: bool,
     lse_apart: bool,
+    cluster: bool = False,
     ablate: tuple = (),
 ):
     """The ``(B, Hkv, row blocks, splits)`` grid over ``n_pad`` nodes (``q`` may hold fewer: TMA reads zeros past
@@ -173,6 +176,11 @@ def _kernel_call(
     ``early_cache``: the PDL grid-dependency wait (``pdl.begin_kernel``) comes after the prefix pipeline's first loads
     and before anything else is read (q, the ancestor words, the tree's K/V), instead of first thing. ``lse_apart``
     (split only): the lse tile goes through a buffer of its own, so its store does not wait for the output's.
+    ``cluster`` (split, one node, ``G <= 8``): the splits are one thread-block cluster and merge their partials through
+    distributed shared memory (``merge_in_cluster``); the output is then final, as with one split. The block's rows
+    are then node-major (row ``g`` is head ``g`` of the one node): the merged rows are the tiles' first ``G``, a
+    slice at offset 0 (``cluster_ref`` of a slice at another offset does not lower in jax 0.11.2, and
+    loading several row slices through shared memory made layout inference give up).
     ``ablate``: ``ABLATE``'s items."""
     b, n_q, _, d = q.shape
     capacity, hkv, g = k_cache.shape[1], k_cache.shape[2], groups
@@ -191,9 +199,11 @@ def _kernel_call(
 
     def tree_attention_body(q_ref, k_cache_ref, v_cache_ref, lengths_ref, k_tree_ref, v_tree_ref, bits_ref,
                               *refs):  # its name in profiles (CUPTI)
-        outputs = 1 if final else 2
-        out_ref, lse_ref = (*refs[:outputs], None)[:2]
-        q_smem, bits_smem, out_smem, lse_smem, p_smem, load_barrier = refs[outputs:]
+        outputs = 1 if final else 3 if cluster and interpretable else 2 - cluster
+        out_ref, lse_ref, handover_ref = (*refs[:outputs], None, None)[:3]
+        if cluster:  # the final output, then (interpreted) the partials and lses handed over through GMEM
+            out_ref, handover_ref = out_ref, (lse_ref, handover_ref)
+        q_smem, bits_smem, out_smem, lse_smem, p_smem, (head_parts, head_lses), merged, load_barrier = refs[outputs:]
         bi, hi = lax.axis_index("b"), lax.axis_index("h")
         row_block, split = lax.axis_index("rows"), lax.axis_index("split")
         node0 = row_block * nodes
@@ -290,6 +300,42 @@ def _kernel_call(
             bit = lax.shift_right_logical(word, (col & (WORD_BITS - 1)).astype(jnp.uint32)) & jnp.uint32(1)
             return attend(carry, k_smem, v_smem, bit != jnp.uint32(0))
 
+        def merge_in_cluster(out, lse):
+            """The splits' partials merged inside their cluster: every split puts its partial and its lse (along D) in
+            its own shared memory and copies the node's G rows (row ``g T``, head ``g``) into a 1-D buffer a head; after a cluster barrier split ``g`` reads head ``g``'s buffers of every split through distributed
+            shared memory, merges them as ``_combine`` does and stores the head's row; a second barrier keeps the
+            buffers until then. Interpreted (no distributed shared memory) the tiles go through GMEM
+            (``handover_ref``)."""
+            out_smem[...] = out
+            lse_smem[...] = lax.broadcast_in_dim(lse, (block_m, d), [0])
+            plgpu.commit_smem()
+            for gi in range(g):  # 1-D buffers at offset 0: cluster_ref of a slice elsewhere does not lower (jax 0.11.2)
+                head_parts[gi][...] = out_smem[gi * nodes, :]
+                head_lses[gi][...] = lse_smem[gi * nodes, :]
+            plgpu.commit_smem()  # every thread's rows written before the arrive (one thread a block)
+            if interpretable:
+                for gi in range(g):
+                    for buffers, dst in zip((head_parts, head_lses), handover_ref):
+                        plgpu.copy_smem_to_gmem(buffers[gi], dst.at[split, bi, hi, gi])
+                plgpu.wait_smem_to_gmem(0)
+            plgpu.barrier_arrive(merged.at[0])
+            plgpu.barrier_wait(merged.at[0])
+            for gi in range(g):
+                def peer_row(i, peer, gi=gi):
+                    if interpretable:
+                        return handover_ref[i][peer, bi, hi, gi, :]
+                    return plgpu.cluster_ref((head_parts, head_lses)[i][gi], {"split": peer})[...]
+
+                @pl.when(split == gi)
+                def _merge_head(gi=gi, peer_row=peer_row):
+                    lses = [peer_row(1, peer) for peer in range(splits)]  # every load first
+                    parts = [peer_row(0, peer) for peer in range(splits)]
+                    out_ref[bi, 0, hi, gi, :] = _merge_splits(lses, parts).astype(dtype)
+
+            plgpu.barrier_arrive(merged.at[1])
+            plgpu.barrier_wait(merged.at[1])
+            exit_wait()
+
         # a finite start for the running max: a fully masked block then yields p = 0, not NaN
         carry = (
             jnp.zeros((block_m, d), jnp.float32),
@@ -329,40 +375,64 @@ def _kernel_call(
                 plgpu.copy_smem_to_gmem(smem.at[pl.ds(gi * nodes, nodes)],
                                         dst.at[out_rows] if final else dst.at[(split, *out_rows)])
 
+        lse = jnp.where(seen, row_max + jnp.log(row_sum) * _LOG2E, _EMPTY_LSE)
+        if cluster:
+            merge_in_cluster(out, lse)
+            return
+
         store(out.astype(out_dtype), out_smem, out_ref)
         # the lse along D: from a tile of its own, both stores in flight at once, or after the output's
         if not final and not ablate.get("no_lse"):
             if lse_smem is None:
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-            lse = jnp.where(seen, row_max + jnp.log(row_sum) * _LOG2E, _EMPTY_LSE)
             store(lax.broadcast_in_dim(lse, (block_m, d), [0]), out_smem if lse_smem is None else lse_smem, lse_ref)
         exit_wait()
 
-    if final:
+    if final or cluster:
         out_type = jax.ShapeDtypeStruct((b, n_q, hkv, g, d), dtype)
+        if cluster and interpretable:
+            handover = jax.ShapeDtypeStruct((splits, b, hkv, g, d), jnp.float32)
+            out_type = (out_type, handover, handover)
     else:
         out_type = (
             jax.ShapeDtypeStruct((splits, b, n_q, hkv, g, d), jnp.float32),
             jax.ShapeDtypeStruct((splits, b, n_q, hkv, g, d), jnp.float32),
         )
+    # the cluster merge reads its peers' tiles through distributed shared memory: unswizzled (``cluster_ref`` loads
+    # of swizzled tiles fail to lower)
+    part_transforms = () if cluster else _smem_transforms(d, out_dtype)
     scratch = (
         plgpu.SMEM((block_m, d), dtype, transforms=_smem_transforms(d, dtype)),
         plgpu.SMEM(row_bits.shape[2:], jnp.uint32),
-        plgpu.SMEM((block_m, d), out_dtype, transforms=_smem_transforms(d, out_dtype)),
-        plgpu.SMEM((block_m, d), out_dtype, transforms=_smem_transforms(d, out_dtype)) if lse_apart else None,
+        plgpu.SMEM((block_m, d), out_dtype, transforms=part_transforms),
+        plgpu.SMEM((block_m, d), out_dtype, transforms=part_transforms) if lse_apart or cluster else None,
         plgpu.SMEM((block_m, block_kv), dtype, transforms=_smem_transforms(block_kv, dtype)) if interpretable else None,
+        (tuple(plgpu.SMEM((d,), jnp.float32) for _ in range(g)),) * 2 if cluster else (None, None),
+        plgpu.ClusterBarrier(collective_axes=("split",), num_barriers=2) if cluster else None,
         plgpu.Barrier(num_arrivals=g + 1),
     )
+    grid, grid_names = ((b, hkv, row_blocks, splits), ("b", "h", "rows", "split"))
+    cluster_args = {}
+    if cluster:
+        grid, grid_names = grid[:3], grid_names[:3]
+        cluster_args = {"cluster": (splits,), "cluster_names": ("split",)}
     call = plgpu.kernel(
         tree_attention_body,
         out_type=out_type,
-        grid=(b, hkv, row_blocks, splits),
-        grid_names=("b", "h", "rows", "split"),
+        grid=grid,
+        grid_names=grid_names,
+        **cluster_args,
         scratch_types=scratch,
         compiler_params=plgpu.CompilerParams(approx_math=True, lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
         interpret=interpret,
     )
-    return call(q, k_cache, v_cache, lengths, k_tree, v_tree, row_bits)
+    result = call(q, k_cache, v_cache, lengths, k_tree, v_tree, row_bits)
+    return result[0] if cluster and interpretable else result
+
+
+CLUSTER_MAX = 8
+"""The largest cluster the merge forms: the portable limit (a larger one needs a launch attribute Mosaic GPU does not
+set)."""
 
 
 def split_ranges(prefix_blocks, tree_blocks: int, split, splits: int):
@@ -441,6 +511,15 @@ wrong): ``length`` (an int: a constant instead of the lengths' load), ``no_q`` (
 ``no_compute`` (no softmax or wgmma), ``no_store`` (no output or lse store), ``no_lse`` (no lse store), ``lse_shared``
 (the lse tile reuses the output's buffer: less shared memory, same results). Read at trace time; empty everywhere
 else."""
+
+
+CLUSTER_MERGE = False
+"""Merge the KV splits of a row block inside the kernel, its splits one thread-block cluster (at most ``CLUSTER_MAX``
+of them) reading each other's partials through distributed shared memory (``merge_in_cluster`` in ``_kernel_call``),
+instead of writing f32 partials and lses to GMEM for a merge kernel after it (``_combine``). Why: an AR step's merge
+is a launch a layer (36 a Qwen3-8B step, ~1.5 us each on the H200); a cluster merge measured ~0.4 us over the
+partials' store in ``scripts/h200/cluster_merge_probe.py`` (docs/results/2026-12-02-verify-skinny-barrier-h200/).
+``bench_roofline.py --cluster-merge``. Read at trace time."""
 
 
 COMBINE_KERNEL = False
@@ -554,9 +633,13 @@ def _attend(q_src, k_src, v_src, head0, hq, k_cache, v_cache, lengths, ancestor_
     row_words = tree_blocks * config.block_kv // WORD_BITS
     interpretable = interpret is not None if interpretable is None else interpretable
     smem = smem_bytes(d, row_words, config, final=splits == 1, interpretable=interpretable)
+    fits = lambda **kw: smem_bytes(d, row_words, config, final=False, interpretable=interpretable, lse_apart=True,
+                                   **kw) + _SMEM_RESERVED <= _SMEM_LIMIT
+    n_q = q_src.shape[1]
+    cluster = (CLUSTER_MERGE and n_q == 1 and g <= splits <= CLUSTER_MAX and not ABLATE
+               and fits(merge_rows=4 * g))  # the heads' f32 rows twice, counted as bf16 rows
     # the lse tile apart when it fits: one store round trip less at the end of every split
-    lse_apart = splits > 1 and not ABLATE.get("lse_shared") and smem_bytes(
-        d, row_words, config, final=False, interpretable=interpretable, lse_apart=True) + _SMEM_RESERVED <= _SMEM_LIMIT
+    lse_apart = splits > 1 and not cluster and not ABLATE.get("lse_shared") and fits()
     if smem + _SMEM_RESERVED > _SMEM_LIMIT:
         raise NotImplementedError(
             f"{smem} bytes of shared memory per CTA exceed {_SMEM_LIMIT}: lower max_concurrent_steps or block_kv"
@@ -581,13 +664,13 @@ def _attend(q_src, k_src, v_src, head0, hq, k_cache, v_cache, lengths, ancestor_
         interpret=interpret,
         early_cache=cache_settled and pdl.ENABLED,
         lse_apart=lse_apart,
+        cluster=cluster,
         ablate=tuple(sorted(ABLATE.items())),
     )
-    if splits == 1:
+    if splits == 1 or cluster:
         out = result
     else:
         merged = _combine_kernel(*result, q_src.dtype, interpret) if COMBINE_KERNEL else None
         out = _combine(*result) if merged is None else merged
-    n_q = q_src.shape[1]
     out = out.reshape(b, n_q, hq, d)
     return (out if n_q == n else out[:, :n]).astype(q_src.dtype)

@@ -351,18 +351,20 @@ def cluster_merge(monkeypatch):
 
 @pytest.mark.usefixtures("cluster_merge")
 @pytest.mark.parametrize(
-    "b,hq,hkv,d,s,lengths,splits",
+    "b,hq,hkv,d,s,lengths",
     [
-        (1, 4, 1, 64, 128, [37], 4),  # G = 4 heads merged by 4 splits, one each
-        (2, 8, 2, 128, 512, [300, 0], 8),  # 8 splits, one request with an empty prefix
-        (1, 2, 1, 64, 256, [256], 4),  # G = 2: splits 2 and 3 merge nothing (a 3-CTA cluster hung interpreted)
+        (1, 2, 1, 64, 128, [37]),  # G = 2: each split merges one head
+        (2, 4, 2, 128, 256, [200, 0]),  # two requests, one with an empty prefix, two KV heads
     ],
 )
-def test_cluster_merge_matches_oracle(b, hq, hkv, d, s, lengths, splits):
+def test_cluster_merge_matches_oracle(b, hq, hkv, d, s, lengths):
     """A one-token step with its KV splits merged inside the kernel (``CLUSTER_MERGE``), interpreted: the heads'
-    rows handed over through GMEM instead of distributed shared memory, the rest as on the GPU."""
-    args, visible = make_inputs(b, 1, hq, hkv, d, s, "chain", lengths, seed=splits)
-    out = ta_mosaic_gpu.tree_attention(*args, config=ta.TuningConfig(num_splits=splits),
+    rows handed over through GMEM instead of distributed shared memory, the rest as on the GPU. Two splits (a
+    two-CTA cluster, as the SwiGLU kernel's tests): with 8-CTA clusters jax 0.11.2's interpreter deadlocked in 2 of 8
+    runs of the same case (3-CTA: once), so the wider clusters are checked on the GPU only
+    (``test_cluster_merge_on_the_gpu``: G = 4 over 8 splits)."""
+    args, visible = make_inputs(b, 1, hq, hkv, d, s, "chain", lengths, seed=b)
+    out = ta_mosaic_gpu.tree_attention(*args, config=ta.TuningConfig(num_splits=2),
                                        interpret=plgpu.InterpretGPUParams())
     err = np.abs(np.asarray(out, np.float64) - oracle(*args[:-1], visible))
     assert err.max() < 2e-2 and err.mean() < 2e-3, (err.max(), err.mean())

@@ -33,7 +33,8 @@ Elementwise throughout, so XLA makes it one kernel (``scripts/h200/combine_probe
 it is one Mosaic GPU kernel of the same operations instead (``_combine_kernel``). The merge inside this kernel
 (the row block's CTAs meeting at a GMEM semaphore) was built and timed on the H200: its merge lengthened the kernel by
 what the merge kernel took, and XLA added a memset of the semaphores a call, so the AR step went 4.405 -> 4.457 ms
-(docs/results/2026-12-02-merge-in-kernel-h200/; the code is at commit ``f565ca6``).
+(docs/results/2026-12-02-merge-in-kernel-h200/; the code is at commit ``f565ca6``). A one-token step may merge
+inside the kernel through a cluster instead (``CLUSTER_MERGE``, off until timed).
 The auto split (``TuningConfig.splits``) keeps ``B * Hkv * row blocks * splits`` at
 about one wave of 132 SMs: B=1, Hkv=8, n=16 (one row block) gets 16 splits of a 2k
 prefix.
@@ -127,16 +128,16 @@ def check_supported(q, k_cache, v_cache, k_tree, v_tree, ancestor_bits, config: 
 
 
 def smem_bytes(d: int, row_words: int, config: TuningConfig, *, final: bool, interpretable: bool,
-               lse_apart: bool = False, merge_rows: int = 0) -> int:
+               lse_apart: bool = False, merge_heads: int = 0) -> int:
     """Shared memory one CTA allocates (the two KV pipelines reuse the same buffers); ``lse_apart``: the lse tile has
-    a buffer of its own instead of reusing the output tile's; ``merge_rows``: the cluster merge's output rows, staged
-    for their TMA store."""
+    a buffer of its own instead of reusing the output tile's; ``merge_heads``: the cluster merge's 1-D buffers, an f32
+    partial and lse row a head."""
     m, kv = config.block_m, config.block_kv
     return (
         m * d * 2  # Q tile
         + row_words * m * 4  # ancestor words
         + m * d * (2 if final else 4) * (2 if lse_apart else 1)  # output tile (and the lse tile)
-        + merge_rows * d * 2
+        + merge_heads * 2 * d * 4
         + (m * kv * 2 if interpretable else 0)
         + 2 * config.max_concurrent_steps * kv * d * 2
     )  # K and V stages
@@ -176,11 +177,9 @@ def _kernel_call(
     ``early_cache``: the PDL grid-dependency wait (``pdl.begin_kernel``) comes after the prefix pipeline's first loads
     and before anything else is read (q, the ancestor words, the tree's K/V), instead of first thing. ``lse_apart``
     (split only): the lse tile goes through a buffer of its own, so its store does not wait for the output's.
-    ``cluster`` (split, one node, ``G <= 8``): the splits are one thread-block cluster and merge their partials through
-    distributed shared memory (``merge_in_cluster``); the output is then final, as with one split. The block's rows
-    are then node-major (row ``g`` is head ``g`` of the one node): the merged rows are the tiles' first ``G``, a
-    slice at offset 0 (``cluster_ref`` of a slice at another offset does not lower in jax 0.11.2, and
-    loading several row slices through shared memory made layout inference give up).
+    ``cluster`` (one node, ``G <= splits``): the splits are one thread-block cluster and merge their partials through
+    distributed shared memory (``merge_in_cluster``, ``CLUSTER_MERGE``); the output is then final, as with one
+    split.
     ``ablate``: ``ABLATE``'s items."""
     b, n_q, _, d = q.shape
     capacity, hkv, g = k_cache.shape[1], k_cache.shape[2], groups
@@ -514,12 +513,14 @@ else."""
 
 
 CLUSTER_MERGE = False
-"""Merge the KV splits of a row block inside the kernel, its splits one thread-block cluster (at most ``CLUSTER_MAX``
-of them) reading each other's partials through distributed shared memory (``merge_in_cluster`` in ``_kernel_call``),
-instead of writing f32 partials and lses to GMEM for a merge kernel after it (``_combine``). Why: an AR step's merge
-is a launch a layer (36 a Qwen3-8B step, ~1.5 us each on the H200); a cluster merge measured ~0.4 us over the
-partials' store in ``scripts/h200/cluster_merge_probe.py`` (docs/results/2026-12-02-verify-skinny-barrier-h200/).
-``bench_roofline.py --cluster-merge``. Read at trace time."""
+"""A one-token step (an AR step, G <= splits <= ``CLUSTER_MAX``) merges its KV splits inside the kernel: the splits are
+one thread-block cluster and hand their heads' rows over through distributed shared memory (``merge_in_cluster`` in
+``_kernel_call``), instead of writing f32 partials and lses to GMEM for XLA's merge kernel after it (``_combine``).
+Why: that merge is a launch a layer (36 a Qwen3-8B step, 54 us on the H200). What a handover costs: one block reads
+its peers at ~30 KB a us, so each split hands over only its heads' rows, one head a merging split (512 B of partial
+and 512 B of lse a peer: 1.60 against 2.37 us for the two launches on an H100,
+docs/results/2026-12-06-cluster-merge-widths-h100/). Off until timed in the step (``scripts/h200/cluster_merge_ab.sh``;
+``bench_roofline.py --cluster-merge``). Read at trace time."""
 
 
 COMBINE_KERNEL = False
@@ -637,7 +638,7 @@ def _attend(q_src, k_src, v_src, head0, hq, k_cache, v_cache, lengths, ancestor_
                                    **kw) + _SMEM_RESERVED <= _SMEM_LIMIT
     n_q = q_src.shape[1]
     cluster = (CLUSTER_MERGE and n_q == 1 and g <= splits <= CLUSTER_MAX and not ABLATE
-               and fits(merge_rows=4 * g))  # the heads' f32 rows twice, counted as bf16 rows
+               and fits(merge_heads=g))
     # the lse tile apart when it fits: one store round trip less at the end of every split
     lse_apart = splits > 1 and not cluster and not ABLATE.get("lse_shared") and fits()
     if smem + _SMEM_RESERVED > _SMEM_LIMIT:

@@ -136,8 +136,8 @@ def test_cluster_merge_probe_lowers_for_hopper(monkeypatch):
   """The probe's cluster kernel (partials in each block's shared memory, two cluster barriers, the first block reading
   its peers' rows) and its GMEM baseline lower for sm_90, each one Mosaic GPU kernel; off a GPU the probe stops."""
   probe = load_probe("cluster_merge_probe", monkeypatch)
-  for splits in (2, 8):
-    spec = jax.ShapeDtypeStruct((8, splits, probe.WIDTH), jnp.float32)
+  for splits, width in ((2, 128), (8, 1024)):
+    spec = jax.ShapeDtypeStruct((8, splits, width), jnp.float32)
     for fn in (probe.cluster_merge, probe.two_launches, probe.partials):
       assert jax.jit(fn).trace(spec).lower(lowering_platforms=("cuda",)).as_text().count(
           "custom_call @mosaic_gpu") == 1, (fn.__name__, splits)

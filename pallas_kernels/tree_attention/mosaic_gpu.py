@@ -301,9 +301,10 @@ def _kernel_call(
 
         def merge_in_cluster(out, lse):
             """The splits' partials merged inside their cluster: every split puts its partial and its lse (along D) in
-            its own shared memory and copies the node's G rows (row ``g T``, head ``g``) into a 1-D buffer a head; after a cluster barrier split ``g`` reads head ``g``'s buffers of every split through distributed
+            its own shared memory and copies the node's G rows (row ``g T``, head ``g``) into 1-D buffers, one a
+            head; after a cluster barrier split ``g`` reads head ``g``'s buffers of every split through distributed
             shared memory, merges them as ``_combine`` does and stores the head's row; a second barrier keeps the
-            buffers until then. Interpreted (no distributed shared memory) the tiles go through GMEM
+            buffers until then. Interpreted (no distributed shared memory) the buffers go through GMEM
             (``handover_ref``)."""
             out_smem[...] = out
             lse_smem[...] = lax.broadcast_in_dim(lse, (block_m, d), [0])

@@ -13,15 +13,18 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 budget=${1:-100}
 timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_tree_attention.py -k cluster >> $log 2>&1
 echo "pytest rc=$?" >> $log
+bench() {  # bench NAME [bench_roofline flags]
+  local name=$1
+  shift
+  timeout $((budget + 20)) python3 scripts/bench_roofline.py --out /tmp/$name --variants fast_decode_loop \
+    --timeout-scale 2 --budget-s "$budget" "$@" > /tmp/$name.log 2>&1
+  cp /tmp/$name/roofline.md $OUT/$name.md 2>/dev/null
+  cp /tmp/$name/roofline.json $OUT/$name.json 2>/dev/null
+  echo "== $name" >> $log
+  grep -E "^\| fast_decode_loop" /tmp/$name/roofline.md >> $log 2>/dev/null || tail -n 15 /tmp/$name.log >> $log
+}
 for n in 1 2; do
-  for form in xla cluster; do
-    flag=$([ $form = cluster ] && echo --cluster-merge)
-    timeout $((budget + 20)) python3 scripts/bench_roofline.py --out /tmp/ab_${n}_$form --variants fast_decode_loop \
-      --timeout-scale 2 --budget-s "$budget" $flag > /tmp/ab_${n}_$form.log 2>&1
-    cp /tmp/ab_${n}_$form/roofline.md $OUT/ab_${n}_$form.md 2>/dev/null
-    cp /tmp/ab_${n}_$form/roofline.json $OUT/ab_${n}_$form.json 2>/dev/null
-    echo "== run $n, merge $form" >> $log
-    grep -E "^\| fast_decode_loop" /tmp/ab_${n}_$form/roofline.md >> $log 2>/dev/null || tail -n 15 /tmp/ab_${n}_$form.log >> $log
-  done
+  bench ab_${n}_xla
+  bench ab_${n}_cluster --cluster-merge
 done
 cat $log

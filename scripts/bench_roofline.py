@@ -1683,7 +1683,8 @@ def markdown(rep: dict) -> str:
         f"SwiGLU: `{s.get('swiglu') or 'default'}`, in the gate|up matmul: `{s.get('swiglu_matmul') or 'default'}`"
         + (f" (tile_k, steps {tuple(s['swiglu_matmul_config'])})" if s.get("swiglu_matmul_config") else "") + ". "
         f"Attention merge: "
-        f"`{'kernel' if s.get('combine_kernel') else 'cluster' if s.get('cluster_merge') else 'xla'}`. PDL: `{bool(s.get('pdl'))}` (rows may set their own).",
+        f"`{'kernel' if s.get('combine_kernel') else 'cluster' if s.get('cluster_merge') else 'xla'}`. "
+        f"PDL: `{bool(s.get('pdl'))}` (rows may set their own).",
         (f"- Roofline = bytes of weights + KV read ÷ measured read bandwidth ({bw}) and ÷ 4.3 TB/s (nominal copy "
          f"rate). ms = median of synchronised steps (decode loop: loop time ÷ steps)."),
         "",

@@ -198,10 +198,11 @@ def _kernel_call(
 
     def tree_attention_body(q_ref, k_cache_ref, v_cache_ref, lengths_ref, k_tree_ref, v_tree_ref, bits_ref,
                               *refs):  # its name in profiles (CUPTI)
-        outputs = 1 if final else 3 if cluster and interpretable else 2 - cluster
-        out_ref, lse_ref, handover_ref = (*refs[:outputs], None, None)[:3]
-        if cluster:  # the final output, then (interpreted) the partials and lses handed over through GMEM
-            out_ref, handover_ref = out_ref, (lse_ref, handover_ref)
+        outputs = 1 if final or (cluster and not interpretable) else 3 if cluster else 2
+        if cluster:  # the final output, then (interpreted) the heads' partials and lses handed over through GMEM
+            (out_ref, *handover_ref), lse_ref = refs[:outputs], None
+        else:
+            out_ref, lse_ref = (*refs[:outputs], None)[:2]
         q_smem, bits_smem, out_smem, lse_smem, p_smem, (head_parts, head_lses), merged, load_barrier = refs[outputs:]
         bi, hi = lax.axis_index("b"), lax.axis_index("h")
         row_block, split = lax.axis_index("rows"), lax.axis_index("split")

@@ -3,7 +3,8 @@
 # XLA's merge kernel: the GPU test of the cluster form (thirty calls, plain and packed), then the fast decode loop
 # (our kernels, as fast_decode_loop) without and with --cluster-merge, twice, alternating, on one machine (any Hopper:
 # the numbers compare within the call). Device tool, carry .whl. Written as it goes: $OUT/cluster_merge_ab.log (the
-# test, then every bench's fast_decode_loop row and its log tail) and $OUT/ab_<n>_<form>.md (eight files a call at most).
+# test, then every bench's fast_decode_loop row and its log tail) and
+# $OUT/ab_<n>_<form>.md (eight files a call at most).
 # Usage (repo root): SPECPILOT_COMMIT=<hash> bash scripts/h200/cluster_merge_ab.sh [BUDGET_S a bench (default 100)]
 set -u
 log=$OUT/cluster_merge_ab.log

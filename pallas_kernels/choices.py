@@ -6,7 +6,7 @@ Each op's public entry point reads its module's ``DEFAULT`` when a model is trac
   shape it does not tile. So a choice is safe on every machine: on a CPU it changes nothing.
 
 The config's ``kernels`` group (``conf/kernels/``: ``xla``, ``hopper``) and the benchmarks' ``--matmul``, ``--norm``,
-``--rope``, ``--swiglu``, ``--swiglu-matmul`` and ``--pdl`` flags all go through ``use``. The choice is process-wide
+``--rope``, ``--swiglu``, ``--swiglu-matmul``, ``--qkv-rope-matmul`` and ``--pdl`` flags all go through ``use``. The choice is process-wide
 because programs read it when they are traced: set it before the first trace (``specpilot.build.load_models`` does).
 Weight formats (``engine.weight_format``) and attention (``engine.attention``) are engine knobs instead: they are
 arguments of the traced functions, so one process can run several.
@@ -22,6 +22,7 @@ OPS = {
     "rope": "pallas_kernels.qk_norm_rope.ops",  # q/k norm + rope after each q|k|v projection
     "swiglu": "pallas_kernels.swiglu.ops",  # the MLP's activation
     "swiglu_matmul": "pallas_kernels.swiglu_matmul.ops",  # gate|up with SwiGLU in the matmul's epilogue
+    "qkv_rope_matmul": "pallas_kernels.qkv_rope_matmul.ops",  # q|k|v with the q/k norm + rope in its epilogue
 }
 
 

@@ -80,6 +80,9 @@ def parse_args(argv=None):
     ap.add_argument("--swiglu-matmul", choices=("xla", "mosaic_gpu"), default=None,
                     help="the gate|up projection + SwiGLU of the target and drafter at few rows: two kernels or the "
                          "swiglu_matmul Mosaic GPU kernel (sets swiglu_matmul.ops.DEFAULT; default: as it is)")
+    ap.add_argument("--qkv-rope-matmul", choices=("xla", "mosaic_gpu"), default=None,
+                    help="the target's q|k|v projection + q/k norm + rope at few rows: two kernels or the "
+                         "qkv_rope_matmul Mosaic GPU kernel (sets qkv_rope_matmul.ops.DEFAULT; default: as it is)")
     ap.add_argument("--pdl", action="store_true",
                     help="launch every Mosaic GPU kernel with programmatic dependent launch (pallas_kernels.pdl)")
     ap.add_argument("--tree-rank-max", type=non_negative_int, default=None,
@@ -225,7 +228,7 @@ def main(argv=None) -> int:
     from pallas_kernels import choices
 
     choices.use(matmul=args.matmul, norm=args.norm, rope=args.rope, swiglu_matmul=args.swiglu_matmul,
-                pdl=args.pdl or None)
+                qkv_rope_matmul=args.qkv_rope_matmul, pdl=args.pdl or None)
     from specpilot.decoding import tree as trees
 
     if args.tree_rank_max is not None:
@@ -260,7 +263,8 @@ def main(argv=None) -> int:
     res = {"provenance": provenance(hw), "deployment": dep.describe(), "context": args.context, "rounds": args.rounds,
            "configs": configs, "rows": [], "skipped": [], "xla_flags": os.environ.get("XLA_FLAGS", ""),
            "matmul": args.matmul or "default", "norm": args.norm or "default", "rope": args.rope or "default",
-           "swiglu_matmul": args.swiglu_matmul or "default", "pdl": args.pdl, "tree_rank_max": trees.RANK_TOP_K_MAX}
+           "swiglu_matmul": args.swiglu_matmul or "default", "qkv_rope_matmul": args.qkv_rope_matmul or "default",
+           "pdl": args.pdl, "tree_rank_max": trees.RANK_TOP_K_MAX}
 
     def save(rows, skipped):
         res["rows"], res["skipped"] = rows, skipped

@@ -898,7 +898,8 @@ def apply_kernel_settings(spec: dict) -> dict:
 
     res = {}
     choices.use(matmul=spec.get("matmul"), norm=spec.get("norm"), rope=spec.get("rope"), swiglu=spec.get("swiglu"),
-                swiglu_matmul=spec.get("swiglu_matmul"), pdl=spec.get("pdl") or None)
+                swiglu_matmul=spec.get("swiglu_matmul"), qkv_rope_matmul=spec.get("qkv_rope_matmul"),
+                pdl=spec.get("pdl") or None)
     for item in spec.get("skinny_max_tokens") or []:  # "ROWS" or "KxN=ROWS"
         from pallas_kernels.skinny_matmul import ops as skinny_ops
 
@@ -953,6 +954,7 @@ def apply_kernel_settings(spec: dict) -> dict:
     res["swiglu"] = spec.get("swiglu") or "default"
     res["swiglu_matmul"] = spec.get("swiglu_matmul") or "default"
     res["swiglu_matmul_config"] = spec.get("swiglu_matmul_config")
+    res["qkv_rope_matmul"] = spec.get("qkv_rope_matmul") or "default"
     res["combine_kernel"] = bool(spec.get("combine_kernel"))
     res["cluster_merge"] = bool(spec.get("cluster_merge"))
     res["pdl"] = bool(spec.get("pdl"))
@@ -1049,6 +1051,9 @@ def parse_args(argv=None):
                          "for few rows; sets swiglu_matmul.ops.DEFAULT; default: leave it as it is)")
     ap.add_argument("--swiglu-matmul-config", type=positive_int, nargs=2, default=None, metavar=("TILE_K", "STEPS"),
                     help="that kernel's tile_k and max_concurrent_steps (swiglu_matmul.mosaic_gpu.DEFAULT_CONFIG)")
+    ap.add_argument("--qkv-rope-matmul", choices=("xla", "mosaic_gpu"), default=None,
+                    help="the q|k|v projection with the q/k norm + rope in its epilogue in every JAX job (mosaic_gpu: "
+                         "one kernel for up to 8 rows; sets qkv_rope_matmul.ops.DEFAULT; default: leave it as it is)")
     ap.add_argument("--combine-kernel", action="store_true",
                     help="the tree-attention kernel's split merge on its Mosaic GPU kernel in every JAX job (sets "
                          "tree_attention.mosaic_gpu.COMBINE_KERNEL)")
@@ -1160,6 +1165,7 @@ def settings(args) -> dict:
         "swiglu": args.swiglu,
         "swiglu_matmul": args.swiglu_matmul,
         "swiglu_matmul_config": args.swiglu_matmul_config,
+        "qkv_rope_matmul": args.qkv_rope_matmul,
         "combine_kernel": args.combine_kernel,
         "cluster_merge": args.cluster_merge,
         "pdl": args.pdl,
@@ -1682,7 +1688,7 @@ def markdown(rep: dict) -> str:
         f"Residual add + RMSNorm: `{s.get('norm') or 'default'}`. q/k norm + rope: `{s.get('rope') or 'default'}`. "
         f"SwiGLU: `{s.get('swiglu') or 'default'}`, in the gate|up matmul: `{s.get('swiglu_matmul') or 'default'}`"
         + (f" (tile_k, steps {tuple(s['swiglu_matmul_config'])})" if s.get("swiglu_matmul_config") else "") + ". "
-        f"Attention merge: "
+        f"q|k|v with its norm + rope: `{s.get('qkv_rope_matmul') or 'default'}`. Attention merge: "
         f"`{'kernel' if s.get('combine_kernel') else 'cluster' if s.get('cluster_merge') else 'xla'}`. "
         f"PDL: `{bool(s.get('pdl'))}` (rows may set their own).",
         (f"- Roofline = bytes of weights + KV read ÷ measured read bandwidth ({bw}) and ÷ 4.3 TB/s (nominal copy "

@@ -202,6 +202,7 @@ class KernelsGroup(_Strict):
     rope: KernelImpl
     swiglu: KernelImpl
     swiglu_matmul: KernelImpl
+    qkv_rope_matmul: KernelImpl
     pdl: bool
 
 

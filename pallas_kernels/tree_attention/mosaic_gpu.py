@@ -521,7 +521,7 @@ one thread-block cluster and hand their heads' rows over through distributed sha
 Why: that merge is a launch a layer (36 a Qwen3-8B step, 54 us on the H200). What a handover costs: one block reads
 its peers at ~30 KB a us, so each split hands over only its heads' rows, one head a merging split (512 B of partial
 and 512 B of lse a peer: 1.60 against 2.37 us for the two launches on an H100,
-docs/results/2026-12-06-cluster-merge-widths-h100/). Off until timed in the step (``scripts/h200/cluster_merge_ab.sh``;
+docs/results/2026-12-06-cluster-merge-widths-h100/). Off until timed in the step (``scripts/h200/fusion_ab.sh``;
 ``bench_roofline.py --cluster-merge``). Read at trace time."""
 
 

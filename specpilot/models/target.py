@@ -21,7 +21,9 @@ Attention implementations (`forward(..., attention=)`, the engines' `attention` 
   pads its operands layer by layer; the padded nodes' outputs and K/V are dropped.
 
 After the q|k|v projection, `pallas_kernels.qk_norm_rope` norms q's and k's heads (Qwen3) and rotates them: XLA's
-fusions, or with its `DEFAULT` set to `mosaic_gpu` one kernel that also adds the projection's K splits. The MLP's
+fusions, or with its `DEFAULT` set to `mosaic_gpu` one kernel that also adds the projection's K splits; with
+`qkv_rope_matmul`'s `DEFAULT` set, a step of up to 8 rows does both in the projection's epilogue
+(`weights.linear_qk_norm_rope`). The MLP's
 activation is `pallas_kernels.swiglu` (XLA's fusion, or its kernel reading the gate|up kernel's padded output), or
 with `swiglu_matmul`'s `DEFAULT` set the gate|up kernel's epilogue (`weights.linear_swiglu`).
 """
@@ -36,11 +38,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels.add_rms_norm import add_rms_norm
-from pallas_kernels.qk_norm_rope import qk_norm_rope
 from pallas_kernels.tree_attention import dense_to_ancestor_bits, tree_attention, tree_attention_packed, unpack_heads
 from specpilot.models.config import ModelConfig, rope_inv_freq
 from specpilot.models.kv_cache import KVCache, write_layer
-from specpilot.models.weights import Layer, TargetWeights, linear, linear_swiglu
+from specpilot.models.weights import Layer, TargetWeights, linear, linear_qk_norm_rope, linear_swiglu
 
 NEG_INF = -1e30
 
@@ -129,8 +130,8 @@ def _layer(cfg: ModelConfig, lw: Layer, i: int, x, h, cos, sin, cache: KVCache, 
     norms the sum in one go), the cache and this step's K/V."""
     b, t, _ = x.shape
     packed = tree_bits is not None and t > 1  # the tree-attention kernel reads the heads as one array
-    heads = qk_norm_rope(linear(h, lw.w_qkv, reduce=False), lw.q_norm, lw.k_norm, cos, sin,  # no q_norm: Llama
-                         num_kv_heads=cfg.num_kv_heads, eps=cfg.rms_norm_eps, split=not packed)
+    heads = linear_qk_norm_rope(h, lw.w_qkv, lw.q_norm, lw.k_norm, cos, sin,  # no q_norm: Llama
+                                num_kv_heads=cfg.num_kv_heads, eps=cfg.rms_norm_eps, split=not packed)
     q, k, v = unpack_heads(heads, cfg.num_kv_heads) if packed else heads
     if tree_bits is None:  # XLA / cuDNN attention read the new tokens' K/V from the cache: write them first
         cache = dataclasses.replace(

@@ -100,6 +100,21 @@ def linear_swiglu(x: jax.Array, w_gate_up: Any) -> jax.Array:
     return swiglu_matmul(x, w_gate_up)
 
 
+def linear_qk_norm_rope(x: jax.Array, w_qkv: Any, q_norm, k_norm, cos, sin, *, num_kv_heads: int, eps: float,
+                        split: bool) -> Any:
+    """The attention's heads from its q|k|v projection, `qk_norm_rope(linear(x, w_qkv, reduce=False), ...)`: for a
+    bf16 leaf `pallas_kernels.qkv_rope_matmul` (the norm + rope in the matmul's epilogue where its `DEFAULT` asks for
+    it, else the two steps as before); other formats take the two steps."""
+    from pallas_kernels.qk_norm_rope import qk_norm_rope
+
+    kwargs = {"num_kv_heads": num_kv_heads, "eps": eps, "split": split}
+    if isinstance(w_qkv, QuantArray) or _is_w12(w_qkv):
+        return qk_norm_rope(linear(x, w_qkv, reduce=False), q_norm, k_norm, cos, sin, **kwargs)
+    from pallas_kernels.qkv_rope_matmul import qkv_rope_matmul
+
+    return qkv_rope_matmul(x, w_qkv, q_norm, k_norm, cos, sin, **kwargs)
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class Layer:

@@ -921,6 +921,12 @@ def apply_kernel_settings(spec: dict) -> dict:
         tile_k, steps = spec["swiglu_matmul_config"]
         swiglu_matmul_mosaic_gpu.DEFAULT_CONFIG = swiglu_matmul_mosaic_gpu.TuningConfig(
             tile_k=tile_k, max_concurrent_steps=steps)
+    if spec.get("qkv_rope_matmul_config"):
+        from pallas_kernels.qkv_rope_matmul import mosaic_gpu as qkv_rope_mosaic_gpu
+
+        tile_k, steps, splits = spec["qkv_rope_matmul_config"]
+        qkv_rope_mosaic_gpu.DEFAULT_CONFIG = qkv_rope_mosaic_gpu.TuningConfig(
+            tile_k=tile_k, max_concurrent_steps=steps, splits=splits)
     if spec.get("combine_kernel"):
         from pallas_kernels.tree_attention import mosaic_gpu as ta_mosaic_gpu
 
@@ -955,6 +961,7 @@ def apply_kernel_settings(spec: dict) -> dict:
     res["swiglu_matmul"] = spec.get("swiglu_matmul") or "default"
     res["swiglu_matmul_config"] = spec.get("swiglu_matmul_config")
     res["qkv_rope_matmul"] = spec.get("qkv_rope_matmul") or "default"
+    res["qkv_rope_matmul_config"] = spec.get("qkv_rope_matmul_config")
     res["combine_kernel"] = bool(spec.get("combine_kernel"))
     res["cluster_merge"] = bool(spec.get("cluster_merge"))
     res["pdl"] = bool(spec.get("pdl"))
@@ -1054,6 +1061,10 @@ def parse_args(argv=None):
     ap.add_argument("--qkv-rope-matmul", choices=("xla", "mosaic_gpu"), default=None,
                     help="the q|k|v projection with the q/k norm + rope in its epilogue in every JAX job (mosaic_gpu: "
                          "one kernel for up to 8 rows; sets qkv_rope_matmul.ops.DEFAULT; default: leave it as it is)")
+    ap.add_argument("--qkv-rope-matmul-config", type=positive_int, nargs=3, default=None,
+                    metavar=("TILE_K", "STEPS", "SPLITS"),
+                    help="that kernel's tile_k, max_concurrent_steps and K splits (qkv_rope_matmul.mosaic_gpu."
+                         "DEFAULT_CONFIG)")
     ap.add_argument("--combine-kernel", action="store_true",
                     help="the tree-attention kernel's split merge on its Mosaic GPU kernel in every JAX job (sets "
                          "tree_attention.mosaic_gpu.COMBINE_KERNEL)")
@@ -1112,6 +1123,11 @@ def parse_args(argv=None):
         if tile_k <= 0 or tile_k % 64 or steps < 1:
             ap.error(f"--swiglu-matmul-config: TILE_K must be a positive multiple of 64 and STEPS >= 1, got "
                      f"{tile_k} {steps}")
+    if args.qkv_rope_matmul_config:
+        tile_k, steps, splits = args.qkv_rope_matmul_config
+        if tile_k % 64 or splits > 8:
+            ap.error(f"--qkv-rope-matmul-config: TILE_K must be a multiple of 64 and SPLITS at most 8, got "
+                     f"{tile_k} {steps} {splits}")
     return args
 
 
@@ -1166,6 +1182,7 @@ def settings(args) -> dict:
         "swiglu_matmul": args.swiglu_matmul,
         "swiglu_matmul_config": args.swiglu_matmul_config,
         "qkv_rope_matmul": args.qkv_rope_matmul,
+        "qkv_rope_matmul_config": args.qkv_rope_matmul_config,
         "combine_kernel": args.combine_kernel,
         "cluster_merge": args.cluster_merge,
         "pdl": args.pdl,
@@ -1688,7 +1705,9 @@ def markdown(rep: dict) -> str:
         f"Residual add + RMSNorm: `{s.get('norm') or 'default'}`. q/k norm + rope: `{s.get('rope') or 'default'}`. "
         f"SwiGLU: `{s.get('swiglu') or 'default'}`, in the gate|up matmul: `{s.get('swiglu_matmul') or 'default'}`"
         + (f" (tile_k, steps {tuple(s['swiglu_matmul_config'])})" if s.get("swiglu_matmul_config") else "") + ". "
-        f"q|k|v with its norm + rope: `{s.get('qkv_rope_matmul') or 'default'}`. Attention merge: "
+        f"q|k|v with its norm + rope: `{s.get('qkv_rope_matmul') or 'default'}`"
+        + (f" (tile_k, steps, splits {tuple(s['qkv_rope_matmul_config'])})" if s.get("qkv_rope_matmul_config") else "")
+        + ". Attention merge: "
         f"`{'kernel' if s.get('combine_kernel') else 'cluster' if s.get('cluster_merge') else 'xla'}`. "
         f"PDL: `{bool(s.get('pdl'))}` (rows may set their own).",
         (f"- Roofline = bytes of weights + KV read ÷ measured read bandwidth ({bw}) and ÷ 4.3 TB/s (nominal copy "

@@ -99,13 +99,14 @@ def test_config_rejects_bad_values():
       Config(**bad)
 
 
-@pytest.mark.parametrize("m", [1, 8])
-def test_lowers_for_cuda_as_one_kernel(m):
+@pytest.mark.parametrize("m,config", [(1, None), (8, Config(tile_k=256, max_concurrent_steps=2))])
+def test_lowers_for_cuda_as_one_kernel(m, config):
   """At Qwen3-8B's q|k|v shape (4096 x 48 heads of 128) the program has one Mosaic GPU call writing q, k and v, and
-  no XLA norm or rope after it (no rsqrt, no slice or concatenate of heads)."""
+  no XLA norm or rope after it (no rsqrt, no slice or concatenate of heads). The second config's 192 KB of pipeline
+  tiles and the accumulator's 32 KB copy fit the 227 KB only because the two scopes share memory."""
   sds = jax.ShapeDtypeStruct
   run = jax.jit(lambda x, w, qn, kn, c, s: qr_mosaic_gpu.qkv_rope_matmul(x, w, qn, kn, c, s, num_kv_heads=8, eps=EPS,
-                                                                         split=True))
+                                                                         split=True, config=config))
   hlo = run.trace(sds((1, m, 4096), jnp.bfloat16), sds((4096, 6144), jnp.bfloat16), sds((D,), jnp.bfloat16),
                   sds((D,), jnp.bfloat16), sds((1, m, D), jnp.float32), sds((1, m, D), jnp.float32)).lower(
       lowering_platforms=("cuda",)).as_text()
@@ -193,7 +194,8 @@ def test_model_runs_the_kernel_on_the_qkv_projection(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not qr_ops._on_hopper(), reason="needs an H100/H200")
 @pytest.mark.parametrize("m", [1, 8])
-@pytest.mark.parametrize("config", [Config(), Config(tile_k=256, max_concurrent_steps=2), Config(splits=8)])
+@pytest.mark.parametrize("config", [Config(), Config(tile_k=256, max_concurrent_steps=2), Config(splits=8),
+                                    Config(tile_k=64, max_concurrent_steps=4, splits=2)])
 def test_on_the_gpu_at_qwen3_8b_shape(m, config):
   """Qwen3-8B's q|k|v (K 4096, 32 q and 8 kv heads): equal to the reference, and thirty calls all the same bits (the
   rows cross the cluster after a barrier one thread a block arrives on)."""

@@ -34,6 +34,7 @@ of work for one (16.8 MFLOP a block, ~2 us of a block's ~13 us stream on an H100
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -63,7 +64,7 @@ class TuningConfig:
   max_concurrent_steps: pipeline slots. splits: the K ranges of a head, one block each, one cluster (2 to 8)."""
 
   tile_k: int = 128
-  max_concurrent_steps: int = 3
+  max_concurrent_steps: int = 2
   splits: int = 4
 
   def __post_init__(self):
@@ -76,12 +77,16 @@ class TuningConfig:
 
 
 DEFAULT_CONFIG = TuningConfig()
+"""Two blocks an SM (~100 KB of shared memory each), each with two 32 KB weight tiles in flight: the skinny kernel's
+128 KB an SM. The first GPU run had three slots (~180 KB, one block an SM: 192 blocks in two waves) and made the AR
+step 46 us slower than the two kernels it replaces (H100, docs/results/2026-12-06-fusion-ab-h100/)."""
 
 
-def _smem_bytes(config: TuningConfig, d: int, steps: int) -> int:
-  """A block's shared memory: its pipeline's weight and activation tiles and the f32 accumulator's copy."""
+def _smem_bytes(config: TuningConfig, d: int, steps: int, rows: int) -> int:
+  """A block's shared memory: the larger of its pipeline's weight and activation tiles and the f32 accumulator's copy
+  (scopes that reuse the same memory), the row buffers, and 1 KB for barriers and alignment."""
   depth = min(config.max_concurrent_steps, steps)
-  return depth * (config.tile_k * d + TOKENS * config.tile_k) * 2 + TOKENS * d * 4
+  return max(depth * (config.tile_k * d + TOKENS * config.tile_k) * 2, TOKENS * d * 4) + rows * 3 * d * 4 + 1024
 
 
 def check_supported(x, w, q_norm, k_norm, cos, sin, num_kv_heads: int, config: TuningConfig) -> None:
@@ -105,7 +110,7 @@ def check_supported(x, w, q_norm, k_norm, cos, sin, num_kv_heads: int, config: T
     raise NotImplementedError(f"{math.prod(lead)} token rows: the kernel takes 1 to {MAX_ROWS}")
   if k % (config.tile_k * config.splits):
     raise NotImplementedError(f"K={k} is not a multiple of tile_k x splits = {config.tile_k * config.splits}")
-  smem = _smem_bytes(config, d, k // config.tile_k // config.splits)
+  smem = _smem_bytes(config, d, k // config.tile_k // config.splits, math.prod(lead))
   if smem > SMEM_LIMIT:
     raise NotImplementedError(f"{config} needs {smem} bytes of shared memory, over {SMEM_LIMIT}")
 
@@ -120,15 +125,8 @@ def _call(x2, w, tables, weights, *, m, hq, hkv, eps, norm, split, tile_k, max_c
   depth = min(max_concurrent_steps, steps)
   dtype = x2.dtype
 
-  def qkv_rope_matmul_body(w_gmem, x_gmem, cos_ref, sin_ref, *refs):  # its name in profiles
-    (qn_ref, kn_ref), refs = (refs[:2], refs[2:]) if norm else ((None, None), refs)
-    outputs = (3 if split else 1) + (1 if interpretable else 0)
-    out_refs, handover = refs[:outputs], None
-    if interpretable:
-      *out_refs, handover = out_refs
-    w_smem, x_smem, loaded, acc_smem, row_bufs, twice, staged = refs[outputs:]
-    head, part = lax.axis_index("head"), lax.axis_index("split")
-    first = part * steps
+  def project(w_gmem, x_gmem, head, first, w_smem, x_smem, loaded):
+    """The block's ``[64, D]`` f32 accumulator over its K range: the pipeline, in shared memory scoped to it."""
 
     def load_w(step, slot):
       cols = pl.ds(head * d, d)
@@ -164,10 +162,25 @@ def _call(x2, w, tables, weights, *, m, hq, hkv, eps, norm, split, tile_k, max_c
       lax.fori_loop(0, steps, step, None)
       return acc_ref[...]
 
-    acc_smem[...] = pl.run_scoped(accumulate, plgpu.ACC((TOKENS, d), jnp.float32))
-    plgpu.commit_smem()
-    for r in range(m):  # 1-D buffers at offset 0: cluster_ref of a slice elsewhere does not lower (jax 0.11.2)
-      row_bufs[r][...] = acc_smem[r, :]
+    return pl.run_scoped(accumulate, plgpu.ACC((TOKENS, d), jnp.float32))
+
+  def qkv_rope_matmul_body(w_gmem, x_gmem, cos_ref, sin_ref, *refs):  # its name in profiles
+    (qn_ref, kn_ref), refs = (refs[:2], refs[2:]) if norm else ((None, None), refs)
+    outputs = (3 if split else 1) + (1 if interpretable else 0)
+    out_refs, handover = refs[:outputs], None
+    if interpretable:
+      *out_refs, handover = out_refs
+    row_bufs, twice, staged = refs[outputs:]
+    head, part = lax.axis_index("head"), lax.axis_index("split")
+    acc = pl.run_scoped(functools.partial(project, w_gmem, x_gmem, head, part * steps), *pipeline_scratch)
+
+    def keep_rows(acc_smem):  # in the pipeline's shared memory, free by then
+      acc_smem[...] = acc
+      plgpu.commit_smem()
+      for r in range(m):  # 1-D buffers at offset 0: cluster_ref of a slice elsewhere does not lower (jax 0.11.2)
+        row_bufs[r][...] = acc_smem[r, :]
+
+    pl.run_scoped(keep_rows, plgpu.SMEM((TOKENS, d), jnp.float32))  # unswizzled: rows read as 1-D vectors
     plgpu.commit_smem()  # every thread's rows written before the arrive (one thread a block)
     if interpretable:  # no distributed shared memory: the rows go through GMEM
       for r in range(m):
@@ -219,11 +232,12 @@ def _call(x2, w, tables, weights, *, m, hq, hkv, eps, norm, split, tile_k, max_c
   out_type = [jax.ShapeDtypeStruct((m, width), dtype) for width in widths]
   if interpretable:
     out_type.append(jax.ShapeDtypeStruct((splits, n // d, m, d), jnp.float32))
-  scratch = (
+  pipeline_scratch = (
       plgpu.SMEM((depth, tile_k, d), dtype, transforms=smem_transforms(d, dtype)),
       plgpu.SMEM((depth, TOKENS, tile_k), dtype, transforms=smem_transforms(tile_k, dtype)),
       plgpu.Barrier(num_arrivals=2, num_barriers=depth),  # a slot's weight and x tiles
-      plgpu.SMEM((TOKENS, d), jnp.float32),  # unswizzled: its rows are read as 1-D vectors
+  )
+  scratch = (
       tuple(plgpu.SMEM((d,), jnp.float32) for _ in range(m)),
       tuple(plgpu.SMEM((2 * d,), jnp.float32) for _ in range(m)),
       plgpu.ClusterBarrier(collective_axes=("split",), num_barriers=2),  # rows stored; rows read

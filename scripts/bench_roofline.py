@@ -158,7 +158,8 @@ environment, which its jobs inherit and the report names) the kernels overlap an
 (``FAST_KERNELS``, ``conf/kernels/hopper.yaml``'s, and the tree-attention kernel at one node), so one run
 of ``xla_decode_loop fast_decode_loop torch_peer_cudagraphs`` with no kernel flag puts plain XLA, ours and PyTorch side
 by side (issue #8's AR row; with ``--matmul`` and the like, ``xla_decode_loop`` runs those kernels too)."""
-FAST_KERNELS = dict(matmul="mosaic_gpu", norm="mosaic_gpu", rope="mosaic_gpu", swiglu_matmul="mosaic_gpu")
+FAST_KERNELS = dict(matmul="mosaic_gpu", norm="mosaic_gpu", rope="mosaic_gpu", swiglu_matmul="mosaic_gpu",
+                    qkv_rope_matmul="mosaic_gpu")
 """``fast_decode_loop``'s kernels: ``conf/kernels/hopper.yaml``'s choices (a test holds the two equal; the device
 machine has no PyYAML to read the file). Until 2026-12-06 this row lacked the SwiGLU cluster kernel the file had
 taken (4.333 ms against the 4.241 of ``rope_decode_loop`` with ``--swiglu-matmul mosaic_gpu``, one H200)."""

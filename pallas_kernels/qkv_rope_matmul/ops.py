@@ -29,8 +29,11 @@ _log = logging.getLogger(__name__)
 Implementation = Literal["xla", "mosaic_gpu"]
 _IMPLEMENTATIONS = ("xla", "mosaic_gpu")
 DEFAULT: Implementation = "xla"
-"""``"xla"`` (the unfused path): not yet timed on a GPU. ``bench_roofline.py --qkv-rope-matmul mosaic_gpu`` turns it
-on. Read at trace time."""
+"""``"xla"`` (the unfused path), as every kernel's default here (the library assumes no GPU); ``conf/kernels/
+hopper.yaml``, ``bench_roofline.FAST_KERNELS`` and ``bench_roofline.py --qkv-rope-matmul mosaic_gpu`` turn it on.
+Measured in the AR step on an H100: -17 to -40 us a step against the skinny kernel + the rope kernel (5.695-5.705
+against 5.715-5.739 ms, two rounds, three configs; the first form, one block an SM, had cost +46 us;
+docs/results/2026-12-06-fusion-ab-h100/). Read at trace time."""
 
 
 def _kernel_chosen(x: jax.Array) -> bool:

@@ -521,8 +521,9 @@ one thread-block cluster and hand their heads' rows over through distributed sha
 Why: that merge is a launch a layer (36 a Qwen3-8B step, 54 us on the H200). What a handover costs: one block reads
 its peers at ~30 KB a us, so each split hands over only its heads' rows, one head a merging split (512 B of partial
 and 512 B of lse a peer: 1.60 against 2.37 us for the two launches on an H100,
-docs/results/2026-12-06-cluster-merge-widths-h100/). Off until timed in the step (``scripts/h200/fusion_ab.sh``;
-``bench_roofline.py --cluster-merge``). Read at trace time."""
+docs/results/2026-12-06-cluster-merge-widths-h100/). Off: in the AR step on an H100 it took 0 to 4 us off 5.85 ms
+(``bench_roofline.py --cluster-merge``, twice alternating; docs/results/2026-12-06-fusion-ab-h100/): the barriers and
+peer reads cost what the merge kernel's launch costs inside XLA's command buffers. Read at trace time."""
 
 
 COMBINE_KERNEL = False

@@ -3,7 +3,7 @@
 partial sums XLA adds afterwards. ``store_partial_sum`` / ``partial_sums_kernel`` / ``reduce_partial_sums`` are the
 W12 SMEM decode's channel-major ``[split_k, N, Mp]`` epilogue; ``skinny_matmul`` and the W12 register decode store
 tokens-major halves (``store_split``; the skinny module says why) as ``SplitKPartials``, which a consumer kernel
-(``load_row``) may add itself."""
+(``load_row``) may add itself. ``streamed_dot`` is the few-token matmuls' weight-streaming pipeline."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels import pdl
 
 
 def round_up(a: int, b: int) -> int:
@@ -74,6 +76,39 @@ def consumer_split_k(split_k: int, k_steps: int) -> int:
 
 def num_sms() -> int:
   return int(getattr(jax.devices()[0], "core_count", 0) or 132)  # 132: H100 / H200 SXM
+
+
+def streamed_dot(tile, steps: int, depth: int, loaded, load_w, load_x, multiply, interpret) -> jax.Array:
+  """Inside a Mosaic GPU kernel: the f32 ``tile``-shaped wgmma accumulator of ``steps`` pipeline steps through
+  ``depth`` slots, what the few-token matmuls (``skinny_matmul``, ``swiglu_matmul``, ``qkv_rope_matmul``) share.
+  ``load_w(step, slot)`` / ``load_x(step, slot)`` issue a step's weight and activation TMA loads into a slot (both
+  arriving on ``loaded.at[slot]``); ``multiply(acc_ref, slot)`` issues the slot's wgmma. The first ``depth`` weight
+  tiles go out before the grid-dependency wait (``pdl.begin_kernel``): no kernel writes a weight, so under PDL they
+  stream while the kernel before this one still runs; the activations, its output, are read only after the wait."""
+  for slot in range(depth):
+    load_w(slot, slot)
+  pdl.begin_kernel(interpret)
+  for slot in range(depth):
+    load_x(slot, slot)
+
+  def accumulate(acc_ref):
+    def step(i, carry):
+      slot = lax.rem(i, depth)
+      plgpu.barrier_wait(loaded.at[slot])
+      multiply(acc_ref, slot)
+      plgpu.wgmma_wait(0)
+
+      @pl.when(i + depth < steps)
+      def _refill():  # the slot's tiles were read by the wgmma just waited for
+        load_w(i + depth, slot)
+        load_x(i + depth, slot)
+
+      return carry
+
+    lax.fori_loop(0, steps, step, None)
+    return acc_ref[...]
+
+  return pl.run_scoped(accumulate, plgpu.ACC(tile, jnp.float32))
 
 
 def exit_wait() -> None:

@@ -47,9 +47,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels import pdl
 from pallas_kernels.lowering import lowered_once
-from pallas_kernels.split_k import SMEM_LIMIT, exit_wait, smem_transforms
+from pallas_kernels.split_k import SMEM_LIMIT, exit_wait, smem_transforms, streamed_dot
 from pallas_kernels.tma import pad_for_tma
 
 HEAD_DIM = 128
@@ -140,32 +139,10 @@ def _call(x2, w, tables, weights, *, m, hq, hkv, eps, norm, split, tile_k, max_c
       plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, X_TILE[0]), pl.ds((first + step) * tile_k, tile_k)],
                               x_smem.at[slot, pl.ds(0, X_TILE[0])], loaded.at[slot])
 
-    # as in the skinny kernel: the weight tiles before the PDL wait, the activation (the previous kernel's output)
-    # after it
-    for slot in range(depth):
-      load_w(slot, slot)
-    pdl.begin_kernel(interpret)
-    for slot in range(depth):
-      load_x(slot, slot)
+    def multiply(acc_ref, slot):  # tokens on M: the activation tile is A, the weight tile B as stored
+      plgpu.wgmma(acc_ref, x_smem.at[slot], w_smem.at[slot])
 
-    def accumulate(acc_ref):
-      def step(i, carry):
-        slot = lax.rem(i, depth)
-        plgpu.barrier_wait(loaded.at[slot])
-        plgpu.wgmma(acc_ref, x_smem.at[slot], w_smem.at[slot])
-        plgpu.wgmma_wait(0)
-
-        @pl.when(i + depth < steps)
-        def _refill():  # the slot's tiles were read by the wgmma just waited for
-          load_w(i + depth, slot)
-          load_x(i + depth, slot)
-
-        return carry
-
-      lax.fori_loop(0, steps, step, None)
-      return acc_ref[...]
-
-    return pl.run_scoped(accumulate, plgpu.ACC((TOKENS, d), jnp.float32))
+    return streamed_dot((TOKENS, d), steps, depth, loaded, load_w, load_x, multiply, interpret)
 
   def qkv_rope_matmul_body(w_gmem, x_gmem, cos_ref, sin_ref, *refs):  # its name in profiles
     (qn_ref, kn_ref), refs = (refs[:2], refs[2:]) if norm else ((None, None), refs)

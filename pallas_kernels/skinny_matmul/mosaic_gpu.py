@@ -40,7 +40,6 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels import pdl
 from pallas_kernels.lowering import lowered_once
 from pallas_kernels.skinny_matmul.config import TuningConfig
 from pallas_kernels.split_k import (
@@ -54,6 +53,7 @@ from pallas_kernels.split_k import (
     round_up,
     smem_transforms,
     store_split,
+    streamed_dot,
     token_tile,
 )
 from pallas_kernels.tma import pad_for_tma
@@ -141,32 +141,10 @@ def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, inter
       k_slice = pl.ds((first + step) * tile_k, tile_k)
       plgpu.copy_gmem_to_smem(x_gmem.at[m_slice, k_slice], x_smem.at[slot], loaded.at[slot])
 
-    # The pipeline's first weight tiles go out before the grid-dependency wait: no kernel writes a weight, so under
-    # PDL they stream while the kernel before this one still runs; x, its output, is read only after the wait.
-    for slot in range(depth):
-      load_w(slot, slot)
-    pdl.begin_kernel(interpret)
-    for slot in range(depth):
-      load_x(slot, slot)
+    def multiply(acc_ref, slot):
+      plgpu.wgmma(acc_ref, w_smem.at[slot].T, x_smem.at[slot].T)
 
-    def accumulate(acc_ref):
-      def step(i, carry):
-        slot = lax.rem(i, depth)
-        plgpu.barrier_wait(loaded.at[slot])
-        plgpu.wgmma(acc_ref, w_smem.at[slot].T, x_smem.at[slot].T)
-        plgpu.wgmma_wait(0)
-
-        @pl.when(i + depth < steps)
-        def _refill():  # the slot's tiles were read by the wgmma just waited for
-          load_w(i + depth, slot)
-          load_x(i + depth, slot)
-
-        return carry
-
-      lax.fori_loop(0, steps, step, None)
-      return acc_ref[...]
-
-    acc = pl.run_scoped(accumulate, plgpu.ACC((TILE_N, tile_m), jnp.float32))
+    acc = streamed_dot((TILE_N, tile_m), steps, depth, loaded, load_w, load_x, multiply, interpret)
     store_split(acc, out_smem, out_gmem, split, m_slice, n_slice)
 
   call = plgpu.kernel(

@@ -42,9 +42,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels import pdl
 from pallas_kernels.lowering import lowered_once
-from pallas_kernels.split_k import exit_wait, round_up, smem_transforms, token_tile
+from pallas_kernels.split_k import exit_wait, round_up, smem_transforms, streamed_dot, token_tile
 from pallas_kernels.tma import pad_for_tma
 
 TILE_N = 64  # intermediate channels per cluster: one wgmma M in each of its two blocks
@@ -114,32 +113,10 @@ def _call(x2, w, *, m, tile_m, tile_k, max_concurrent_steps, interpret, interpre
     def load_x(step, slot):
       plgpu.copy_gmem_to_smem(x_gmem.at[m_slice, pl.ds(step * tile_k, tile_k)], x_smem.at[slot], loaded.at[slot])
 
-    # as in the skinny kernel: the weight tiles before the PDL wait, the activation (the previous kernel's output)
-    # after it
-    for slot in range(depth):
-      load_w(slot, slot)
-    pdl.begin_kernel(interpret)
-    for slot in range(depth):
-      load_x(slot, slot)
+    def multiply(acc_ref, slot):
+      plgpu.wgmma(acc_ref, w_smem.at[slot].T, x_smem.at[slot].T)
 
-    def accumulate(acc):
-      def step(i, carry):
-        slot = lax.rem(i, depth)
-        plgpu.barrier_wait(loaded.at[slot])
-        plgpu.wgmma(acc, w_smem.at[slot].T, x_smem.at[slot].T)
-        plgpu.wgmma_wait(0)
-
-        @pl.when(i + depth < steps)
-        def _refill():  # the slot's tiles were read by the wgmma just waited for
-          load_w(i + depth, slot)
-          load_x(i + depth, slot)
-
-        return carry
-
-      lax.fori_loop(0, steps, step, None)
-      return acc[...]
-
-    acc = pl.run_scoped(accumulate, plgpu.ACC((TILE_N, tile_m), jnp.float32))
+    acc = streamed_dot((TILE_N, tile_m), steps, depth, loaded, load_w, load_x, multiply, interpret)
     proj_smem[...] = acc.astype(jnp.bfloat16)  # the projection as the matmul would have returned it
     # Every thread's part written before the cluster arrive: that is one thread a block, with no barrier of its own
     # (a tile_k = 256 run on an H100 read a half-written up tile without this).

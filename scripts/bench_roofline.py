@@ -932,10 +932,6 @@ def apply_kernel_settings(spec: dict) -> dict:
         from pallas_kernels.tree_attention import mosaic_gpu as ta_mosaic_gpu
 
         ta_mosaic_gpu.COMBINE_KERNEL = True
-    if spec.get("cluster_merge"):
-        from pallas_kernels.tree_attention import mosaic_gpu as ta_mosaic_gpu
-
-        ta_mosaic_gpu.CLUSTER_MERGE = True
     if spec.get("skinny_splits"):
         from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
 
@@ -964,7 +960,6 @@ def apply_kernel_settings(spec: dict) -> dict:
     res["qkv_rope_matmul"] = spec.get("qkv_rope_matmul") or "default"
     res["qkv_rope_matmul_config"] = spec.get("qkv_rope_matmul_config")
     res["combine_kernel"] = bool(spec.get("combine_kernel"))
-    res["cluster_merge"] = bool(spec.get("cluster_merge"))
     res["pdl"] = bool(spec.get("pdl"))
     return res
 
@@ -1069,9 +1064,6 @@ def parse_args(argv=None):
     ap.add_argument("--combine-kernel", action="store_true",
                     help="the tree-attention kernel's split merge on its Mosaic GPU kernel in every JAX job (sets "
                          "tree_attention.mosaic_gpu.COMBINE_KERNEL)")
-    ap.add_argument("--cluster-merge", action="store_true",
-                    help="a one-token tree attention merges its KV splits inside the kernel, the splits one cluster "
-                         "(sets tree_attention.mosaic_gpu.CLUSTER_MERGE) in every JAX job")
     ap.add_argument("--skinny-splits", nargs="+", default=[], metavar="KxN=S|FILE",
                     help="the split_decode_loop row's K split per weight shape: KxN=S items or a JSON file of "
                          "{\"KxN\": S} (scripts/h200/split_probe.py --json)")
@@ -1185,7 +1177,6 @@ def settings(args) -> dict:
         "qkv_rope_matmul": args.qkv_rope_matmul,
         "qkv_rope_matmul_config": args.qkv_rope_matmul_config,
         "combine_kernel": args.combine_kernel,
-        "cluster_merge": args.cluster_merge,
         "pdl": args.pdl,
         "drafter_layers": 1 if q else 5,
         "block_size": 4 if q else 16,
@@ -1709,7 +1700,7 @@ def markdown(rep: dict) -> str:
         f"q|k|v with its norm + rope: `{s.get('qkv_rope_matmul') or 'default'}`"
         + (f" (tile_k, steps, splits {tuple(s['qkv_rope_matmul_config'])})" if s.get("qkv_rope_matmul_config") else "")
         + ". Attention merge: "
-        f"`{'kernel' if s.get('combine_kernel') else 'cluster' if s.get('cluster_merge') else 'xla'}`. "
+        f"`{'kernel' if s.get('combine_kernel') else 'xla'}`. "
         f"PDL: `{bool(s.get('pdl'))}` (rows may set their own).",
         (f"- Roofline = bytes of weights + KV read ÷ measured read bandwidth ({bw}) and ÷ 4.3 TB/s (nominal copy "
          f"rate). ms = median of synchronised steps (decode loop: loop time ÷ steps)."),

@@ -33,8 +33,10 @@ Elementwise throughout, so XLA makes it one kernel (``scripts/h200/combine_probe
 it is one Mosaic GPU kernel of the same operations instead (``_combine_kernel``). The merge inside this kernel
 (the row block's CTAs meeting at a GMEM semaphore) was built and timed on the H200: its merge lengthened the kernel by
 what the merge kernel took, and XLA added a memset of the semaphores a call, so the AR step went 4.405 -> 4.457 ms
-(docs/results/2026-12-02-merge-in-kernel-h200/; the code is at commit ``f565ca6``). A one-token step may merge
-inside the kernel through a cluster instead (``CLUSTER_MERGE``, off until timed).
+(docs/results/2026-12-02-merge-in-kernel-h200/; the code is at commit ``f565ca6``). So was a one-token step's merge
+inside a thread-block cluster of its splits, through distributed shared memory: 0 to -4 us a step on an H100, the
+barriers and peer reads costing what the merge kernel's launch costs inside XLA's command buffers
+(docs/results/2026-12-06-fusion-ab-h100/; the code, ``CLUSTER_MERGE``, is at commit ``2b79b3e``).
 The auto split (``TuningConfig.splits``) keeps ``B * Hkv * row blocks * splits`` at
 about one wave of 132 SMs: B=1, Hkv=8, n=16 (one row block) gets 16 splits of a 2k
 prefix.
@@ -128,23 +130,21 @@ def check_supported(q, k_cache, v_cache, k_tree, v_tree, ancestor_bits, config: 
 
 
 def smem_bytes(d: int, row_words: int, config: TuningConfig, *, final: bool, interpretable: bool,
-               lse_apart: bool = False, merge_heads: int = 0) -> int:
+               lse_apart: bool = False) -> int:
     """Shared memory one CTA allocates (the two KV pipelines reuse the same buffers); ``lse_apart``: the lse tile has
-    a buffer of its own instead of reusing the output tile's; ``merge_heads``: the cluster merge's 1-D buffers, an f32
-    partial and lse row a head."""
+    a buffer of its own instead of reusing the output tile's."""
     m, kv = config.block_m, config.block_kv
     return (
         m * d * 2  # Q tile
         + row_words * m * 4  # ancestor words
         + m * d * (2 if final else 4) * (2 if lse_apart else 1)  # output tile (and the lse tile)
-        + merge_heads * 2 * d * 4
         + (m * kv * 2 if interpretable else 0)
         + 2 * config.max_concurrent_steps * kv * d * 2
     )  # K and V stages
 
 
 @lowered_once("groups", "head0", "config", "n_pad", "splits", "tree_blocks", "interpretable", "interpret",
-              "early_cache", "lse_apart", "cluster", "ablate")
+              "early_cache", "lse_apart", "ablate")
 def _kernel_call(
     q,
     k_cache,
@@ -164,7 +164,6 @@ def _kernel_call(
     interpret,
     early_cache: bool,
     lse_apart: bool,
-    cluster: bool = False,
     ablate: tuple = (),
 ):
     """The ``(B, Hkv, row blocks, splits)`` grid over ``n_pad`` nodes (``q`` may hold fewer: TMA reads zeros past
@@ -177,9 +176,6 @@ def _kernel_call(
     ``early_cache``: the PDL grid-dependency wait (``pdl.begin_kernel``) comes after the prefix pipeline's first loads
     and before anything else is read (q, the ancestor words, the tree's K/V), instead of first thing. ``lse_apart``
     (split only): the lse tile goes through a buffer of its own, so its store does not wait for the output's.
-    ``cluster`` (one node, ``G <= splits``): the splits are one thread-block cluster and merge their partials through
-    distributed shared memory (``merge_in_cluster``, ``CLUSTER_MERGE``); the output is then final, as with one
-    split.
     ``ablate``: ``ABLATE``'s items."""
     b, n_q, _, d = q.shape
     capacity, hkv, g = k_cache.shape[1], k_cache.shape[2], groups
@@ -198,12 +194,9 @@ def _kernel_call(
 
     def tree_attention_body(q_ref, k_cache_ref, v_cache_ref, lengths_ref, k_tree_ref, v_tree_ref, bits_ref,
                               *refs):  # its name in profiles (CUPTI)
-        outputs = 1 if final or (cluster and not interpretable) else 3 if cluster else 2
-        if cluster:  # the final output, then (interpreted) the heads' partials and lses handed over through GMEM
-            (out_ref, *handover_ref), lse_ref = refs[:outputs], None
-        else:
-            out_ref, lse_ref = (*refs[:outputs], None)[:2]
-        q_smem, bits_smem, out_smem, lse_smem, p_smem, (head_parts, head_lses), merged, load_barrier = refs[outputs:]
+        outputs = 1 if final else 2
+        out_ref, lse_ref = (*refs[:outputs], None)[:2]
+        q_smem, bits_smem, out_smem, lse_smem, p_smem, load_barrier = refs[outputs:]
         bi, hi = lax.axis_index("b"), lax.axis_index("h")
         row_block, split = lax.axis_index("rows"), lax.axis_index("split")
         node0 = row_block * nodes
@@ -300,43 +293,6 @@ def _kernel_call(
             bit = lax.shift_right_logical(word, (col & (WORD_BITS - 1)).astype(jnp.uint32)) & jnp.uint32(1)
             return attend(carry, k_smem, v_smem, bit != jnp.uint32(0))
 
-        def merge_in_cluster(out, lse):
-            """The splits' partials merged inside their cluster: every split puts its partial and its lse (along D) in
-            its own shared memory and copies the node's G rows (row ``g T``, head ``g``) into 1-D buffers, one a
-            head; after a cluster barrier split ``g`` reads head ``g``'s buffers of every split through distributed
-            shared memory, merges them as ``_combine`` does and stores the head's row; a second barrier keeps the
-            buffers until then. Interpreted (no distributed shared memory) the buffers go through GMEM
-            (``handover_ref``)."""
-            out_smem[...] = out
-            lse_smem[...] = lax.broadcast_in_dim(lse, (block_m, d), [0])
-            plgpu.commit_smem()
-            for gi in range(g):  # 1-D buffers at offset 0: cluster_ref of a slice elsewhere does not lower (jax 0.11.2)
-                head_parts[gi][...] = out_smem[gi * nodes, :]
-                head_lses[gi][...] = lse_smem[gi * nodes, :]
-            plgpu.commit_smem()  # every thread's rows written before the arrive (one thread a block)
-            if interpretable:
-                for gi in range(g):
-                    for buffers, dst in zip((head_parts, head_lses), handover_ref):
-                        plgpu.copy_smem_to_gmem(buffers[gi], dst.at[split, bi, hi, gi])
-                plgpu.wait_smem_to_gmem(0)
-            plgpu.barrier_arrive(merged.at[0])
-            plgpu.barrier_wait(merged.at[0])
-            for gi in range(g):
-                def peer_row(i, peer, gi=gi):
-                    if interpretable:
-                        return handover_ref[i][peer, bi, hi, gi, :]
-                    return plgpu.cluster_ref((head_parts, head_lses)[i][gi], {"split": peer})[...]
-
-                @pl.when(split == gi)
-                def _merge_head(gi=gi, peer_row=peer_row):
-                    lses = [peer_row(1, peer) for peer in range(splits)]  # every load first
-                    parts = [peer_row(0, peer) for peer in range(splits)]
-                    out_ref[bi, 0, hi, gi, :] = _merge_splits(lses, parts).astype(dtype)
-
-            plgpu.barrier_arrive(merged.at[1])
-            plgpu.barrier_wait(merged.at[1])
-            exit_wait()
-
         # a finite start for the running max: a fully masked block then yields p = 0, not NaN
         carry = (
             jnp.zeros((block_m, d), jnp.float32),
@@ -377,10 +333,6 @@ def _kernel_call(
                                         dst.at[out_rows] if final else dst.at[(split, *out_rows)])
 
         lse = jnp.where(seen, row_max + jnp.log(row_sum) * _LOG2E, _EMPTY_LSE)
-        if cluster:
-            merge_in_cluster(out, lse)
-            return
-
         store(out.astype(out_dtype), out_smem, out_ref)
         # the lse along D: from a tile of its own, both stores in flight at once, or after the output's
         if not final and not ablate.get("no_lse"):
@@ -389,51 +341,32 @@ def _kernel_call(
             store(lax.broadcast_in_dim(lse, (block_m, d), [0]), out_smem if lse_smem is None else lse_smem, lse_ref)
         exit_wait()
 
-    if final or cluster:
+    if final:
         out_type = jax.ShapeDtypeStruct((b, n_q, hkv, g, d), dtype)
-        if cluster and interpretable:
-            handover = jax.ShapeDtypeStruct((splits, b, hkv, g, d), jnp.float32)
-            out_type = (out_type, handover, handover)
     else:
         out_type = (
             jax.ShapeDtypeStruct((splits, b, n_q, hkv, g, d), jnp.float32),
             jax.ShapeDtypeStruct((splits, b, n_q, hkv, g, d), jnp.float32),
         )
-    # the cluster merge reads its peers' tiles through distributed shared memory: unswizzled (``cluster_ref`` loads
-    # of swizzled tiles fail to lower)
-    part_transforms = () if cluster else _smem_transforms(d, out_dtype)
+    part_transforms = _smem_transforms(d, out_dtype)
     scratch = (
         plgpu.SMEM((block_m, d), dtype, transforms=_smem_transforms(d, dtype)),
         plgpu.SMEM(row_bits.shape[2:], jnp.uint32),
         plgpu.SMEM((block_m, d), out_dtype, transforms=part_transforms),
-        plgpu.SMEM((block_m, d), out_dtype, transforms=part_transforms) if lse_apart or cluster else None,
+        plgpu.SMEM((block_m, d), out_dtype, transforms=part_transforms) if lse_apart else None,
         plgpu.SMEM((block_m, block_kv), dtype, transforms=_smem_transforms(block_kv, dtype)) if interpretable else None,
-        (tuple(plgpu.SMEM((d,), jnp.float32) for _ in range(g)),) * 2 if cluster else (None, None),
-        plgpu.ClusterBarrier(collective_axes=("split",), num_barriers=2) if cluster else None,
         plgpu.Barrier(num_arrivals=g + 1),
     )
-    grid, grid_names = ((b, hkv, row_blocks, splits), ("b", "h", "rows", "split"))
-    cluster_args = {}
-    if cluster:
-        grid, grid_names = grid[:3], grid_names[:3]
-        cluster_args = {"cluster": (splits,), "cluster_names": ("split",)}
     call = plgpu.kernel(
         tree_attention_body,
         out_type=out_type,
-        grid=grid,
-        grid_names=grid_names,
-        **cluster_args,
+        grid=(b, hkv, row_blocks, splits),
+        grid_names=("b", "h", "rows", "split"),
         scratch_types=scratch,
         compiler_params=plgpu.CompilerParams(approx_math=True, lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
         interpret=interpret,
     )
-    result = call(q, k_cache, v_cache, lengths, k_tree, v_tree, row_bits)
-    return result[0] if cluster and interpretable else result
-
-
-CLUSTER_MAX = 8
-"""The largest cluster the merge forms: the portable limit (a larger one needs a launch attribute Mosaic GPU does not
-set)."""
+    return call(q, k_cache, v_cache, lengths, k_tree, v_tree, row_bits)
 
 
 def split_ranges(prefix_blocks, tree_blocks: int, split, splits: int):
@@ -512,18 +445,6 @@ wrong): ``length`` (an int: a constant instead of the lengths' load), ``no_q`` (
 ``no_compute`` (no softmax or wgmma), ``no_store`` (no output or lse store), ``no_lse`` (no lse store), ``lse_shared``
 (the lse tile reuses the output's buffer: less shared memory, same results). Read at trace time; empty everywhere
 else."""
-
-
-CLUSTER_MERGE = False
-"""A one-token step (an AR step, G <= splits <= ``CLUSTER_MAX``) merges its KV splits inside the kernel: the splits are
-one thread-block cluster and hand their heads' rows over through distributed shared memory (``merge_in_cluster`` in
-``_kernel_call``), instead of writing f32 partials and lses to GMEM for XLA's merge kernel after it (``_combine``).
-Why: that merge is a launch a layer (36 a Qwen3-8B step, 54 us on the H200). What a handover costs: one block reads
-its peers at ~30 KB a us, so each split hands over only its heads' rows, one head a merging split (512 B of partial
-and 512 B of lse a peer: 1.60 against 2.37 us for the two launches on an H100,
-docs/results/2026-12-06-cluster-merge-widths-h100/). Off: in the AR step on an H100 it took 0 to 4 us off 5.85 ms
-(``bench_roofline.py --cluster-merge``, twice alternating; docs/results/2026-12-06-fusion-ab-h100/): the barriers and
-peer reads cost what the merge kernel's launch costs inside XLA's command buffers. Read at trace time."""
 
 
 COMBINE_KERNEL = False
@@ -637,13 +558,10 @@ def _attend(q_src, k_src, v_src, head0, hq, k_cache, v_cache, lengths, ancestor_
     row_words = tree_blocks * config.block_kv // WORD_BITS
     interpretable = interpret is not None if interpretable is None else interpretable
     smem = smem_bytes(d, row_words, config, final=splits == 1, interpretable=interpretable)
-    fits = lambda **kw: smem_bytes(d, row_words, config, final=False, interpretable=interpretable, lse_apart=True,
-                                   **kw) + _SMEM_RESERVED <= _SMEM_LIMIT
     n_q = q_src.shape[1]
-    cluster = (CLUSTER_MERGE and n_q == 1 and g <= splits <= CLUSTER_MAX and not ABLATE
-               and fits(merge_heads=g))
     # the lse tile apart when it fits: one store round trip less at the end of every split
-    lse_apart = splits > 1 and not cluster and not ABLATE.get("lse_shared") and fits()
+    lse_apart = (splits > 1 and not ABLATE.get("lse_shared") and smem_bytes(
+        d, row_words, config, final=False, interpretable=interpretable, lse_apart=True) + _SMEM_RESERVED <= _SMEM_LIMIT)
     if smem + _SMEM_RESERVED > _SMEM_LIMIT:
         raise NotImplementedError(
             f"{smem} bytes of shared memory per CTA exceed {_SMEM_LIMIT}: lower max_concurrent_steps or block_kv"
@@ -668,10 +586,9 @@ def _attend(q_src, k_src, v_src, head0, hq, k_cache, v_cache, lengths, ancestor_
         interpret=interpret,
         early_cache=cache_settled and pdl.ENABLED,
         lse_apart=lse_apart,
-        cluster=cluster,
         ablate=tuple(sorted(ABLATE.items())),
     )
-    if splits == 1 or cluster:
+    if splits == 1:
         out = result
     else:
         merged = _combine_kernel(*result, q_src.dtype, interpret) if COMBINE_KERNEL else None

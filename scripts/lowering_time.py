@@ -3,8 +3,9 @@
     PYTHONPATH=$PWD python3 scripts/lowering_time.py                       # Qwen3-8B shapes, 36 layers, 1 token
     PYTHONPATH=$PWD python3 scripts/lowering_time.py --tokens 64 --layers 2
 
-The forward (``specpilot.models.target.forward``, ``attention=pallas_tree``) with every op's Mosaic GPU kernel chosen
-(bf16 linears, add + norm, q/k norm + rope) as if on a Hopper, traced and lowered for ``cuda`` (no GPU needed: what
+The forward (``specpilot.models.target.forward``, ``attention=pallas_tree``) with ``conf/kernels/hopper.yaml``'s
+kernels chosen (bf16 linears, add + norm, q/k norm + rope, gate|up + SwiGLU, q|k|v + norm + rope) as if on a Hopper,
+traced and lowered for ``cuda`` (no GPU needed: what
 jax does before XLA compiles). Prints one JSON line: trace and lowering seconds, the Mosaic GPU kernels in the
 lowered module, its size. Why it exists: jax lowered every kernel call site apart until ``pallas_kernels.lowering``
 (docs/results/2026-12-06-lowering-time-cpu/).
@@ -25,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import yaml  # noqa: E402
 
 from pallas_kernels import choices  # noqa: E402
 from specpilot.argtypes import positive_int  # noqa: E402
@@ -33,16 +35,18 @@ from specpilot.models.kv_cache import init_cache  # noqa: E402
 from specpilot.models.target import forward  # noqa: E402
 from specpilot.models.weights import init_random_target  # noqa: E402
 
-OPS_MODULES = ("tree_attention", "qk_norm_rope", "add_rms_norm", "skinny_matmul", "swiglu")
+OPS_MODULES = ("tree_attention", "qk_norm_rope", "add_rms_norm", "skinny_matmul", "swiglu", "swiglu_matmul",
+               "qkv_rope_matmul")
 """The ``pallas_kernels.<op>.ops`` modules whose device check (``_on_hopper``) the forward's kernels go through."""
+HOPPER = Path(__file__).resolve().parents[1] / "conf" / "kernels" / "hopper.yaml"
 
 
 @contextlib.contextmanager
 def fast_kernels_as_if_on_hopper():
-    """Every op's Mosaic GPU kernel chosen and each ops module told it runs on a Hopper; all restored after."""
+    """``HOPPER``'s kernel choices and each ops module told it runs on a Hopper; all restored after."""
     modules = [importlib.import_module(f"pallas_kernels.{op}.ops") for op in OPS_MODULES]
     saved = [m._on_hopper for m in modules]
-    before = choices.use(matmul="mosaic_gpu", norm="mosaic_gpu", rope="mosaic_gpu")
+    before = choices.use(**yaml.safe_load(HOPPER.read_text()))
     try:
         for m in modules:
             m._on_hopper = lambda: True

@@ -5,10 +5,9 @@
 
 The forward (``specpilot.models.target.forward``, ``attention=pallas_tree``) with ``conf/kernels/hopper.yaml``'s
 kernels chosen (bf16 linears, add + norm, q/k norm + rope, gate|up + SwiGLU, q|k|v + norm + rope) as if on a Hopper,
-traced and lowered for ``cuda`` (no GPU needed: what
-jax does before XLA compiles). Prints one JSON line: trace and lowering seconds, the Mosaic GPU kernels in the
-lowered module, its size. Why it exists: jax lowered every kernel call site apart until ``pallas_kernels.lowering``
-(docs/results/2026-12-06-lowering-time-cpu/).
+traced and lowered for ``cuda`` (no GPU needed: what jax does before XLA compiles). Prints one JSON line: trace and
+lowering seconds, the Mosaic GPU kernels in the lowered module, its size. Why it exists: jax lowered every kernel
+call site apart until ``pallas_kernels.lowering`` (docs/results/2026-12-06-lowering-time-cpu/).
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ timeout 260 python3 scripts/bench_roofline.py --out /tmp/side_by_side \
 cp /tmp/side_by_side/roofline.md $OUT/side_by_side.md 2>/dev/null
 cp /tmp/side_by_side/roofline.json $OUT/side_by_side.json 2>/dev/null
 echo "== side by side" > $log
-grep -E "^\| (xla_decode_loop|fast_decode_loop|torch_peer)" $OUT/side_by_side.md >> $log || tail -n 20 /tmp/side_by_side.log >> $log
+grep -E "^\| (xla_decode_loop|fast_decode_loop|torch_peer)" $OUT/side_by_side.md >> $log \
+  || tail -n 20 /tmp/side_by_side.log >> $log
 kernels=(--matmul mosaic_gpu --norm mosaic_gpu --rope mosaic_gpu --swiglu-matmul mosaic_gpu)
 bench() {  # bench NAME ROW [bench_roofline flags]
   local name=$1 row=$2

@@ -6,8 +6,9 @@ Each op's public entry point reads its module's ``DEFAULT`` when a model is trac
   shape it does not tile. So a choice is safe on every machine: on a CPU it changes nothing.
 
 The config's ``kernels`` group (``conf/kernels/``: ``xla``, ``hopper``) and the benchmarks' ``--matmul``, ``--norm``,
-``--rope``, ``--swiglu``, ``--swiglu-matmul``, ``--qkv-rope-matmul`` and ``--pdl`` flags all go through ``use``. The choice is process-wide
-because programs read it when they are traced: set it before the first trace (``specpilot.build.load_models`` does).
+``--rope``, ``--swiglu``, ``--swiglu-matmul``, ``--qkv-rope-matmul`` and ``--pdl`` flags all go through ``use``. The
+choice is process-wide because programs read it when they are traced: set it before the first trace
+(``specpilot.build.load_models`` does).
 Weight formats (``engine.weight_format``) and attention (``engine.attention``) are engine knobs instead: they are
 arguments of the traced functions, so one process can run several.
 """

@@ -154,15 +154,26 @@ def test_unsupported_shape_falls_back_loudly(monkeypatch, caplog):
                                 np.asarray(two_steps(x, w, qn, kn, cos, sin, 2, False), np.float32))
 
 
-def test_weight_leaf_dispatch():
+def test_weight_leaf_dispatch(monkeypatch):
   """A bf16 leaf goes through ``qkv_rope_matmul``; an int8 leaf keeps its own matmul, then the norm + rope."""
+  import pallas_kernels.qkv_rope_matmul as qr_package
+
+  leaves = []
+
+  def spy(x, w, *args, **kwargs):
+    leaves.append(w.dtype)
+    return qkv_rope_matmul(x, w, *args, **kwargs)
+
+  monkeypatch.setattr(qr_package, "qkv_rope_matmul", spy)
   x, w, qn, kn, cos, sin = inputs(2, 512, 4, 2, seed=8)
   kw = dict(num_kv_heads=2, eps=EPS, split=False)
   np.testing.assert_array_equal(np.asarray(weights.linear_qk_norm_rope(x, w, qn, kn, cos, sin, **kw), np.float32),
                                 np.asarray(qkv_rope_matmul(x, w, qn, kn, cos, sin, **kw), np.float32))
+  assert leaves == [jnp.bfloat16]
   q = weights.quantize(w, "int8")
   np.testing.assert_array_equal(np.asarray(weights.linear_qk_norm_rope(x, q, qn, kn, cos, sin, **kw), np.float32),
                                 np.asarray(qk_norm_rope(weights.linear(x, q), qn, kn, cos, sin, **kw), np.float32))
+  assert leaves == [jnp.bfloat16]  # the int8 leaf did not reach the bf16 kernel's entry
 
 
 def test_model_runs_the_kernel_on_the_qkv_projection(monkeypatch):

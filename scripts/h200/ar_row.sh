@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue #8's AR and 64-node verify rows on one H200 with the q|k|v projection's norm + rope epilogue (device tool, no
 # carry). Refuses any other GPU first (exit 3: give the machine back and draw again; on H100s the same A/B ran as
-# fusion_ab.sh, docs/results/2026-12-06-fusion-ab-h100/). In order:
+# fusion_ab.sh at d8080f3, docs/results/2026-12-06-fusion-ab-h100/). In order:
 # 1. ar_side_by_side.sh's run: plain XLA, ours (fast_decode_loop: hopper.yaml's kernels) and PyTorch with CUDA graphs;
 # 2. ROUNDS rounds of our step without and with the epilogue (rope_decode_loop with hopper.yaml's kernels named flag
 #    by flag, --qkv-rope-matmul mosaic_gpu in the second form), the order reversed every other round;

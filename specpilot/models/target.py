@@ -23,9 +23,9 @@ Attention implementations (`forward(..., attention=)`, the engines' `attention` 
 After the q|k|v projection, `pallas_kernels.qk_norm_rope` norms q's and k's heads (Qwen3) and rotates them: XLA's
 fusions, or with its `DEFAULT` set to `mosaic_gpu` one kernel that also adds the projection's K splits; with
 `qkv_rope_matmul`'s `DEFAULT` set, a step of up to 8 rows does both in the projection's epilogue
-(`weights.linear_qk_norm_rope`). The MLP's
-activation is `pallas_kernels.swiglu` (XLA's fusion, or its kernel reading the gate|up kernel's padded output), or
-with `swiglu_matmul`'s `DEFAULT` set the gate|up kernel's epilogue (`weights.linear_swiglu`).
+(`weights.linear_qk_norm_rope`). The MLP's activation is `pallas_kernels.swiglu` (XLA's fusion, or its kernel
+reading the gate|up kernel's padded output), or with `swiglu_matmul`'s `DEFAULT` set the gate|up kernel's epilogue
+(`weights.linear_swiglu`).
 """
 
 from __future__ import annotations

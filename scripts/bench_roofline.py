@@ -125,6 +125,8 @@ W12_JOB = ("xla_forward_w12", "xla_forward_w12_xla_decode", "xla_forward_w12_ker
 W12_IMPLEMENTATION = {"xla_forward_w12": "reference", "xla_forward_w12_xla_decode": "xla_decode",
                       "xla_forward_w12_kernel": "mosaic_gpu", "w12_kernel_decode_loop": "mosaic_gpu"}
 W12_LOOP = "w12_kernel_decode_loop"
+W12_TWO_STEP_SWIGLU = "w12_kernel_decode_loop, two-step swiglu"
+W12_ROWS = (*W12_JOB, W12_TWO_STEP_SWIGLU)  # what the W12 job may report
 """The W12 job's decode loop (the kernel), against the bf16 decode loop in the same process: with
 ``--w12-xla-flags`` (command buffers) it is the W12 AR step in the best configuration, which a host-synced forward
 cannot show (a W12 forward's GPU time was below bf16's while its wall time was 1.5x: the launches)."""
@@ -195,6 +197,7 @@ WHAT = {
     "xla_forward_w12_xla_decode": "XLA forward, W12 weights (decode as elementwise ops + one dot)",
     "xla_forward_w12_kernel": "XLA forward, W12 weights (Mosaic GPU kernel)",
     "w12_kernel_decode_loop": "xla_decode_loop, W12 weights (Mosaic GPU kernel), vs the bf16 loop in its process",
+    W12_TWO_STEP_SWIGLU: "w12_kernel_decode_loop with gate|up and SwiGLU as two kernels (--w12-swiglu-ab)",
     "skinny_forward": "xla_forward, bf16 linears on the skinny_matmul kernel",
     "skinny_decode_loop": "xla_decode_loop, bf16 linears on the skinny_matmul kernel",
     "skinny_cmdbuf_while": "skinny_decode_loop with xla_flags_cmdbuf_while's command buffers",
@@ -841,25 +844,32 @@ class Worker:
             self.w12_decode_loops(w, w12w, dtype, w12_ops)
 
     def w12_decode_loops(self, w, w12w, dtype, w12_ops) -> None:
-        """``W12_LOOP``: the decode loop on the W12 kernel and on bf16 (the baseline of its ratio), one process."""
+        """``W12_LOOP``: the decode loop on the W12 kernel and on bf16 (the baseline of its ratio), one process; with
+        ``w12_swiglu_ab`` also the W12 loop with its gate|up and SwiGLU as two kernels (``W12_TWO_STEP_SWIGLU``),
+        timed between the two."""
         import jax
         import jax.numpy as jnp
+
+        from pallas_kernels.swiglu_matmul import ops as swiglu_matmul_ops
 
         s = self.spec
         loop = self.decode_loop_fn()
         args = (jnp.full((1, 1), s["start_token"], jnp.int32), self.ar_cache(dtype), jnp.zeros((), jnp.int32),
                 jnp.ones((), jnp.int32))
         lowered = {}
-        default = w12_ops.DEFAULT
-        for name, tree, implementation in (("bf16", w, default), (W12_LOOP, w12w, W12_IMPLEMENTATION[W12_LOOP])):
-            w12_ops.DEFAULT = implementation
+        default, fused = w12_ops.DEFAULT, swiglu_matmul_ops.DEFAULT
+        forms = [("bf16", w, default, fused), (W12_LOOP, w12w, W12_IMPLEMENTATION[W12_LOOP], fused)]
+        if s.get("w12_swiglu_ab"):
+            forms.insert(1, (W12_TWO_STEP_SWIGLU, w12w, W12_IMPLEMENTATION[W12_LOOP], "xla"))
+        for name, tree, implementation, swiglu_matmul in forms:
+            w12_ops.DEFAULT, swiglu_matmul_ops.DEFAULT = implementation, swiglu_matmul  # read at trace time
             try:
                 lowered[name] = jax.jit(loop, donate_argnums=(2,)).lower(tree, *args)
             except Exception as e:
                 self.fail(W12_LOOP, e)
                 return
             finally:
-                w12_ops.DEFAULT = default
+                w12_ops.DEFAULT, swiglu_matmul_ops.DEFAULT = default, fused
         compiled, errors = self.compile_all(lowered, "loop: ")
         if errors:
             name, e = next(iter(errors.items()))
@@ -869,10 +879,11 @@ class Worker:
             self.measure_loop("bf16 loop (w12 job)", compiled["bf16"][0], w, dtype, compiled["bf16"][1])
             base = self.res["rows"].pop("bf16 loop (w12 job)")
             self.res["bf16_loop"] = base
-            self.measure_loop(W12_LOOP, compiled[W12_LOOP][0], w12w, dtype, compiled[W12_LOOP][1])
-            row = self.res["rows"][W12_LOOP]
-            self.row(W12_LOOP, bf16_ms=base["ms"], bf16_tokens=base["tokens"], ratio_vs_bf16=row["ms"] / base["ms"],
-                     tokens_equal_bf16=row["tokens"] == base["tokens"])
+            for name in (n for n, *_ in forms[1:]):
+                self.measure_loop(name, compiled[name][0], w12w, dtype, compiled[name][1])
+                row = self.res["rows"][name]
+                self.row(name, bf16_ms=base["ms"], bf16_tokens=base["tokens"], ratio_vs_bf16=row["ms"] / base["ms"],
+                         tokens_equal_bf16=row["tokens"] == base["tokens"])
         except Exception as e:
             self.fail(W12_LOOP, e)
 
@@ -1072,6 +1083,10 @@ def parse_args(argv=None):
     ap.add_argument("--w12-xla-flags", default="", metavar="FLAGS",
                     help="XLA_FLAGS added for the W12 job's process (its bf16 baselines run under them too), e.g. "
                          "command buffers for w12_kernel_decode_loop")
+    ap.add_argument("--w12-swiglu-ab", action="store_true",
+                    help="w12_kernel_decode_loop also with its gate|up and SwiGLU as two kernels (row "
+                         f"{W12_TWO_STEP_SWIGLU!r}), timed in the same process as the fused form that "
+                         "--swiglu-matmul mosaic_gpu gives")
     ap.add_argument("--kernel-split", action="store_true",
                     help="after timing, one more call of each forward / verify / drafter pass under CUPTI: GPU time "
                          "per kernel name")
@@ -1166,6 +1181,7 @@ def settings(args) -> dict:
         "verify_attention": args.verify_attention,
         "ar_attention": args.ar_attention,
         "kernel_split": args.kernel_split,
+        "w12_swiglu_ab": args.w12_swiglu_ab,
         "matmul": args.matmul,
         "skinny_max_tokens": args.skinny_max_tokens,
         "skinny_config": args.skinny_config,
@@ -1327,6 +1343,8 @@ def plan_jobs(args, s: dict, run: Path, chosen: list[str]) -> tuple[list[Job], J
         first_jax.spec["calibrate"] = True
     w12 = None
     w12_rows = [v for v in W12_JOB if v in chosen]
+    if args.w12_swiglu_ab and W12_LOOP in chosen:
+        w12_rows.append(W12_TWO_STEP_SWIGLU)
     if w12_rows:
         spec = {**base, "job": "w12", "variants": w12_rows, "status_dir": str(run),
                 "w12_config": args.w12_config,
@@ -1525,7 +1543,7 @@ def roofline_costs(s: dict) -> dict:
     ar = counts.target_pass(cfg, 1, 1, s["context"], "bf16", act)
     costs = {v: ar for v in ("xla_forward", "xla_decode_loop", *SKINNY_VARIANTS, *FUSED_NORM_VARIANTS,
                              *SKINNY_FLAG_VARIANTS, *TORCH_MODES)}
-    costs.update({v: counts.target_pass(cfg, 1, 1, s["context"], "w12", 2) for v in W12_JOB})
+    costs.update({v: counts.target_pass(cfg, 1, 1, s["context"], "w12", 2) for v in W12_ROWS})
     costs.update({f"{v}@{t}": counts.target_pass(cfg, 1, t, s["context"], "bf16", act) for t in s["nodes"]
                   for v in ("verify_nodes", "verify_loop")})
     dcfg = synthetic_drafter_config(cfg, s["drafter_layers"], s["block_size"])
@@ -1566,7 +1584,7 @@ def build_report(s: dict, results: dict, records: list, order: list[str], args, 
             row["error"] = (f"job {rec['job']}: {rec['status']} (see {rec.get('log')})" if rec
                             else "not run")
         # which greedy tokens this row must reproduce
-        if name in W12_JOB:
+        if name in W12_ROWS:
             ref, ref_name = r.get("bf16_tokens"), "bf16 forward, same process"
         elif name in DRAFTER_ROWS:
             ref_name = DRAFTER_REFERENCE.get(name)
@@ -1877,7 +1895,7 @@ def row_rank(name: str) -> int:
 
 
 ROW_ORDER = ["xla_forward", "xla_decode_loop", *SKINNY_VARIANTS, *FUSED_NORM_VARIANTS, *SKINNY_FLAG_VARIANTS, "xla_flags",
-             *W12_JOB, "torch_peer_eager",
+             *W12_ROWS, "torch_peer_eager",
              "torch_peer_compile", "torch_peer_cudagraphs", "verify_nodes", "verify_loop", *DRAFTER_ROWS]
 
 

@@ -58,14 +58,16 @@ def quick(tmp_path_factory):
             "verify_loop", "drafter"]
     if HAS_TORCH_PYTHON:
         args += ["torch_peer", "--torch-python", str(REF_PYTHON), "--torch-compile-backend", "aot_eager"]
-    return run_quick(tmp_path_factory.mktemp("roofline"), *args, "--skinny-splits", "256x512=2", "64x64=1")
+    return run_quick(tmp_path_factory.mktemp("roofline"), *args, "--skinny-splits", "256x512=2", "64x64=1",
+                     "--w12-swiglu-ab")
 
 
 def test_every_variant_has_a_time_or_an_error_and_a_roofline(quick):
     rep, md, stdout, _ = quick
     names = [r["variant"] for r in rep["rows"]]
     expected = {"xla_forward", "xla_decode_loop", "xla_forward_w12", "xla_forward_w12_xla_decode",
-                "xla_forward_w12_kernel", "w12_kernel_decode_loop", "verify_nodes@4", "verify_nodes@8", "verify_loop@4",
+                "xla_forward_w12_kernel", "w12_kernel_decode_loop", "w12_kernel_decode_loop, two-step swiglu",
+                "verify_nodes@4", "verify_nodes@8", "verify_loop@4",
                 "verify_loop@8", "drafter_b16", "drafter_b16_tree", "drafter_round_b16_tree", "drafter_fused_b16_tree",
                 "skinny_forward", "skinny_decode_loop", "fused_norm_decode_loop", "split_decode_loop",
                 "rope_decode_loop"}
@@ -120,7 +122,8 @@ def test_jax_variants_ran_and_agree(quick):
     assert json.loads((quick[3] / "jobs" / "fused_norm.json").read_text())["pdl"] is False
     assert json.loads((quick[3] / "jobs" / "rope.json").read_text())["rope"] == "mosaic_gpu"
     assert json.loads((quick[3] / "jobs" / "fused_norm.json").read_text())["rope"] == "default"
-    for name in ("xla_forward_w12", "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "w12_kernel_decode_loop"):
+    for name in ("xla_forward_w12", "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "w12_kernel_decode_loop",
+                 "w12_kernel_decode_loop, two-step swiglu"):
         w = by[name]
         assert w["tokens"] == w["bf16_tokens"] and w["tokens_match"] is True and w["tokens_equal_bf16"] is True
         assert w["ratio_vs_bf16"] == pytest.approx(w["ms"] / w["bf16_ms"])

@@ -1,6 +1,7 @@
 """The gate|up projection with SwiGLU in its epilogue against its jnp reference (``swiglu(x @ w_gate_up)``): in Pallas
 GPU-interpret mode on CPU, cross-lowered for sm_90, through the public dispatch and the weight-leaf dispatch, and on
-an H100/H200 (marked gpu)."""
+an H100/H200 (marked gpu); for bf16 weights and for W12 ones (whose register decode has no interpret mode: lowered on
+the CPU, run on the GPU)."""
 
 import logging
 
@@ -10,10 +11,12 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels import skinny_matmul, swiglu
+from pallas_kernels import skinny_matmul, swiglu, w12
 from pallas_kernels.swiglu_matmul import mosaic_gpu as sm_mosaic_gpu
 from pallas_kernels.swiglu_matmul import ops as sm_ops
 from pallas_kernels.swiglu_matmul import swiglu_matmul, swiglu_matmul_reference
+from pallas_kernels.w12 import mosaic_gpu as w12_mosaic_gpu
+from pallas_kernels.w12 import ops as w12_ops
 from specpilot.models import weights
 
 INTERPRET = plgpu.InterpretGPUParams()
@@ -180,3 +183,85 @@ class TestMosaicGpu(SwigluMatmulSuite):
     assert_close(first, x, w)
     for _ in range(30):
       np.testing.assert_array_equal(np.asarray(run(x, w)), np.asarray(first))
+
+
+# ---- W12 gate|up weights: the register decode with the same cluster epilogue (``w12.mosaic_gpu.w12_swiglu_matmul``)
+
+def w12_pair(lead, k, inter, seed):
+  """``random_pair`` with the weight packed: its normals carry escapes (values far below their row's base exponent)
+  in most channels; those past the channel lists' capacity (the overflow, which the kernel leaves to XLA) zeroed."""
+  x, w = random_pair(lead, k, inter, seed)
+  packed = w12.pack(w)
+  while packed.escape_index.shape[0]:
+    w = w.reshape(-1).at[packed.escape_index].set(0).reshape(w.shape)
+    packed = w12.pack(w)
+  assert packed.column_capacity
+  return x, packed
+
+
+@pytest.mark.parametrize("m", [1, 16])
+def test_w12_lowers_for_cuda_as_one_kernel_with_its_swiglu(m):
+  """A W12 gate|up weight (scaled down: K = 1024, I = 256) is one Mosaic GPU call writing the ``[M, I]`` activation:
+  no SwiGLU, escape patch, slice or sum in XLA after it."""
+  x, packed = w12_pair((m,), 1024, 256, seed=m)
+  hlo = jax.jit(w12_mosaic_gpu.w12_swiglu_matmul).trace(x, packed).lower(lowering_platforms=("cuda",)).as_text()
+  (call,) = [line for line in hlo.splitlines() if "stablehlo.custom_call" in line]
+  assert f"-> tensor<{m}x256xbf16>" in call
+  ops = {line.split("=", 1)[1].split()[0] for line in hlo.splitlines() if " = stablehlo." in line}
+  assert ops == {"stablehlo.custom_call"}, ops
+
+
+def test_w12_kernel_refuses_what_it_does_not_tile():
+  """More than 32 token rows, an overflow escape (not in the channel lists) or no whole 64-channel blocks of
+  intermediate size: NotImplementedError, so the dispatch takes the two steps."""
+  x, packed = w12_pair((33,), 1024, 128, seed=10)
+  with pytest.raises(NotImplementedError, match="one token block of at most 32 rows, got 33 rows"):
+    w12_mosaic_gpu.w12_swiglu_matmul(x, packed)
+  w = np.array(w12.unpack(packed), np.float32)
+  w[[3, 700, 900, 1000], 5] = 1e30  # four escapes in one channel: past its lists' capacity
+  with pytest.raises(NotImplementedError, match="channel lists' escapes only"):
+    w12_mosaic_gpu.w12_swiglu_matmul(x[:1], w12.pack(jnp.asarray(w, jnp.bfloat16)))
+  with pytest.raises(NotImplementedError, match="intermediate size a multiple of 64, got the gate|up width 192"):
+    w12_mosaic_gpu.w12_swiglu_matmul(x[:1], w12.pack(w12.unpack(packed)[:, :192]))
+
+
+def test_w12_leaf_dispatch(monkeypatch):
+  """A W12 leaf goes through ``swiglu_matmul`` as a bf16 one does: off Hopper (or off) the two steps, equal bit for
+  bit to the reference of the unpacked weight; with the kernel on, a Hopper and at most ``MAX_TOKENS`` rows, the W12
+  kernel (spied on here: CPU), unless W12's own matmul is not the kernel."""
+  x, packed = w12_pair((2,), 1024, 128, seed=11)
+  want = np.asarray(swiglu_matmul_reference(x, w12.unpack(packed)))
+  for got in (swiglu_matmul(x, packed), swiglu_matmul(x, packed, implementation="xla"),
+              weights.linear_swiglu(x, packed)):
+    np.testing.assert_array_equal(np.asarray(got), want)
+  calls = []
+  monkeypatch.setattr(w12_mosaic_gpu, "w12_swiglu_matmul",
+                      lambda a, p: (calls.append(a.shape), swiglu_matmul_reference(a, w12.unpack(p)))[1])
+  monkeypatch.setattr(sm_ops, "DEFAULT", "mosaic_gpu")
+  monkeypatch.setattr(sm_ops, "_on_hopper", lambda: True)
+  np.testing.assert_array_equal(np.asarray(weights.linear_swiglu(x, packed)), want)
+  many, _ = w12_pair((sm_ops.MAX_TOKENS + 1,), 1024, 128, seed=12)
+  swiglu_matmul(many, packed)
+  monkeypatch.setattr(w12_ops, "DEFAULT", "reference")
+  swiglu_matmul(x, packed)
+  assert calls == [(2, 1024)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not sm_ops._on_hopper(), reason="needs an H100/H200")
+class TestW12MosaicGpu:
+  @pytest.mark.parametrize("m", [1, 16, 32])
+  def test_qwen3_8b_shape(self, m):
+    """Qwen3-8B's gate|up in W12 against the reference of its unpacked weight, and thirty calls the same bits (the
+    cluster handover race-free with the register decode's barriers, Pallas' automatic ones off)."""
+    x, packed = w12_pair((m,), 4096, 12288, seed=m)
+    run = jax.jit(w12_mosaic_gpu.w12_swiglu_matmul)
+    first = run(x, packed)
+    assert_close(first, x, w12.unpack(packed))
+    for _ in range(30):
+      np.testing.assert_array_equal(np.asarray(run(x, packed)), np.asarray(first))
+
+  def test_through_the_dispatch(self, monkeypatch):
+    monkeypatch.setattr(sm_ops, "DEFAULT", "mosaic_gpu")
+    x, packed = w12_pair((1,), 4096, 12288, seed=13)
+    assert_close(jax.jit(weights.linear_swiglu)(x, packed), x, w12.unpack(packed))

@@ -91,6 +91,45 @@ def check_supported(x: jax.Array, w: jax.Array, config: TuningConfig) -> None:
     raise NotImplementedError(f"K={k} is not a multiple of tile_k={config.tile_k}")
 
 
+def store_swiglu(acc, proj_smem, out_smem, staged, out_tile, half, *, up_tile=None, hand_over=None) -> None:
+  """The cluster epilogue (module docstring), shared with the W12 gate|up kernel (``w12.mosaic_gpu``): this block's
+  ``[64, tile_m]`` f32 accumulator (channels on M) rounded to bf16 into ``proj_smem``; after the cluster barrier
+  ``staged[0]`` the gate block (``half == GATE``) reads the up block's tile (``up_tile()``, by default through
+  distributed shared memory), stores ``silu(gate) * up`` rounded once, tokens-major through ``out_smem``
+  ``[tile_m, 64]`` into ``out_tile`` (rows past the output's clipped by TMA); ``staged[1]`` keeps the up block's tile
+  alive until it has been read. ``hand_over()`` runs between the rounding and the first barrier (the interpretable
+  form's GMEM handover). Every thread calls it; the caller waits for the store (``exit_wait``)."""
+  proj_smem[...] = acc.astype(jnp.bfloat16)  # the projection as the matmul would have returned it
+  # Every thread's part written before the cluster arrive: that is one thread a block, with no barrier of its own
+  # (a tile_k = 256 run on an H100 read a half-written up tile without this).
+  plgpu.commit_smem()
+  if hand_over is not None:
+    hand_over()
+  plgpu.barrier_arrive(staged.at[0])
+  plgpu.barrier_wait(staged.at[0])
+
+  @pl.when(half == GATE)
+  def _epilogue():
+    up_ref = up_tile() if up_tile is not None else plgpu.cluster_ref(proj_smem, {"c": UP})
+    gate = plgpu.load(proj_smem, layout=plgpu.Layout.WGMMA).astype(jnp.float32)
+    up = plgpu.load(up_ref, layout=plgpu.Layout.WGMMA).astype(jnp.float32)
+    out_smem.T[...] = (gate / (1.0 + jnp.exp(-gate)) * up).astype(jnp.bfloat16)
+    plgpu.commit_smem()  # also: every thread has read the up tile before the arrive below
+    plgpu.copy_smem_to_gmem(out_smem, out_tile)
+
+  plgpu.barrier_arrive(staged.at[1])  # the up block's tile stays until the gate block has read it
+  plgpu.barrier_wait(staged.at[1])
+
+
+def swiglu_scratch(tile_m: int) -> dict:
+  """``store_swiglu``'s SMEM and cluster barriers, by the names it takes."""
+  return {
+      "staged": plgpu.ClusterBarrier(collective_axes=("c",), num_barriers=2),  # projection stored; read
+      "proj_smem": plgpu.SMEM((TILE_N, tile_m), jnp.bfloat16),  # unswizzled: cluster_ref loads reject swizzles
+      "out_smem": plgpu.SMEM((tile_m, TILE_N), jnp.bfloat16, transforms=smem_transforms(TILE_N, jnp.bfloat16)),
+  }
+
+
 @lowered_once("m", "tile_m", "tile_k", "max_concurrent_steps", "interpret", "interpretable")
 def _call(x2, w, *, m, tile_m, tile_k, max_concurrent_steps, interpret, interpretable):
   k, n = w.shape
@@ -117,35 +156,21 @@ def _call(x2, w, *, m, tile_m, tile_k, max_concurrent_steps, interpret, interpre
       plgpu.wgmma(acc_ref, w_smem.at[slot].T, x_smem.at[slot].T)
 
     acc = streamed_dot((TILE_N, tile_m), steps, depth, loaded, load_w, load_x, multiply, interpret)
-    proj_smem[...] = acc.astype(jnp.bfloat16)  # the projection as the matmul would have returned it
-    # Every thread's part written before the cluster arrive: that is one thread a block, with no barrier of its own
-    # (a tile_k = 256 run on an H100 read a half-written up tile without this).
-    plgpu.commit_smem()
     if interpretable:  # no distributed shared memory: the up block's tile goes through GMEM
-      @pl.when(half == UP)
-      def _hand_over():
-        plgpu.copy_smem_to_gmem(proj_smem, handover[0].at[j, mi])
-        plgpu.wait_smem_to_gmem(0)
+      def hand_over():
+        @pl.when(half == UP)
+        def _hand_over():
+          plgpu.copy_smem_to_gmem(proj_smem, handover[0].at[j, mi])
+          plgpu.wait_smem_to_gmem(0)
 
-    plgpu.barrier_arrive(staged.at[0])
-    plgpu.barrier_wait(staged.at[0])
-
-    @pl.when(half == GATE)
-    def _epilogue():
-      if interpretable:
+      def up_tile():
         plgpu.copy_gmem_to_smem(handover[0].at[j, mi], up_smem, handed.at[0])
         plgpu.barrier_wait(handed.at[0])
-        up_tile = up_smem
-      else:
-        up_tile = plgpu.cluster_ref(proj_smem, {"c": UP})
-      gate = plgpu.load(proj_smem, layout=plgpu.Layout.WGMMA).astype(jnp.float32)
-      up = plgpu.load(up_tile, layout=plgpu.Layout.WGMMA).astype(jnp.float32)
-      out_smem.T[...] = (gate / (1.0 + jnp.exp(-gate)) * up).astype(jnp.bfloat16)
-      plgpu.commit_smem()  # also: every thread has read the up tile before the arrive below
-      plgpu.copy_smem_to_gmem(out_smem, out_gmem.at[m_slice, pl.ds(j * TILE_N, TILE_N)])  # rows past M clipped
-
-    plgpu.barrier_arrive(staged.at[1])  # the up block's tile stays until the gate block has read it
-    plgpu.barrier_wait(staged.at[1])
+        return up_smem
+    else:
+      hand_over, up_tile = None, None
+    store_swiglu(acc, proj_smem, out_smem, staged, out_gmem.at[m_slice, pl.ds(j * TILE_N, TILE_N)], half,
+                 up_tile=up_tile, hand_over=hand_over)
     exit_wait()
 
   out_type = jax.ShapeDtypeStruct((m, inter), jnp.bfloat16)
@@ -153,9 +178,7 @@ def _call(x2, w, *, m, tile_m, tile_k, max_concurrent_steps, interpret, interpre
       "w_smem": plgpu.SMEM((depth, tile_k, TILE_N), jnp.bfloat16, transforms=w_transforms),
       "x_smem": plgpu.SMEM((depth, tile_m, tile_k), jnp.bfloat16, transforms=x_transforms),
       "loaded": plgpu.Barrier(num_arrivals=2, num_barriers=depth),  # a slot's weight and x tiles
-      "staged": plgpu.ClusterBarrier(collective_axes=("c",), num_barriers=2),  # projection stored; read
-      "proj_smem": plgpu.SMEM((TILE_N, tile_m), jnp.bfloat16),  # unswizzled: cluster_ref loads reject swizzles
-      "out_smem": plgpu.SMEM((tile_m, TILE_N), jnp.bfloat16, transforms=w_transforms),
+      **swiglu_scratch(tile_m),
   }
   if interpretable:
     out_type = (out_type, jax.ShapeDtypeStruct((n_blocks, m_blocks, TILE_N, tile_m), jnp.bfloat16))

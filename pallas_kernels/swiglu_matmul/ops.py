@@ -2,10 +2,12 @@
 
 What runs when (``implementation=None``):
 - ``DEFAULT == "mosaic_gpu"``, a Hopper GPU, at most ``MAX_TOKENS`` token rows, bf16 ``x`` and ``w_gate_up``, an
-  intermediate size a multiple of 64 and ``K`` of ``tile_k``: the fused kernel (``mosaic_gpu.py``);
-- anything else: what the models ran before it, ``swiglu(skinny_matmul.matmul(x, w_gate_up, reduce=False))`` (each
-  of the two on its own kernel or XLA's, as their own ``DEFAULT`` says); on a Hopper an unsupported shape logs a
-  warning at trace time, so a fallback is never silent.
+  intermediate size a multiple of 64 and ``K`` of ``tile_k``: the fused kernel (``mosaic_gpu.py``); for a W12
+  ``w_gate_up`` (``pallas_kernels.w12.W12Array``, with ``w12.ops.DEFAULT == "mosaic_gpu"`` too) the W12 kernel with
+  the same cluster epilogue (``w12.mosaic_gpu.w12_swiglu_matmul``);
+- anything else: what the models ran before it, ``swiglu(matmul(x, w_gate_up, reduce=False))`` with
+  ``skinny_matmul``'s matmul or W12's (each of the two on its own kernel or XLA's, as their own ``DEFAULT`` says); on
+  a Hopper an unsupported shape logs a warning at trace time, so a fallback is never silent.
 Naming an implementation disables the fallback, which is what tests and benchmarks want (``"xla"``: the jnp
 reference).
 """
@@ -18,9 +20,10 @@ from typing import Literal
 
 import jax
 
-from pallas_kernels import skinny_matmul, swiglu
+from pallas_kernels import skinny_matmul, swiglu, w12
 from pallas_kernels.device import on_hopper as _on_hopper  # a module name tests can patch
 from pallas_kernels.swiglu_matmul.reference import swiglu_matmul_reference
+from pallas_kernels.w12 import ops as w12_ops
 
 _log = logging.getLogger(__name__)
 
@@ -37,35 +40,51 @@ round) take the kernel when it is on; a 64-node verify keeps XLA's dot, which is
 (``skinny_matmul.ops.MAX_TOKENS`` says why)."""
 
 
-def _kernel_chosen(x: jax.Array) -> bool:
-  return DEFAULT == "mosaic_gpu" and math.prod(x.shape[:-1]) <= MAX_TOKENS and _on_hopper()
+def _is_w12(w) -> bool:
+  return isinstance(w, w12.W12Array)
+
+
+def _kernel_chosen(x: jax.Array, w_gate_up) -> bool:
+  return (DEFAULT == "mosaic_gpu" and math.prod(x.shape[:-1]) <= MAX_TOKENS and _on_hopper()
+          and (not _is_w12(w_gate_up) or w12_ops.DEFAULT == "mosaic_gpu"))
 
 
 def _mosaic_gpu(x, w_gate_up):
-  from pallas_kernels.swiglu_matmul import mosaic_gpu  # lazy: needs a Mosaic GPU capable jaxlib
+  if _is_w12(w_gate_up):
+    from pallas_kernels.w12 import mosaic_gpu as w12_mosaic_gpu  # lazy: needs a Mosaic GPU capable jaxlib
+
+    return w12_mosaic_gpu.w12_swiglu_matmul(x, w_gate_up)
+  from pallas_kernels.swiglu_matmul import mosaic_gpu
 
   return mosaic_gpu.swiglu_matmul(x, w_gate_up)
 
 
 def _unfused(x, w_gate_up):
-  return swiglu.swiglu(skinny_matmul.matmul(x, w_gate_up, reduce=False))
+  matmul = w12.matmul if _is_w12(w_gate_up) else skinny_matmul.matmul
+  return swiglu.swiglu(matmul(x, w_gate_up, reduce=False))
 
 
-def swiglu_matmul(x: jax.Array, w_gate_up: jax.Array, *, implementation: Implementation | None = None) -> jax.Array:
-  """``silu(x @ W_gate) * (x @ W_up)`` for ``w_gate_up`` ``[K, 2 I]`` (gate columns first), ``[..., I]`` in
-  ``x.dtype``, rounded as ``reference.swiglu_matmul_reference`` says. Like ``skinny_matmul.matmul``, the kernel loads
-  its first weight tiles before the PDL wait: ``w_gate_up`` must not be written by the kernel just before it."""
+def _reference(x, w_gate_up):
+  return swiglu_matmul_reference(x, w12.unpack(w_gate_up) if _is_w12(w_gate_up) else w_gate_up)
+
+
+def swiglu_matmul(x: jax.Array, w_gate_up: jax.Array | w12.W12Array, *,
+                  implementation: Implementation | None = None) -> jax.Array:
+  """``silu(x @ W_gate) * (x @ W_up)`` for ``w_gate_up`` ``[K, 2 I]`` (gate columns first; bf16 or W12), ``[..., I]``
+  in ``x.dtype``, rounded as ``reference.swiglu_matmul_reference`` says (of the unpacked weight, for W12). Like
+  ``skinny_matmul.matmul``, the kernel loads its first weight tiles before the PDL wait: ``w_gate_up`` must not be
+  written by the kernel just before it."""
   if implementation not in (None, *_IMPLEMENTATIONS):
     raise ValueError(f"unknown swiglu_matmul implementation {implementation!r}; expected one of {_IMPLEMENTATIONS}")
   if implementation == "mosaic_gpu":
     return _mosaic_gpu(x, w_gate_up)
   if implementation == "xla":
-    return swiglu_matmul_reference(x, w_gate_up)
-  if not _kernel_chosen(x):
+    return _reference(x, w_gate_up)
+  if not _kernel_chosen(x, w_gate_up):
     return _unfused(x, w_gate_up)
   try:
     return _mosaic_gpu(x, w_gate_up)
   except (NotImplementedError, ImportError) as e:
     _log.warning("swiglu matmul falls back to two kernels for x%s %s, W%s %s: %s", x.shape, x.dtype,
-                 w_gate_up.shape, w_gate_up.dtype, e)
+                 w_gate_up.shape, type(w_gate_up).__name__ if _is_w12(w_gate_up) else w_gate_up.dtype, e)
     return _unfused(x, w_gate_up)

@@ -70,6 +70,7 @@ from pallas_kernels.split_k import (
   auto_split_k,
   consumer_split_k,
   exact_rows,
+  exit_wait,
   f32_from_halves,
   halves_from_f32,
   halves_scratch,
@@ -82,6 +83,7 @@ from pallas_kernels.split_k import (
   store_split,
   token_tile,
 )
+from pallas_kernels.swiglu_matmul import mosaic_gpu as swiglu_matmul_kernel
 from pallas_kernels.tma import pad_for_tma
 from pallas_kernels.w12 import register_decode
 from pallas_kernels.w12.config import TuningConfig
@@ -673,10 +675,10 @@ def _add_escape_sums(tile_m: int, count: int, row_blocks: int):
 
 
 @lowered_once("mp", "group_k", "tile_n", "tile_m", "tile_k", "max_concurrent_steps", "split_k", "halves", "out_rows",
-              "overlap_decode", "m")
+              "overlap_decode", "m", "swiglu")
 def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, group_k, tile_n, tile_m, tile_k,
                           max_concurrent_steps, split_k, halves, out_rows, overlap_decode=False, escape_lists=None,
-                          m=None):
+                          m=None, swiglu=False):
   """One warpgroup per (``tile_n`` channels, tile_m tokens, K split); each step's W12 tiles are decoded by
   ``register_decode`` straight into wgmma's A registers, 64 K at a time, one wgmma M group per 64 channels (all
   against the one activation tile of the step: ``REGISTER_TILE_N``), in logical K order (the planes' stored
@@ -702,7 +704,15 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   ``overlap_decode``: async wgmma. Each step ends with ``wgmma_wait(chunks)`` (its own wgmmas may stay in flight, the
   previous step's are done), so step i's decode runs while step i - 1's wgmmas do, and the activation tiles, which
   wgmma reads from SMEM, are released one step late (``delay_release=1``); the planes are read into registers by the
-  decode itself, so their slots go back at once. Needs a pipeline deeper than one step."""
+  decode itself, so their slots go back at once. Needs a pipeline deeper than one step.
+
+  ``swiglu`` (a gate|up weight ``[K, 2 I]``, one split, bf16, ``tile_n`` 64): the blocks come in clusters of two, the
+  gate block streaming channels ``64 j ..`` and the up block ``I + 64 j ..``, and the output is ``silu(gate) * up``
+  ``[out_rows, I]`` through ``swiglu_matmul``'s cluster epilogue (``store_swiglu``), as the bf16 kernel
+  ``pallas_kernels.swiglu_matmul`` does."""
+  if swiglu and (split_k, halves, tile_n) != (1, 1, swiglu_matmul_kernel.TILE_N):
+    raise ValueError(f"the swiglu epilogue takes one split, bf16 and 64 channels a block, got split_k={split_k}, "
+                     f"halves={halves}, tile_n={tile_n}")
   row_blocks = tile_n // register_decode.ROWS
   n, kp = byte_plane.shape
   chunks = tile_k // register_decode.CHUNK
@@ -726,16 +736,21 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
     gather_x = _gather_escape_x(tile_m, count, m, row_blocks)
     add_sums = _add_escape_sums(tile_m, count, row_blocks)
 
-  def w12_matmul_body(byte_gmem, nibble_gmem, base_gmem, x_gmem, *refs, out_smem):  # profile name
+  inter_blocks = n // 2 // tile_n
+
+  def w12_matmul_body(byte_gmem, nibble_gmem, base_gmem, x_gmem, *refs, out_smem, staged=None,
+                      proj_smem=None):  # profile name
     pdl.begin_kernel(None)  # registers: never interpreted (``_check_supported``)
     rows_gmem, bits_gmem, out_gmem = refs if add_sums else (None, None, *refs)
-    n_slice = pl.ds(lax.axis_index("n") * tile_n, tile_n)
+    # the block's channel block: with the swiglu epilogue the up block's is the gate block's, I / tile_n further
+    block_n = lax.axis_index("c") * inter_blocks + lax.axis_index("n") if swiglu else lax.axis_index("n")
+    n_slice = pl.ds(block_n * tile_n, tile_n)
     m_slice = pl.ds(lax.axis_index("m") * tile_m, tile_m)
-    split = lax.axis_index("s")
+    split = 0 if swiglu else lax.axis_index("s")
     first = split * steps
     # the split's groups, the slice kept inside the array (a split can start inside a group)
     first_group = jnp.minimum(first * tile_k // group_k, total_groups - groups)
-    bases = [load_bases(base_gmem.at[pl.ds(lax.axis_index("n") * tile_n + block * register_decode.ROWS,
+    bases = [load_bases(base_gmem.at[pl.ds(block_n * tile_n + block * register_decode.ROWS,
                                            register_decode.ROWS), pl.ds(first_group, groups)])
              for block in range(row_blocks)]  # [row block][group]
     if add_sums is not None:  # the split's share of the lists, into registers before the pipeline
@@ -775,14 +790,22 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
       return acc_ref[...]
 
     acc = pl.run_scoped(accumulate, plgpu.ACC((tile_n, tile_m), jnp.float32))
-    store_split(acc, out_smem, out_gmem, split, m_slice, n_slice)
+    if swiglu:
+      out_tile = out_gmem.at[m_slice, pl.ds(lax.axis_index("n") * tile_n, tile_n)]
+      swiglu_matmul_kernel.store_swiglu(acc, proj_smem, out_smem, staged, out_tile, lax.axis_index("c"))
+      exit_wait()
+    else:
+      store_split(acc, out_smem, out_gmem, split, m_slice, n_slice)
 
-  call = plgpu.kernel(
-      w12_matmul_body, out_type=jax.ShapeDtypeStruct((split_k, halves, out_rows, n), jnp.bfloat16),
-      grid=(n // tile_n, mp // tile_m, split_k), grid_names=("n", "m", "s"),
-      scratch_types={"out_smem": halves_scratch(halves, tile_m, tile_n)},
-      compiler_params=plgpu.CompilerParams(unsafe_no_auto_barriers=True),
-  )
+  if swiglu:
+    grid = dict(out_type=jax.ShapeDtypeStruct((out_rows, n // 2), jnp.bfloat16), grid=(inter_blocks, mp // tile_m),
+                grid_names=("n", "m"), cluster=(2,), cluster_names=("c",),
+                scratch_types=swiglu_matmul_kernel.swiglu_scratch(tile_m))
+  else:
+    grid = dict(out_type=jax.ShapeDtypeStruct((split_k, halves, out_rows, n), jnp.bfloat16),
+                grid=(n // tile_n, mp // tile_m, split_k), grid_names=("n", "m", "s"),
+                scratch_types={"out_smem": halves_scratch(halves, tile_m, tile_n)})
+  call = plgpu.kernel(w12_matmul_body, compiler_params=plgpu.CompilerParams(unsafe_no_auto_barriers=True), **grid)
   return call(byte_plane, nibble_plane, base_exponent, x2, *(escape_lists or ()))
 
 
@@ -870,3 +893,39 @@ def w12_matmul(
   y_t = scatter_escapes_t(y_t, x2, packed, lists=not (gather or in_kernel))
   correction = column_escape_correction_t(x2, packed, mp) if gather else None
   return reduce_partial_sums(y_t, m, x.dtype, correction).reshape(*lead, n)
+
+
+def w12_swiglu_matmul(x: jax.Array, packed: W12Array, *, config: TuningConfig | None = None) -> jax.Array:
+  """``silu(x @ W_gate) * (x @ W_up)`` ``[..., I]`` bf16 for a W12 gate|up weight ``[K, 2 I]`` (gate columns first)
+  in one kernel: the register decode at one split with ``swiglu_matmul``'s cluster epilogue (``_register_decode_call``
+  with ``swiglu``), rounded as ``pallas_kernels.swiglu_matmul.reference`` says (the projection to bf16, then SwiGLU
+  in f32 rounded once). NotImplementedError (the caller takes ``swiglu(w12_matmul(...))``) where it does not apply:
+  more than one token block or a wide one (over 32 rows), escapes the kernel does not correct (an overflow, or
+  ``escapes_in_kernel`` off), an intermediate size not a multiple of 64, or what ``w12_matmul``'s register decode
+  does not tile."""
+  k, n = packed.shape
+  if n % 2 or (n // 2) % swiglu_matmul_kernel.TILE_N:
+    raise NotImplementedError(f"the W12 swiglu kernel needs an intermediate size a multiple of "
+                              f"{swiglu_matmul_kernel.TILE_N}, got the gate|up width {n}")
+  lead = x.shape[:-1]
+  m = math.prod(lead)
+  tile_m = token_tile(DEFAULT_CONFIG.tile_m, m)
+  config = config or _widest_step(DEFAULT_CONFIG, packed.sign_mantissa.shape[1], packed.group_k, tile_m)
+  if config.decode != "registers" or config.tile_n != swiglu_matmul_kernel.TILE_N:
+    raise NotImplementedError(f"the W12 swiglu kernel is the register decode with 64 channels a block, got {config}")
+  _check_supported(x, packed, config, None)
+  tile_m = token_tile(config.tile_m, m)
+  mp = round_up(max(m, 1), tile_m)
+  if mp != tile_m or _wide_activation_tile(tile_m):
+    raise NotImplementedError(f"the W12 swiglu kernel takes one token block of at most 32 rows, got {m} rows")
+  in_kernel = bool(config.escapes_in_kernel and packed.column_capacity)
+  if packed.has_side_table and not (in_kernel and not packed.escape_index.shape[0]):
+    raise NotImplementedError("the W12 swiglu kernel corrects the channel lists' escapes only (escapes_in_kernel, no "
+                              "overflow)")
+  out = _register_decode_call(
+      pad_for_tma(x.reshape(m, k), (8, register_decode.CHUNK)), packed.sign_mantissa, packed.exponent_codes,
+      packed.base_exponent, mp=mp, group_k=packed.group_k, tile_n=config.tile_n, tile_m=tile_m,
+      tile_k=config.tile_k, max_concurrent_steps=config.max_concurrent_steps, split_k=1, halves=1,
+      out_rows=exact_rows(m, mp, 1, True), overlap_decode=config.overlap_decode,
+      escape_lists=(packed.column_escape_rows, packed.column_escape_bits) if in_kernel else None, m=m, swiglu=True)
+  return (out if out.shape[0] == m else out[:m]).reshape(*lead, n // 2)

@@ -11,7 +11,7 @@ fused at load time (one weight read per step instead of three / two). A linear l
 
 `linear(x, w)` is the only place that knows about formats, so model code never changes when the
 weight format does; `linear_swiglu(x, w_gate_up)` is the MLP's gate|up projection with its activation, which a
-bf16 leaf may run as one kernel (`pallas_kernels.swiglu_matmul`).
+bf16 or W12 leaf may run as one kernel (`pallas_kernels.swiglu_matmul`).
 """
 
 from __future__ import annotations
@@ -88,12 +88,12 @@ def linear(x: jax.Array, w: Any, reduce: bool = True):
 
 
 def linear_swiglu(x: jax.Array, w_gate_up: Any) -> jax.Array:
-    """The MLP's activation of its fused gate|up projection, `swiglu(linear(x, w_gate_up))`: for a bf16 leaf
+    """The MLP's activation of its fused gate|up projection, `swiglu(linear(x, w_gate_up))`: for a bf16 or W12 leaf
     `pallas_kernels.swiglu_matmul` (the SwiGLU in the matmul's epilogue where its `DEFAULT` asks for it, else the
-    two steps as before); other formats take the two steps."""
+    two steps as before); a `QuantArray` takes the two steps."""
     from pallas_kernels.swiglu import swiglu
 
-    if isinstance(w_gate_up, QuantArray) or _is_w12(w_gate_up):
+    if isinstance(w_gate_up, QuantArray):
         return swiglu(linear(x, w_gate_up, reduce=False))
     from pallas_kernels.swiglu_matmul import swiglu_matmul
 

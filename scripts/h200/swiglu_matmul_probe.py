@@ -1,8 +1,11 @@
 """The MLP's gate|up projection + SwiGLU on the GPU at Qwen3-8B's shape, kernel time by CUPTI: the two-kernel path
 (the skinny kernel, then XLA's SwiGLU fusion) against the fused kernel (``pallas_kernels.swiglu_matmul``) in several
-pipeline configs, each checked against the jnp reference first. Prints one line per config as it goes.
+pipeline configs, each checked against the jnp reference first. Prints one line per config as it goes. With
+``--w12``: the same weight packed as W12, the register decode at one split then XLA's SwiGLU (what the models ran
+before) against the register decode with the cluster epilogue (``w12.mosaic_gpu.w12_swiglu_matmul``) in several
+pipeline configs, and the register decode alone.
 
-    PYTHONPATH=$PWD python3 scripts/h200/swiglu_matmul_probe.py --m 1 16 > $OUT/swiglu_probe.txt
+    PYTHONPATH=$PWD python3 scripts/h200/swiglu_matmul_probe.py --m 1 16 [--w12] > $OUT/swiglu_probe.txt
 """
 
 import argparse
@@ -12,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels import skinny_matmul
+from pallas_kernels import skinny_matmul, swiglu, w12
 from pallas_kernels.swiglu import swiglu_reference
 from pallas_kernels.swiglu_matmul import mosaic_gpu, swiglu_matmul_reference
 from specpilot.costmodel.cupti import kernel_timings
@@ -29,23 +32,32 @@ def main() -> None:
   ap.add_argument("--k", type=int, default=4096)
   ap.add_argument("--inter", type=int, default=12288)
   ap.add_argument("--iters", type=int, default=20)
+  ap.add_argument("--w12", action="store_true", help="W12 weights: the register decode's forms")
   args = ap.parse_args()
   if jax.devices()[0].platform != "gpu":
     raise SystemExit(f"swiglu_matmul_probe needs a Hopper GPU; this backend is {jax.devices()[0].platform!r}")
   kw = jax.random.key(0)
   w = (jax.random.normal(kw, (args.k, 2 * args.inter)) / np.sqrt(args.k)).astype(jnp.bfloat16)
+  if args.w12:  # the overflow escapes (past the channel lists, which the fused kernel leaves to XLA) zeroed
+    packed = w12.pack(w)
+    while packed.escape_index.shape[0]:
+      w = w.reshape(-1).at[packed.escape_index].set(0).reshape(w.shape)
+      packed = w12.pack(w)
+    w = packed
   for m in args.m:
     x = jax.random.normal(jax.random.key(m), (m, args.k)).astype(jnp.bfloat16)
-    want = np.asarray(swiglu_matmul_reference(x, w), np.float32)
-    programs = {"two kernels (skinny + XLA SwiGLU)": jax.jit(lambda a, b: swiglu_reference(
+    want = np.asarray(swiglu_matmul_reference(x, w12.unpack(w) if args.w12 else w), np.float32)
+    programs = w12_programs() if args.w12 else {"two kernels (skinny + XLA SwiGLU)": jax.jit(lambda a, b: swiglu_reference(
         skinny_matmul.matmul(a, b, implementation="mosaic_gpu", reduce=False)))}
-    for tile_k, steps in CONFIGS:
+    for tile_k, steps in [] if args.w12 else CONFIGS:
       config = mosaic_gpu.TuningConfig(tile_k=tile_k, max_concurrent_steps=steps)
       programs[f"fused tile_k={tile_k} steps={steps}"] = jax.jit(
           lambda a, b, c=config: mosaic_gpu.swiglu_matmul(a, b, config=c))
     fused_us = {}
     for name, fn in programs.items():
       got = np.asarray(fn(x, w), np.float32)
+      if got.shape != want.shape:  # the projection alone
+        got = want
       err = float(np.max(np.abs(got - want)))
       per_call = []
       for _ in range(args.iters):
@@ -54,8 +66,32 @@ def main() -> None:
       print(f"M={m} {name}: {us:.1f} us of kernels (min {min(per_call):.1f}), max |err| {err:.3g}", flush=True)
       if name.startswith("fused"):
         fused_us[name] = us
-    tile_k, steps = CONFIGS[list(fused_us).index(min(fused_us, key=fused_us.get))]
-    print(f"best M={m}: {tile_k} {steps}", flush=True)  # a line scripts can read
+    if not args.w12:
+      tile_k, steps = CONFIGS[list(fused_us).index(min(fused_us, key=fused_us.get))]
+      print(f"best M={m}: {tile_k} {steps}", flush=True)  # a line scripts can read
+
+
+W12_CONFIGS = [(256, 2), (128, 4), (128, 2), (256, 3)]
+"""(tile_k, max_concurrent_steps) of the W12 register decode with the cluster epilogue; (256, 2) is
+``w12.mosaic_gpu.DEFAULT_CONFIG``'s at one and 16 token rows."""
+
+
+def w12_programs() -> dict:
+  import dataclasses
+
+  from pallas_kernels.w12 import mosaic_gpu as w12_mosaic_gpu
+
+  one = dataclasses.replace(w12_mosaic_gpu.DEFAULT_CONFIG, split_k=1)
+  programs = {
+      "W12 two kernels (register decode, XLA SwiGLU)": jax.jit(lambda a, b: swiglu.swiglu(
+          w12_mosaic_gpu.w12_matmul(a, b, config=one, reduce=False), implementation="xla")),
+      "W12 register decode alone": jax.jit(lambda a, b: w12_mosaic_gpu.w12_matmul(a, b, config=one)),
+  }
+  for tile_k, steps in W12_CONFIGS:
+    config = dataclasses.replace(one, tile_k=tile_k, max_concurrent_steps=steps)
+    programs[f"fused W12 tile_k={tile_k} steps={steps}"] = jax.jit(
+        lambda a, b, c=config: w12_mosaic_gpu.w12_swiglu_matmul(a, b, config=c))
+  return programs
 
 
 if __name__ == "__main__":

@@ -845,8 +845,9 @@ class Worker:
 
     def w12_decode_loops(self, w, w12w, dtype, w12_ops) -> None:
         """``W12_LOOP``: the decode loop on the W12 kernel and on bf16 (the baseline of its ratio), one process; with
-        ``w12_swiglu_ab`` also the W12 loop with its gate|up and SwiGLU as two kernels (``W12_TWO_STEP_SWIGLU``),
-        timed between the two."""
+        ``w12_swiglu_ab`` the W12 loop with the fused gate|up + SwiGLU kernel (``swiglu_matmul.ops.W12_FUSED``, where
+        ``--swiglu-matmul`` asks for the fused form) and with the two kernels (``W12_TWO_STEP_SWIGLU``), timed between
+        the bf16 loop and the fused one."""
         import jax
         import jax.numpy as jnp
 
@@ -857,19 +858,20 @@ class Worker:
         args = (jnp.full((1, 1), s["start_token"], jnp.int32), self.ar_cache(dtype), jnp.zeros((), jnp.int32),
                 jnp.ones((), jnp.int32))
         lowered = {}
-        default, fused = w12_ops.DEFAULT, swiglu_matmul_ops.DEFAULT
+        default, fused = w12_ops.DEFAULT, swiglu_matmul_ops.W12_FUSED
         forms = [("bf16", w, default, fused), (W12_LOOP, w12w, W12_IMPLEMENTATION[W12_LOOP], fused)]
         if s.get("w12_swiglu_ab"):
-            forms.insert(1, (W12_TWO_STEP_SWIGLU, w12w, W12_IMPLEMENTATION[W12_LOOP], "xla"))
-        for name, tree, implementation, swiglu_matmul in forms:
-            w12_ops.DEFAULT, swiglu_matmul_ops.DEFAULT = implementation, swiglu_matmul  # read at trace time
+            forms[1] = (W12_LOOP, w12w, W12_IMPLEMENTATION[W12_LOOP], True)
+            forms.insert(1, (W12_TWO_STEP_SWIGLU, w12w, W12_IMPLEMENTATION[W12_LOOP], False))
+        for name, tree, implementation, w12_fused in forms:
+            w12_ops.DEFAULT, swiglu_matmul_ops.W12_FUSED = implementation, w12_fused  # read at trace time
             try:
                 lowered[name] = jax.jit(loop, donate_argnums=(2,)).lower(tree, *args)
             except Exception as e:
                 self.fail(W12_LOOP, e)
                 return
             finally:
-                w12_ops.DEFAULT, swiglu_matmul_ops.DEFAULT = default, fused
+                w12_ops.DEFAULT, swiglu_matmul_ops.W12_FUSED = default, fused
         compiled, errors = self.compile_all(lowered, "loop: ")
         if errors:
             name, e = next(iter(errors.items()))
@@ -1084,9 +1086,9 @@ def parse_args(argv=None):
                     help="XLA_FLAGS added for the W12 job's process (its bf16 baselines run under them too), e.g. "
                          "command buffers for w12_kernel_decode_loop")
     ap.add_argument("--w12-swiglu-ab", action="store_true",
-                    help="w12_kernel_decode_loop also with its gate|up and SwiGLU as two kernels (row "
-                         f"{W12_TWO_STEP_SWIGLU!r}), timed in the same process as the fused form that "
-                         "--swiglu-matmul mosaic_gpu gives")
+                    help="w12_kernel_decode_loop with the fused W12 gate|up + SwiGLU kernel "
+                         "(swiglu_matmul.ops.W12_FUSED; with --swiglu-matmul mosaic_gpu) and also with the two "
+                         f"kernels (row {W12_TWO_STEP_SWIGLU!r}), in one process")
     ap.add_argument("--kernel-split", action="store_true",
                     help="after timing, one more call of each forward / verify / drafter pass under CUPTI: GPU time "
                          "per kernel name")

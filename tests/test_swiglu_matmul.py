@@ -227,8 +227,8 @@ def test_w12_kernel_refuses_what_it_does_not_tile():
 
 def test_w12_leaf_dispatch(monkeypatch):
   """A W12 leaf goes through ``swiglu_matmul`` as a bf16 one does: off Hopper (or off) the two steps, equal bit for
-  bit to the reference of the unpacked weight; with the kernel on, a Hopper and at most ``MAX_TOKENS`` rows, the W12
-  kernel (spied on here: CPU), unless W12's own matmul is not the kernel."""
+  bit to the reference of the unpacked weight; with the kernel on, ``W12_FUSED``, a Hopper and at most ``MAX_TOKENS``
+  rows, the W12 kernel (spied on here: CPU), unless W12's own matmul is not the kernel."""
   x, packed = w12_pair((2,), 1024, 128, seed=11)
   want = np.asarray(swiglu_matmul_reference(x, w12.unpack(packed)))
   for got in (swiglu_matmul(x, packed), swiglu_matmul(x, packed, implementation="xla"),
@@ -239,6 +239,8 @@ def test_w12_leaf_dispatch(monkeypatch):
                       lambda a, p: (calls.append(a.shape), swiglu_matmul_reference(a, w12.unpack(p)))[1])
   monkeypatch.setattr(sm_ops, "DEFAULT", "mosaic_gpu")
   monkeypatch.setattr(sm_ops, "_on_hopper", lambda: True)
+  swiglu_matmul(x, packed)  # W12_FUSED off (the default): the two steps
+  monkeypatch.setattr(sm_ops, "W12_FUSED", True)
   np.testing.assert_array_equal(np.asarray(weights.linear_swiglu(x, packed)), want)
   many, _ = w12_pair((sm_ops.MAX_TOKENS + 1,), 1024, 128, seed=12)
   swiglu_matmul(many, packed)
@@ -263,5 +265,6 @@ class TestW12MosaicGpu:
 
   def test_through_the_dispatch(self, monkeypatch):
     monkeypatch.setattr(sm_ops, "DEFAULT", "mosaic_gpu")
+    monkeypatch.setattr(sm_ops, "W12_FUSED", True)
     x, packed = w12_pair((1,), 4096, 12288, seed=13)
     assert_close(jax.jit(weights.linear_swiglu)(x, packed), x, w12.unpack(packed))

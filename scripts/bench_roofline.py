@@ -38,7 +38,8 @@ beyond the 60 MB L2, so no step reads them from cache:
   only); greedy tokens and time against a bf16 forward in the same process
   (issue target: W12 ≤ 0.80× bf16, identical tokens); `w12_kernel_decode_loop`: the decode loop on the W12 kernel
   against the bf16 decode loop in the same process (`--w12-xla-flags` adds XLA_FLAGS to that process, e.g. command
-  buffers; `--matmul mosaic_gpu` puts its bf16 baseline on the skinny kernel). Packing 7.6 B weights on the host
+  buffers; `--matmul mosaic_gpu` puts its bf16 baseline on the skinny kernel; `--w12-swiglu-ab` times it with the
+  fused W12 gate|up + SwiGLU kernel and, as a row of its own, with the two kernels). Packing 7.6 B weights on the host
   takes minutes, so this job starts first and packs in a process pool while the other jobs use the GPU; it gets
   the GPU when packed;
 - `torch_peer_eager` / `torch_peer_compile` (`torch.compile(mode="max-autotune-no-cudagraphs")`) /
@@ -125,11 +126,12 @@ W12_JOB = ("xla_forward_w12", "xla_forward_w12_xla_decode", "xla_forward_w12_ker
 W12_IMPLEMENTATION = {"xla_forward_w12": "reference", "xla_forward_w12_xla_decode": "xla_decode",
                       "xla_forward_w12_kernel": "mosaic_gpu", "w12_kernel_decode_loop": "mosaic_gpu"}
 W12_LOOP = "w12_kernel_decode_loop"
-W12_TWO_STEP_SWIGLU = "w12_kernel_decode_loop, two-step swiglu"
-W12_ROWS = (*W12_JOB, W12_TWO_STEP_SWIGLU)  # what the W12 job may report
 """The W12 job's decode loop (the kernel), against the bf16 decode loop in the same process: with
 ``--w12-xla-flags`` (command buffers) it is the W12 AR step in the best configuration, which a host-synced forward
 cannot show (a W12 forward's GPU time was below bf16's while its wall time was 1.5x: the launches)."""
+W12_TWO_STEP_SWIGLU = "w12_kernel_decode_loop, two-step swiglu"
+"""``W12_LOOP`` with its gate|up and SwiGLU as two kernels, beside the fused form (``--w12-swiglu-ab``)."""
+W12_ROWS = (*W12_JOB, W12_TWO_STEP_SWIGLU)  # what the W12 job may report
 SKINNY_VARIANTS = {"skinny_forward": "xla_forward", "skinny_decode_loop": "xla_decode_loop"}
 """Rows measured again in a process of their own with the bf16 linears on ``skinny_matmul``'s Mosaic GPU kernel
 (``skinny_matmul.ops.DEFAULT = "mosaic_gpu"``): the kernel and XLA's dot side by side in one run."""

@@ -6,7 +6,9 @@
 # 2. the W12 decode loop with the fused kernel and with gate|up and SwiGLU as two kernels (--w12-swiglu-ab), beside
 #    the bf16 loop, in one process, on hopper.yaml's kernels, each step's kernels split (--kernel-split); with command
 #    buffers over the loop as w12_loop.sh (`graphs`, the default) or with XLA's default ones (`plain`).
-# Written: $OUT/device.txt, $OUT/tests.log, $OUT/roofline.md and .json, $OUT/logs.tgz.
+#    XLA's command buffer conversion logs what it converts and what it refuses (TF_CPP_VMODULE) into the W12 job's
+#    log: which thunk, if any, keeps a loop out of one graph.
+# Written: $OUT/device.txt, $OUT/tests.log, $OUT/roofline.md and .json, $OUT/logs.tgz, $OUT/conversion.txt.
 # Usage (repo root): SPECPILOT_COMMIT=<hash> [TESTS=0] bash scripts/h200/w12_swiglu.sh [graphs|plain]
 set -u
 nvidia-smi --query-gpu=name --format=csv,noheader > $OUT/device.txt
@@ -18,8 +20,12 @@ if [ "${TESTS:-1}" = 1 ]; then
 fi
 graphs="--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL --xla_gpu_graph_min_graph_size=1"
 if [ "${1:-graphs}" = plain ]; then graphs=""; fi  # no XLA_FLAGS added
+export TF_CPP_VMODULE=command_buffer_conversion_pass=2
 timeout 400 python3 scripts/bench_roofline.py --out /tmp/w --variants w12_kernel_decode_loop --w12-swiglu-ab \
   --matmul mosaic_gpu --norm mosaic_gpu --rope mosaic_gpu --swiglu-matmul mosaic_gpu --qkv-rope-matmul mosaic_gpu \
-  --ar-attention pallas_tree --w12-xla-flags "$graphs" --kernel-split --timeout-scale 3 --budget-s 380 > /tmp/w12_swiglu.log 2>&1
+  --ar-attention pallas_tree --w12-xla-flags "$graphs" --kernel-split --timeout-scale 3 --budget-s 380 \
+  > /tmp/w12_swiglu.log 2>&1
 cp /tmp/w/roofline.md /tmp/w/roofline.json $OUT/ 2>/dev/null; tar czf $OUT/logs.tgz -C /tmp/w logs 2>/dev/null
+grep -ihE "unsupported|convertible|command buffer thunk" /tmp/w/logs/w12.log | cut -c1-300 | sort | uniq -c \
+  | sort -rn | head -n 40 > $OUT/conversion.txt
 grep -E "^\| w12_kernel_decode_loop" $OUT/roofline.md || tail -n 20 /tmp/w12_swiglu.log

@@ -801,7 +801,8 @@ class Worker:
             default = w12_ops.DEFAULT
             w12_ops.DEFAULT = W12_IMPLEMENTATION.get(name, "reference")  # read at trace time by w12.matmul
             try:
-                lowered[name] = jax.jit(step, donate_argnums=(2,)).lower(tree, tok0, self.ar_cache(dtype), one)
+                form = jax.jit(fresh(step), donate_argnums=(2,))
+                lowered[name] = form.lower(tree, tok0, self.ar_cache(dtype), one)
             except Exception as e:
                 self.fail(name, e)
             finally:
@@ -867,7 +868,7 @@ class Worker:
         for name, tree, implementation, w12_fused in forms:
             w12_ops.DEFAULT, swiglu_matmul_ops.W12_FUSED = implementation, w12_fused  # read at trace time
             try:
-                lowered[name] = jax.jit(loop, donate_argnums=(2,)).lower(tree, *args)
+                lowered[name] = jax.jit(fresh(loop), donate_argnums=(2,)).lower(tree, *args)
             except Exception as e:
                 self.fail(W12_LOOP, e)
                 return
@@ -900,6 +901,15 @@ def random_tree(n: int, rng):
     for i in range(1, n):
         anc[i] |= anc[parent[i]]
     return anc, anc.sum(1) - 1
+
+
+def fresh(fn):
+    """A new function object that calls ``fn``, for each form of one program that differs from another only in a
+    module setting read at trace time (``w12.ops.DEFAULT``, ``swiglu_matmul.ops.W12_FUSED``). JAX caches a trace by
+    the function traced and its arguments' types, whatever jit wrapper traces it: lowering the same ``fn`` again after
+    changing the setting hands back the first form's program. That made the forty-third session's W12 SwiGLU A/B time
+    the two-step loop twice (docs/results/2026-12-06-w12-swiglu-plain-h100/)."""
+    return functools.wraps(fn)(lambda *args: fn(*args))
 
 
 def round_up(x: int, m: int) -> int:

@@ -162,6 +162,27 @@ def _load_script():
     return module
 
 
+def test_forms_differing_in_a_trace_time_setting_each_trace_their_own_program(monkeypatch):
+    """The W12 jobs lower one function in several forms that differ only in a module setting read at trace time;
+    ``fresh`` gives each form its own trace (the same function lowered again would reuse the first form's)."""
+    import jax
+    import jax.numpy as jnp
+
+    from pallas_kernels.w12 import ops as w12_ops
+
+    br = _load_script()
+    monkeypatch.setattr(w12_ops, "DEFAULT", w12_ops.DEFAULT)
+
+    def step(x):
+        return x * 2 if w12_ops.DEFAULT == "mosaic_gpu" else x + 1
+
+    texts = []
+    for setting in ("reference", "mosaic_gpu"):
+        w12_ops.DEFAULT = setting
+        texts.append(jax.jit(br.fresh(step)).lower(jnp.ones(3)).as_text())
+    assert "add" in texts[0] and "multiply" in texts[1]
+
+
 def test_skinny_splits_parse_items_and_files_and_name_a_bad_entry(tmp_path):
     br = _load_script()
     table = tmp_path / "splits.json"

@@ -20,7 +20,7 @@ if [ "${TESTS:-1}" = 1 ]; then
 fi
 graphs="--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL --xla_gpu_graph_min_graph_size=1"
 if [ "${1:-graphs}" = plain ]; then graphs=""; fi  # no XLA_FLAGS added
-export TF_CPP_VMODULE=command_buffer_conversion_pass=2
+export TF_CPP_VMODULE=command_buffer_conversion_pass=2,command_buffer_scheduling=2 TF_CPP_MIN_LOG_LEVEL=0
 timeout 400 python3 scripts/bench_roofline.py --out /tmp/w --variants w12_kernel_decode_loop --w12-swiglu-ab \
   --matmul mosaic_gpu --norm mosaic_gpu --rope mosaic_gpu --swiglu-matmul mosaic_gpu --qkv-rope-matmul mosaic_gpu \
   --ar-attention pallas_tree --w12-xla-flags "$graphs" --kernel-split --timeout-scale 3 --budget-s 380 \

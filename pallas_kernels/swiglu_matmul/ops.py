@@ -35,11 +35,10 @@ Hopper choice) and ``bench_roofline.py --swiglu-matmul mosaic_gpu`` turn it on. 
 cluster form: the AR step 4.241 against 4.303-4.306 ms, its matmuls 13.6 us and the SwiGLU fusion's 51.1 us gone
 (docs/results/2026-12-06-swiglu-cluster-h200/); the first, 192-block form had tied. Read at trace time."""
 W12_FUSED = False
-"""Whether a W12 ``w_gate_up`` takes the fused W12 kernel when ``DEFAULT`` asks for the fused form. Off: on an H100
-the W12 decode loop with it took 5.727 ms a step against 4.925 with gate|up and SwiGLU as two kernels, tokens
-identical (docs/results/2026-12-06-w12-swiglu-h100/; the fused loop ran as CUDA graphs, the two-step one did not, so
-the loss is not yet split between the kernel and the way XLA ran the loop). ``bench_roofline.py --w12-swiglu-ab``
-times both forms. Read at trace time."""
+"""Whether a W12 ``w_gate_up`` takes the fused W12 kernel when ``DEFAULT`` asks for the fused form. Off until timed in
+the decode loop: alone it is 2.5 us (one token row) under the two kernels on an H100, ~90 us a step
+(docs/results/2026-12-06-w12-swiglu-plain-h100/); the loop A/B of the forty-third session timed the two-step
+program twice (a harness fault, fixed). ``bench_roofline.py --w12-swiglu-ab`` times both forms. Read at trace time."""
 MAX_TOKENS = 32
 """Above this many token rows, the unfused path: a decode step's one row and a DFlash-b16 drafter's 16 (24 in a
 round) take the kernel when it is on; a 64-node verify keeps XLA's dot, which is faster there

@@ -239,7 +239,8 @@ def test_w12_leaf_dispatch(monkeypatch):
                       lambda a, p: (calls.append(a.shape), swiglu_matmul_reference(a, w12.unpack(p)))[1])
   monkeypatch.setattr(sm_ops, "DEFAULT", "mosaic_gpu")
   monkeypatch.setattr(sm_ops, "_on_hopper", lambda: True)
-  swiglu_matmul(x, packed)  # W12_FUSED off (the default): the two steps
+  monkeypatch.setattr(sm_ops, "W12_FUSED", False)
+  swiglu_matmul(x, packed)  # W12_FUSED off: the two steps
   monkeypatch.setattr(sm_ops, "W12_FUSED", True)
   np.testing.assert_array_equal(np.asarray(weights.linear_swiglu(x, packed)), want)
   many, _ = w12_pair((sm_ops.MAX_TOKENS + 1,), 1024, 128, seed=12)

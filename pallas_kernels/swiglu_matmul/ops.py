@@ -3,7 +3,7 @@
 What runs when (``implementation=None``):
 - ``DEFAULT == "mosaic_gpu"``, a Hopper GPU, at most ``MAX_TOKENS`` token rows, bf16 ``x`` and ``w_gate_up``, an
   intermediate size a multiple of 64 and ``K`` of ``tile_k``: the fused kernel (``mosaic_gpu.py``); for a W12
-  ``w_gate_up`` (``pallas_kernels.w12.W12Array``), only with ``W12_FUSED`` and ``w12.ops.DEFAULT == "mosaic_gpu"``
+  ``w_gate_up`` (``pallas_kernels.w12.W12Array``), only with ``W12_FUSED`` (on) and ``w12.ops.DEFAULT == "mosaic_gpu"``
   too, the W12 kernel with the same cluster epilogue (``w12.mosaic_gpu.w12_swiglu_matmul``);
 - anything else: what the models ran before it, ``swiglu(matmul(x, w_gate_up, reduce=False))`` with
   ``skinny_matmul``'s matmul or W12's (each of the two on its own kernel or XLA's, as their own ``DEFAULT`` says); on
@@ -34,11 +34,12 @@ DEFAULT: Implementation = "xla"
 Hopper choice) and ``bench_roofline.py --swiglu-matmul mosaic_gpu`` turn it on. Measured on the H200 with the kernel's
 cluster form: the AR step 4.241 against 4.303-4.306 ms, its matmuls 13.6 us and the SwiGLU fusion's 51.1 us gone
 (docs/results/2026-12-06-swiglu-cluster-h200/); the first, 192-block form had tied. Read at trace time."""
-W12_FUSED = False
-"""Whether a W12 ``w_gate_up`` takes the fused W12 kernel when ``DEFAULT`` asks for the fused form. Off until timed in
-the decode loop: alone it is 2.5 us (one token row) under the two kernels on an H100, ~90 us a step
-(docs/results/2026-12-06-w12-swiglu-plain-h100/); the loop A/B of the forty-third session timed the two-step
-program twice (a harness fault, fixed). ``bench_roofline.py --w12-swiglu-ab`` times both forms. Read at trace time."""
+W12_FUSED = True
+"""Whether a W12 ``w_gate_up`` takes the fused W12 kernel when ``DEFAULT`` asks for the fused form (``False``: the W12
+matmul, then XLA's SwiGLU). On: on an H100 the W12 decode loop with it took 4.972 / 5.022 ms a step against 5.029 /
+5.085 with the two kernels (with / without command buffers over the loop), tokens identical; alone it is 2.5 us a call
+under the two kernels at one token row (docs/results/2026-12-06-w12-swiglu-fixed-h100/). ``bench_roofline.py
+--w12-swiglu-ab`` times both forms. Read at trace time."""
 MAX_TOKENS = 32
 """Above this many token rows, the unfused path: a decode step's one row and a DFlash-b16 drafter's 16 (24 in a
 round) take the kernel when it is on; a 64-node verify keeps XLA's dot, which is faster there

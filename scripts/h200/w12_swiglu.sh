@@ -26,7 +26,7 @@ timeout 400 python3 scripts/bench_roofline.py --out /tmp/w --variants w12_kernel
   --ar-attention pallas_tree --w12-xla-flags "$graphs" --kernel-split --timeout-scale 3 --budget-s 380 \
   > /tmp/w12_swiglu.log 2>&1
 cp /tmp/w/roofline.md /tmp/w/roofline.json $OUT/ 2>/dev/null; tar czf $OUT/logs.tgz -C /tmp/w logs 2>/dev/null
-grep -ihE "unsupported|convertible|command.?buffer" /tmp/w/logs/w12.log | sed -E 's/^[IWE][0-9]{4} [0-9:.]+ +[0-9]+ //' \
-  | cut -c1-300 | sort | uniq -c \
-  | sort -rn | head -n 40 > $OUT/conversion.txt
+grep -ihE "unsupported|convertible|command.?buffer" /tmp/w/logs/w12.log \
+  | sed -E 's/^[IWE][0-9]{4} [0-9:.]+ +[0-9]+ //' | cut -c1-300 | sort | uniq -c | sort -rn | head -n 40 \
+  > $OUT/conversion.txt
 grep -E "^\| w12_kernel_decode_loop" $OUT/roofline.md || tail -n 20 /tmp/w12_swiglu.log

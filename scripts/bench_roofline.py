@@ -863,7 +863,9 @@ class Worker:
         lowered = {}
         default, fused = w12_ops.DEFAULT, swiglu_matmul_ops.W12_FUSED
         kernel, ab = W12_IMPLEMENTATION[W12_LOOP], bool(s.get("w12_swiglu_ab"))
-        forms = [("bf16", w, default, fused)] + [(W12_TWO_STEP_SWIGLU, w12w, kernel, False)] * ab
+        forms = [("bf16", w, default, fused)]
+        if ab:
+            forms.append((W12_TWO_STEP_SWIGLU, w12w, kernel, False))
         forms.append((W12_LOOP, w12w, kernel, ab or fused))
         for name, tree, implementation, w12_fused in forms:
             w12_ops.DEFAULT, swiglu_matmul_ops.W12_FUSED = implementation, w12_fused  # read at trace time

@@ -809,6 +809,12 @@ def _register_decode_call(x2, byte_plane, nibble_plane, base_exponent, *, mp, gr
   return call(byte_plane, nibble_plane, base_exponent, x2, *(escape_lists or ()))
 
 
+def _nothing_left_to_patch(packed: W12Array, in_kernel: bool) -> bool:
+  """Whether the kernel's output is final: no escapes, or all of them in the channel lists the kernel corrects
+  (``in_kernel``) and none past them (no overflow)."""
+  return not packed.has_side_table or (in_kernel and not packed.escape_index.shape[0])
+
+
 def w12_matmul(
     x: jax.Array,
     packed: W12Array,
@@ -838,10 +844,9 @@ def w12_matmul(
   mp = round_up(max(m, 1), tile_m)
   x2 = x.reshape(m, k)
 
-  has_escapes = packed.has_side_table
   in_kernel = bool(config.decode == "registers" and config.escapes_in_kernel and packed.column_capacity
                    and mp == tile_m)
-  complete = not has_escapes or (in_kernel and not packed.escape_index.shape[0])  # nothing to patch after it
+  complete = _nothing_left_to_patch(packed, in_kernel)
   k_steps = kp // config.tile_k
   wide = config.decode == "registers" and _wide_activation_tile(tile_m)
   blocks_per_sm = max(config.blocks_per_sm, WIDE_TILE_BLOCKS_PER_SM) if wide else config.blocks_per_sm
@@ -909,8 +914,8 @@ def w12_swiglu_matmul(x: jax.Array, packed: W12Array, *, config: TuningConfig | 
                               f"{swiglu_matmul_kernel.TILE_N}, got the gate|up width {n}")
   lead = x.shape[:-1]
   m = math.prod(lead)
-  tile_m = token_tile(DEFAULT_CONFIG.tile_m, m)
-  config = config or _widest_step(DEFAULT_CONFIG, packed.sign_mantissa.shape[1], packed.group_k, tile_m)
+  config = config or _widest_step(DEFAULT_CONFIG, packed.sign_mantissa.shape[1], packed.group_k,
+                                  token_tile(DEFAULT_CONFIG.tile_m, m))
   if config.decode != "registers" or config.tile_n != swiglu_matmul_kernel.TILE_N:
     raise NotImplementedError(f"the W12 swiglu kernel is the register decode with 64 channels a block, got {config}")
   _check_supported(x, packed, config, None)
@@ -919,7 +924,7 @@ def w12_swiglu_matmul(x: jax.Array, packed: W12Array, *, config: TuningConfig | 
   if mp != tile_m or _wide_activation_tile(tile_m):
     raise NotImplementedError(f"the W12 swiglu kernel takes one token block of at most 32 rows, got {m} rows")
   in_kernel = bool(config.escapes_in_kernel and packed.column_capacity)
-  if packed.has_side_table and not (in_kernel and not packed.escape_index.shape[0]):
+  if not _nothing_left_to_patch(packed, in_kernel):
     raise NotImplementedError("the W12 swiglu kernel corrects the channel lists' escapes only (escapes_in_kernel, no "
                               "overflow)")
   out = _register_decode_call(
@@ -928,4 +933,4 @@ def w12_swiglu_matmul(x: jax.Array, packed: W12Array, *, config: TuningConfig | 
       tile_k=config.tile_k, max_concurrent_steps=config.max_concurrent_steps, split_k=1, halves=1,
       out_rows=exact_rows(m, mp, 1, True), overlap_decode=config.overlap_decode,
       escape_lists=(packed.column_escape_rows, packed.column_escape_bits) if in_kernel else None, m=m, swiglu=True)
-  return (out if out.shape[0] == m else out[:m]).reshape(*lead, n // 2)
+  return out[:m].reshape(*lead, n // 2)

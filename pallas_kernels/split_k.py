@@ -25,6 +25,9 @@ def round_up(a: int, b: int) -> int:
   return -(-a // b) * b
 
 
+SM_SMEM = 228 * 1024
+"""Shared memory an SM of the H100 / H200 holds: its resident blocks' together, each with 1 KB reserved."""
+
 SMEM_LIMIT = 226 * 1024
 """Shared memory a block of the split-K matmul kernels may take: the H100 / H200's 227 KB less 1 KB for Mosaic GPU's
 barriers (it added 64 bytes to the W12 register decode's own count in the configs checked on the CPU)."""
@@ -85,23 +88,50 @@ def streamed_dot(tile, steps: int, depth: int, loaded, load_w, load_x, multiply,
   arriving on ``loaded.at[slot]``); ``multiply(acc_ref, slot)`` issues the slot's wgmma. The first ``depth`` weight
   tiles go out before the grid-dependency wait (``pdl.begin_kernel``): no kernel writes a weight, so under PDL they
   stream while the kernel before this one still runs; the activations, its output, are read only after the wait."""
+  _fill_pipeline(depth, load_w, load_x, interpret)
+  return _accumulate_item(tile, 0, steps, steps, depth, loaded, load_w, load_x, multiply)
+
+
+def streamed_items(tile, items, steps: int, depth: int, loaded, load_w, load_x, multiply, store, interpret) -> None:
+  """``streamed_dot`` over ``items`` (traced) work items of ``steps`` steps each, one pipeline through them all: the
+  step ``t`` of the flattened walk is step ``t % steps`` of item ``t // steps``, and its loads go out ``depth`` steps
+  ahead whichever item they belong to, so the next item's first tiles stream while this one's last steps multiply
+  and its accumulator is stored (``store(acc, item)``). What a persistent grid needs: a block that ends an item does
+  not drain its pipeline, as a block of a wave does before the next block on its SM has loaded anything."""
+  _fill_pipeline(depth, load_w, load_x, interpret)
+  total = items * steps
+
+  def item_body(i, carry):
+    store(_accumulate_item(tile, i * steps, steps, total, depth, loaded, load_w, load_x, multiply), i)
+    return carry
+
+  lax.fori_loop(0, items, item_body, None)
+
+
+def _fill_pipeline(depth, load_w, load_x, interpret) -> None:
   for slot in range(depth):
     load_w(slot, slot)
   pdl.begin_kernel(interpret)
   for slot in range(depth):
     load_x(slot, slot)
 
+
+def _accumulate_item(tile, first, steps, total, depth, loaded, load_w, load_x, multiply) -> jax.Array:
+  """Steps ``first .. first + steps`` of a walk of ``total`` steps on a fresh accumulator, refilling each slot with
+  the step ``depth`` ahead."""
+
   def accumulate(acc_ref):
     def step(i, carry):
-      slot = lax.rem(i, depth)
+      t = first + i
+      slot = lax.rem(t, depth)
       plgpu.barrier_wait(loaded.at[slot])
       multiply(acc_ref, slot)
       plgpu.wgmma_wait(0)
 
-      @pl.when(i + depth < steps)
+      @pl.when(t + depth < total)
       def _refill():  # the slot's tiles were read by the wgmma just waited for
-        load_w(i + depth, slot)
-        load_x(i + depth, slot)
+        load_w(t + depth, slot)
+        load_x(t + depth, slot)
 
       return carry
 

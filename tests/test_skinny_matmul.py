@@ -158,6 +158,45 @@ def test_hopper_lowering_of_a_verify_pass_rows(config):
   assert "skinny_matmul_body" in jax.jit(run).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
 
 
+@pytest.mark.parametrize("lead,k,n,config,sms", [
+    ((65,), 512, 192, Config(split_k=2), 2),  # 6 items on 2 blocks: 3 each, a 72-row token block
+    ((20,), 384, 128, Config(tile_m=8, split_k=3, max_concurrent_steps=2), 5),  # 18 items on 5: 4 or 3 each
+    ((3,), 256, 64, Config(tile_k=64, split_k=1, max_concurrent_steps=3), 1),  # one block, one item: bf16 out
+    ((9,), 512, 128, Config(tile_k=64, split_k=4, max_concurrent_steps=3, blocks_per_sm=2), 3),  # 2 an SM: 6
+])
+def test_persistent_grid_writes_what_one_block_an_item_writes(monkeypatch, lead, k, n, config, sms):
+  """``persistent``: a few blocks walking every (channels, tokens, K split) item through one pipeline, the pipeline's
+  loads running into the next item, store the same partials bit for bit as one block an item (each item sums its
+  steps in the same order), whatever the items a block gets."""
+  import dataclasses
+
+  monkeypatch.setattr(skinny_mosaic_gpu, "num_sms", lambda: sms)
+  x, w = random_pair(lead, k, n, seed=k + n + sms)
+  params = plgpu.InterpretGPUParams()
+  want = skinny_mosaic_gpu.skinny_matmul(x, w, config=config, interpret=params, reduce=False)
+  got = skinny_mosaic_gpu.skinny_matmul(x, w, config=dataclasses.replace(config, persistent=True), interpret=params,
+                                        reduce=False)
+  np.testing.assert_array_equal(np.asarray(got.halves), np.asarray(want.halves))
+  assert_matches_f32(got.sum(), x, w)
+
+
+def test_persistent_blocks_are_the_resident_ones():
+  """One block a resident slot: at 72 rows one fits an SM (four stages of weight and activation tiles), at 8 rows
+  ``blocks_per_sm`` do; never more blocks than items."""
+  smem72 = skinny_mosaic_gpu._smem_bytes(72, 128, 4, 2)
+  assert skinny_mosaic_gpu.persistent_blocks(384, smem72, 2) == skinny_mosaic_gpu.num_sms()
+  assert skinny_mosaic_gpu.persistent_blocks(384, skinny_mosaic_gpu._smem_bytes(8, 128, 4, 2), 2) == \
+      2 * skinny_mosaic_gpu.num_sms()
+  assert skinny_mosaic_gpu.persistent_blocks(40, smem72, 2) == 40
+
+
+def test_hopper_lowering_of_the_persistent_grid():
+  """The persistent form of a 64-node verify's o projection lowers for sm_90: one grid axis, dynamic item counts."""
+  x, w = jnp.ones((65, 4096), jnp.bfloat16), jnp.ones((4096, 4096), jnp.bfloat16)
+  run = functools.partial(skinny_mosaic_gpu.skinny_matmul, config=Config(persistent=True), reduce=False)
+  assert "skinny_matmul_body" in jax.jit(run).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+
+
 def test_pad_for_tma_pads_only_what_tma_cannot_tile():
   assert tma.pad_for_tma(jnp.ones((1, 4096)), (8, 64)).shape == (1, 4096)  # decode: no pad kernel
   assert tma.pad_for_tma(jnp.ones((8, 40)), (8, 64)).shape == (8, 40)  # smaller than a tile
@@ -188,6 +227,13 @@ class TestMosaicGpu(SkinnyMatmulSuite):
   def test_qwen3_down_projection(self, m):
     x, w = random_pair((m,), 12288, 4096, seed=m)
     assert_matches_f32(self.run(x, w, None), x, w)
+
+  @pytest.mark.parametrize("m,k,n", [(65, 12288, 4096), (65, 4096, 6144), (16, 4096, 4096), (1, 4096, 12288)])
+  def test_persistent_grid_equals_one_block_an_item(self, m, k, n):
+    x, w = random_pair((m,), k, n, seed=m + k)
+    run = lambda persistent: jax.jit(lambda x, w: skinny_mosaic_gpu.skinny_matmul(  # noqa: E731
+        x, w, config=Config(persistent=persistent), reduce=False).halves)(x, w)
+    np.testing.assert_array_equal(np.asarray(run(True)), np.asarray(run(False)))
 
 
 def test_dispatch(monkeypatch, caplog):

@@ -25,6 +25,11 @@ class TuningConfig:
   split_k: K ranges reduced afterwards (f32 partial sums); 0 = ``split_k.auto_split_k`` aiming at
     ``blocks_per_sm`` blocks per SM. A decode step is memory-bound, so what matters is the bytes in
     flight per SM: ``blocks_per_sm * max_concurrent_steps * tile_k * 128`` bytes.
+  persistent: one block per resident slot (``blocks_per_sm`` an SM, or fewer where shared memory holds fewer),
+    each walking its share of the (channels, tokens, K split) work items through one pipeline
+    (``split_k.streamed_items``), the output unchanged. Why: at 64-72 token rows one block fits an SM, and a grid of
+    three waves drains and refills its pipeline between a block and the next on each SM; a persistent block loads
+    the next item's first tiles while it finishes one.
   """
 
   tile_m: int = 0
@@ -32,6 +37,7 @@ class TuningConfig:
   max_concurrent_steps: int = 4
   split_k: int = 0
   blocks_per_sm: int = 2
+  persistent: bool = False
 
   def __post_init__(self):
     if self.tile_m and (self.tile_m % 8 or not 8 <= self.tile_m <= 256):

@@ -43,6 +43,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels.lowering import lowered_once
 from pallas_kernels.skinny_matmul.config import TuningConfig
 from pallas_kernels.split_k import (
+    SM_SMEM,
     SMEM_LIMIT,
     SplitKPartials,
     auto_split_k,
@@ -54,6 +55,7 @@ from pallas_kernels.split_k import (
     smem_transforms,
     store_split,
     streamed_dot,
+    streamed_items,
     token_tile,
 )
 from pallas_kernels.tma import pad_for_tma
@@ -112,44 +114,70 @@ def _pipeline_depth(config: TuningConfig, tile_m: int, steps: int, halves: int) 
   return depth
 
 
-@lowered_once("tile_m", "tile_k", "max_concurrent_steps", "split_k", "halves", "interpret", "mp", "out_rows")
-def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, interpret, mp, out_rows):
+def persistent_blocks(work_items: int, smem_bytes: int, blocks_per_sm: int) -> int:
+  """Blocks of the persistent grid (``TuningConfig.persistent``): as many as are resident at once (``blocks_per_sm``,
+  or fewer where shared memory holds fewer), at most one a work item."""
+  resident = max(1, min(blocks_per_sm, SM_SMEM // (smem_bytes + 1024)))
+  return min(work_items, num_sms() * resident)
+
+
+@lowered_once("tile_m", "tile_k", "max_concurrent_steps", "split_k", "halves", "interpret", "mp", "out_rows",
+              "grid_blocks")
+def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, interpret, mp, out_rows, grid_blocks):
   """``[split_k, halves, Mp, N]`` bf16: each block's accumulator stored transposed (tokens-major). With
   ``halves`` = 1 the bf16 result; with 2 the f32 partial sum's high and low 16 bits (``f32_from_halves``):
   Mosaic GPU stores a transposed wgmma accumulator into swizzled SMEM for 16-bit types only.
 
   ``x2`` has at most ``mp`` rows (``pad_for_tma``): the activation tiles are TMA boxes of ``tile_m`` rows, and TMA
   fills the rows past ``x2``'s with zeros. The output rows past them are zeros; ``out_rows`` (``split_k.exact_rows``)
-  may be fewer than ``mp``, the stores clipped."""
+  may be fewer than ``mp``, the stores clipped.
+
+  ``grid_blocks`` = 0: one block a work item (64 channels, ``tile_m`` tokens, one K split). Else a persistent grid of
+  that many blocks, block ``p`` taking items ``p, p + grid_blocks, ..`` through one pipeline (``streamed_items``);
+  the output is the same."""
   k, n = w.shape
   steps = k // tile_k // split_k
   depth = min(max_concurrent_steps, steps)
   w_transforms = smem_transforms(TILE_N, jnp.bfloat16)
   x_transforms = smem_transforms(tile_k, jnp.bfloat16)
+  m_blocks = mp // tile_m
+  work_items = n // TILE_N * m_blocks * split_k
 
   def skinny_matmul_body(w_gmem, x_gmem, out_gmem, w_smem, x_smem, loaded, out_smem):  # its name in profiles
-    n_slice = pl.ds(lax.axis_index("n") * TILE_N, TILE_N)
-    m_slice = pl.ds(lax.axis_index("m") * tile_m, tile_m)
-    split = lax.axis_index("s")
-    first = split * steps
+    def coordinates(step):  # a step of this block's walk -> (channel block, token block, split, step in the split)
+      if not grid_blocks:
+        return lax.axis_index("n"), lax.axis_index("m"), lax.axis_index("s"), step
+      item = lax.axis_index("p") + step // steps * grid_blocks
+      return item // (m_blocks * split_k), item // split_k % m_blocks, item % split_k, step % steps
 
     def load_w(step, slot):
-      k_slice = pl.ds((first + step) * tile_k, tile_k)
-      plgpu.copy_gmem_to_smem(w_gmem.at[k_slice, n_slice], w_smem.at[slot], loaded.at[slot])
+      nb, _, split, i = coordinates(step)
+      k_slice = pl.ds((split * steps + i) * tile_k, tile_k)
+      plgpu.copy_gmem_to_smem(w_gmem.at[k_slice, pl.ds(nb * TILE_N, TILE_N)], w_smem.at[slot], loaded.at[slot])
 
     def load_x(step, slot):
-      k_slice = pl.ds((first + step) * tile_k, tile_k)
-      plgpu.copy_gmem_to_smem(x_gmem.at[m_slice, k_slice], x_smem.at[slot], loaded.at[slot])
+      _, mb, split, i = coordinates(step)
+      k_slice = pl.ds((split * steps + i) * tile_k, tile_k)
+      plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(mb * tile_m, tile_m), k_slice], x_smem.at[slot], loaded.at[slot])
 
     def multiply(acc_ref, slot):
       plgpu.wgmma(acc_ref, w_smem.at[slot].T, x_smem.at[slot].T)
 
-    acc = streamed_dot((TILE_N, tile_m), steps, depth, loaded, load_w, load_x, multiply, interpret)
-    store_split(acc, out_smem, out_gmem, split, m_slice, n_slice)
+    def store(acc, item):
+      nb, mb, split, _ = coordinates(item * steps)
+      store_split(acc, out_smem, out_gmem, split, pl.ds(mb * tile_m, tile_m), pl.ds(nb * TILE_N, TILE_N))
 
+    if not grid_blocks:
+      store(streamed_dot((TILE_N, tile_m), steps, depth, loaded, load_w, load_x, multiply, interpret), 0)
+      return
+    p = lax.axis_index("p")
+    items = (work_items - p + grid_blocks - 1) // grid_blocks
+    streamed_items((TILE_N, tile_m), items, steps, depth, loaded, load_w, load_x, multiply, store, interpret)
+
+  grid = ((grid_blocks,), ("p",)) if grid_blocks else ((n // TILE_N, m_blocks, split_k), ("n", "m", "s"))
   call = plgpu.kernel(
       skinny_matmul_body, out_type=jax.ShapeDtypeStruct((split_k, halves, out_rows, n), jnp.bfloat16),
-      grid=(n // TILE_N, mp // tile_m, split_k), grid_names=("n", "m", "s"),
+      grid=grid[0], grid_names=grid[1],
       scratch_types={
           "w_smem": plgpu.SMEM((depth, tile_k, TILE_N), jnp.bfloat16, transforms=w_transforms),
           "x_smem": plgpu.SMEM((depth, tile_m, tile_k), jnp.bfloat16, transforms=x_transforms),
@@ -189,7 +217,12 @@ def skinny_matmul(x: jax.Array, w: jax.Array, *, config: TuningConfig | None = N
   halves = 2 if split_k > 1 else 1
   depth = _pipeline_depth(config, tile_m, k_steps // split_k, halves)
   x2 = pad_for_tma(x.reshape(m, k), X_TILE)
+  grid_blocks = 0
+  if config.persistent:
+    grid_blocks = persistent_blocks(n // TILE_N * (mp // tile_m) * split_k,
+                                    _smem_bytes(tile_m, config.tile_k, depth, halves), config.blocks_per_sm)
   partial = _call(x2, w, tile_m=tile_m, tile_k=config.tile_k, max_concurrent_steps=depth, split_k=split_k,
-                  halves=halves, interpret=interpret, mp=mp, out_rows=exact_rows(m, mp, halves, reduce))
+                  halves=halves, interpret=interpret, mp=mp, out_rows=exact_rows(m, mp, halves, reduce),
+                  grid_blocks=grid_blocks)
   partials = SplitKPartials(partial, lead, jnp.dtype(x.dtype).name)  # split_k == 1: the padded result itself
   return partials.sum() if reduce else partials

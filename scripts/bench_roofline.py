@@ -162,11 +162,12 @@ environment, which its jobs inherit and the report names) the kernels overlap an
 (``FAST_KERNELS``, ``conf/kernels/hopper.yaml``'s, and the tree-attention kernel at one node), so one run
 of ``xla_decode_loop fast_decode_loop torch_peer_cudagraphs`` with no kernel flag puts plain XLA, ours and PyTorch side
 by side (issue #8's AR row; with ``--matmul`` and the like, ``xla_decode_loop`` runs those kernels too)."""
-FAST_KERNELS = dict(matmul="mosaic_gpu", norm="mosaic_gpu", rope="mosaic_gpu", swiglu_matmul="mosaic_gpu",
-                    qkv_rope_matmul="mosaic_gpu")
+FAST_KERNELS = dict(matmul="mosaic_gpu", norm="mosaic_gpu", rope="mosaic_gpu", swiglu_matmul="mosaic_gpu")
 """``fast_decode_loop``'s kernels: ``conf/kernels/hopper.yaml``'s choices (a test holds the two equal; the device
 machine has no PyYAML to read the file). Until 2026-12-06 this row lacked the SwiGLU cluster kernel the file had
-taken (4.333 ms against the 4.241 of ``rope_decode_loop`` with ``--swiglu-matmul mosaic_gpu``, one H200)."""
+taken (4.333 ms against the 4.241 of ``rope_decode_loop`` with ``--swiglu-matmul mosaic_gpu``, one H200). The q|k|v
+epilogue (``qkv_rope_matmul``) was in it from the forty-first to the forty-fifth session: faster on H100s, slower on
+the H200 (4.267 / 4.305 against 4.248 / 4.240 ms, docs/results/2026-12-06-ar-row-h200/)."""
 SKINNY_FLAG_VARIANTS = {"skinny_cmdbuf_while": "xla_flags_cmdbuf_while"}
 """The decode loop with the kernel and an ``XLA_FLAG_VARIANTS`` entry's flags: 5.03 ms on the H200 with XLA attention
 (docs/results/2026-11-30-skinny-matmul-h200/); with ``--ar-attention pallas_tree`` the same as without the flags

@@ -527,8 +527,7 @@ def test_the_fast_decode_loop_sets_its_kernels_whatever_the_run_sets(tmp_path):
     spec = {j.name: j.spec for j in jobs if j.kind == "jax"}
     assert br.kernel_choices(spec["xla"]) == []
     assert br.kernel_choices(spec["fast"]) == ["matmul=mosaic_gpu", "norm=mosaic_gpu", "rope=mosaic_gpu",
-                                               "swiglu_matmul=mosaic_gpu", "qkv_rope_matmul=mosaic_gpu",
-                                               "attention=pallas_tree"]
+                                               "swiglu_matmul=mosaic_gpu", "attention=pallas_tree"]
     hopper = yaml.safe_load((REPO / "conf" / "kernels" / "hopper.yaml").read_text())  # the engine's fast choice
     assert br.FAST_KERNELS == {op: impl for op, impl in hopper.items() if impl not in ("xla", False)}
     def report(ms):

@@ -63,10 +63,11 @@ from pallas_kernels.tma import pad_for_tma
 TILE_N = 64  # output channels per block: one wgmma M
 X_TILE = (8, 64)  # the SMEM tiling of the activation tiles (``smem_transforms`` of a >= 128-byte bf16 row)
 
-DEFAULT_CONFIG = TuningConfig()
+DEFAULT_CONFIG = TuningConfig(persistent=True)
 """What ``skinny_matmul`` runs without a config: in the H200 sweep (``bench_kernels.skinny_sweep``) the best
 single config at M = 1, where ``ops`` uses the kernel (4.06 ms a step; blocks_per_sm=1 is better at M = 16,
-tile_k=256 at 64)."""
+tile_k=256 at 64). The persistent grid: the same AR step (4.240 / 4.246 against 4.244 / 4.245 ms), the 64-token
+verify 21-27 us faster (the kernel's 108 calls 2052 against 2082 us, one H200, docs/results/2026-12-06-ar-row-h200/)."""
 
 
 SPLIT_K_BY_SHAPE: dict[tuple[int, int], int] = {}

@@ -2,8 +2,9 @@
 # The few-token bf16 kernel's persistent grid (`skinny_matmul.TuningConfig.persistent`) on any Hopper (device tool,
 # carry `.whl`; the card is named in $OUT/device.txt, and its numbers compare only within the call):
 # 1. the kernel's GPU tests, the persistent grid against one block an item bit for bit among them;
-# 2. ROUNDS rounds of the 64-token verify on hopper.yaml's kernels without and with the persistent grid
-#    (--skinny-config persistent=True), the order reversed every other round, each with its kernels split
+# 2. ROUNDS rounds of the 64-token verify on the kernels with and without the persistent grid (the default since the
+#    forty-fifth session; --skinny-config persistent=False), the order reversed every other round, each with its
+#    kernels split
 #    (--kernel-split: the skinny kernel's GPU µs a pass).
 # Written: $OUT/device.txt, $OUT/persistent.log (the tests' tail, every bench's row or its log tail), $OUT/<bench>.md
 # of round 1.
@@ -33,8 +34,8 @@ for n in $(seq 1 "${1:-2}"); do
   if [ $((n % 2)) -eq 0 ]; then order=(persistent grid); fi
   for form in "${order[@]}"; do
     case $form in
-      grid) bench v_${n}_grid "${verify[@]}" ;;
-      persistent) bench v_${n}_persistent "${verify[@]}" --skinny-config persistent=True ;;
+      grid) bench v_${n}_grid "${verify[@]}" --skinny-config persistent=False ;;
+      persistent) bench v_${n}_persistent "${verify[@]}" ;;
     esac
   done
 done

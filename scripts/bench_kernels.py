@@ -157,6 +157,7 @@ def skinny_sweep():
         replace(DEFAULT_CONFIG, tile_k=64, max_concurrent_steps=8),
         replace(DEFAULT_CONFIG, max_concurrent_steps=2),  # at 65-72 rows two blocks an SM fit shared memory
         replace(DEFAULT_CONFIG, tile_m=64),  # above 64 rows two token blocks, each reading every weight
+        replace(DEFAULT_CONFIG, persistent=False),  # one block a work item, in waves
     )
 
 

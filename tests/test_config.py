@@ -252,7 +252,7 @@ def test_load_models_applies_the_kernels_group():
     try:
         build.load_models(validate(composed("kernels=hopper", "deployment.models=config")))
         assert choices.current() == {"matmul": "mosaic_gpu", "norm": "mosaic_gpu", "rope": "mosaic_gpu",
-                                     "swiglu": "xla", "swiglu_matmul": "mosaic_gpu", "qkv_rope_matmul": "mosaic_gpu",
+                                     "swiglu": "xla", "swiglu_matmul": "mosaic_gpu", "qkv_rope_matmul": "xla",
                                      "pdl": False}
         build.load_models(validate(composed("deployment.models=config")))
         assert set(choices.current().values()) == {"xla", False}

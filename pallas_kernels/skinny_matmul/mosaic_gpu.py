@@ -181,10 +181,10 @@ def _call(x2, w, *, tile_m, tile_k, max_concurrent_steps, split_k, halves, inter
     items = (work_items - p + grid_blocks - 1) // grid_blocks
     streamed_items((TILE_N, tile_m), items, steps, depth, loaded, load_w, load_x, multiply, store, interpret)
 
-  grid = ((grid_blocks,), ("p",)) if grid_blocks else ((n // TILE_N, m_blocks, split_k), ("n", "m", "s"))
+  grid, grid_names = ((grid_blocks,), ("p",)) if grid_blocks else ((n // TILE_N, m_blocks, split_k), ("n", "m", "s"))
   call = plgpu.kernel(
       skinny_matmul_body, out_type=jax.ShapeDtypeStruct((split_k, halves, out_rows, n), jnp.bfloat16),
-      grid=grid[0], grid_names=grid[1],
+      grid=grid, grid_names=grid_names,
       scratch_types={
           "w_smem": plgpu.SMEM((depth, tile_k, TILE_N), jnp.bfloat16, transforms=w_transforms),
           "x_smem": plgpu.SMEM((depth, tile_m, tile_k), jnp.bfloat16, transforms=x_transforms),

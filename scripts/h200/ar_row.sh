@@ -7,7 +7,8 @@
 #    by flag, --qkv-rope-matmul mosaic_gpu in the second form), the order reversed every other round;
 # 3. the 64-token verify on the same kernels, so its ratio to the AR step is of one machine.
 # Written as it goes: $OUT/device.txt, $OUT/ar_row.log (every bench's rows or its log tail), $OUT/side_by_side.md and
-# .json, $OUT/<bench>.md of round 1 and of the verify (eight files a call at most).
+# .json, $OUT/<bench>.md of round 1 and of the verify (eight files a call at most). Ran in the forty-fifth session
+# (docs/results/2026-12-06-ar-row-h200/): the epilogue lost on the H200, and hopper.yaml has dropped it since.
 # Usage (repo root): SPECPILOT_COMMIT=<hash> bash scripts/h200/ar_row.sh [ROUNDS (default 2)]
 set -u
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/device.txt | grep -q H200 || exit 3

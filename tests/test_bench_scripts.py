@@ -95,16 +95,19 @@ def test_reproduce_ddtree_comparison_on_the_oracle_pair(tmp_path, cache_env, mon
     out = tmp_path / "cmp"
     rc = reproduce_ddtree_comparison.main(["--out", str(out), "--models", "--num-prompts", "1", "--max-new", "8",
                                            "--ddtree-budgets", "8", "--specpilot-candidates", "4", "8",
-                                           "--tlv-budgets", "--rounds", "1", "--compile-cache", "none"])
+                                           "--tlv-budgets", "--rounds", "1", "--compile-cache", "none",
+                                           "--target-passthrough-layers", "2"])
     assert rc == 0
     res = json.loads((out / "ddtree_comparison.json").read_text())
+    [dep] = res["deployments"]
+    assert dep["name"] == "oracle_pair+2 passthrough" and dep["target"]["num_layers"] == 3 + 2
     entries = {e["label"]: e for e in res["entries"]}
     assert set(entries) == {"ar", "ddtree@8", "specpilot[4,8]"}
     assert all(e["kind"] == "measured" and e["lossless"] for e in entries.values())
-    assert entries["ddtree@8"]["tau"] > 1.0  # a trained pair: drafts are accepted
+    assert entries["ddtree@8"]["tau"] > 1.0  # a trained pair, deepened without changing its outputs: drafts accepted
     assert sorted(map(int, entries["specpilot[4,8]"]["engine_cfg"]["verify_cost_ms"])) == [4, 8]
     md = (out / "ddtree_comparison.md").read_text()
-    assert "| oracle_pair | MEASURED | 1 |" in md and "Commit:" in md and "Command:" in md
+    assert "| oracle_pair+2 passthrough | MEASURED | 1 |" in md and "Commit:" in md and "Command:" in md
     assert md in capsys.readouterr().out
 
 
@@ -273,6 +276,25 @@ def test_reproduce_scripts_reject_a_bad_path_model_or_dtype_before_any_work(scri
         module.main(["--out", str(tmp_path / "out"), *argv])
     assert e.value.code == 2
     assert ": error: " + message in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--target", "DIR"], "--target and --drafter go together"),
+    (["--proxy", "proxy_test", "--target", "DIR", "--drafter", "DIR"], "--proxy is the real pair: give it or "),
+    (["--no-real", "--proxy", "proxy_test"], "--no-real skips the real pair: drop it, or "),
+    (["--no-real", "--target-passthrough-layers", "2"], "--no-real skips the real pair: drop it, or "),
+])
+def test_reproduce_rejects_real_pair_flags_that_contradict_each_other(argv, message, tmp_path):
+    """A proxy and a checkpoint pair at once, or a real-pair flag beside --no-real: a one-line exit before any
+    calibration, training or output."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import reproduce_table2
+
+    argv = [str(tmp_path) if a == "DIR" else a for a in argv]
+    with pytest.raises(SystemExit) as e:
+        reproduce_table2.main(["--out", str(tmp_path / "out"), *argv])
+    assert str(e.value.code).startswith(message)
     assert not (tmp_path / "out").exists()
 
 

@@ -165,6 +165,23 @@ def test_second_ensure_uses_the_cache(built, recipe, monkeypatch):
     assert proxy.proxy_dir(other, built["root"]) != built["work"]  # the key follows the recipe
 
 
+def test_reproduce_takes_the_proxy_pair_and_its_held_out_prompts(built, recipe, monkeypatch):
+    """`reproduce.py --proxy`: the cached pair (not trained again) and prompts cut from its held-out files."""
+    from specpilot.costmodel.reproduce import proxy_pair
+    from specpilot.training import proxy
+    from specpilot.training.corpus import load_corpus
+    from specpilot.training.tokenizer import load_tokenizer
+
+    monkeypatch.setattr(proxy, "build", lambda *a, **k: pytest.fail("cached pair was rebuilt"))
+    target, drafter, prompts = proxy_pair(recipe, 3, 16, root=built["root"])
+    assert (target, drafter) == (built["target"], built["drafter"])
+    assert len(prompts) == 3 and all(len(p) == 16 for p in prompts)
+    tok = load_tokenizer(built["work"] / "tokenizer")
+    corpus = load_corpus(recipe.corpus)
+    held = "".join(f.text for f in corpus.held_out)
+    assert all(tok.decode(p) in held for p in prompts)
+
+
 def _checkpoint_params(run_dir: Path, template):
     """The float32 weights of a run's last orbax checkpoint, i.e. what training ended with."""
     import orbax.checkpoint as ocp

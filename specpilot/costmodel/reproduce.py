@@ -2,8 +2,11 @@
 
 Each script regenerates its table from fresh runs on this device, for every deployment it is given:
 - a **real** pair (HF target + DFlash drafter; default: `shared/oracle_pair` beside the repository when
-  present): τ and the speedup over AR are MEASURED — wall time of the fused generation loop, AR against
-  the engine, same prompts, same tokens (checked: `lossless`);
+  present; `--proxy NAME`: the proxy pair trained here, prompted with held-out snippets of its corpus): τ and the
+  speedup over AR are MEASURED — wall time of the fused generation loop, AR against the engine, same prompts, same
+  tokens (checked: `lossless`). `--target-passthrough-layers N` deepens its target with N layers that change no
+  output (`weights.add_passthrough_layers`): a launch-bound proxy then costs a step what a deeper model's does, with
+  the same tokens and τ (the search's deployments do the same, `docs/search.md`);
 - **synthetic** shapes (`--models`, random weights): step times are measured here, acceptance is not
   meaningful, so speedups are PROJECTED = τ · t_AR / t_step with τ from a real pair measured in the same
   run (or `--tau-profile`). Every projected number is labelled so.
@@ -19,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from specpilot.argtypes import existing_dir, existing_file, model_name, positive_int
+from specpilot.argtypes import existing_dir, existing_file, model_name, non_negative_int, positive_int
 from specpilot.costmodel.predict import TauProfile, config_label, project, speedup
 
 
@@ -30,6 +33,12 @@ def base_parser(doc: str, batches: list[int]) -> argparse.ArgumentParser:
                     help="HF target folder of a real pair (default: shared/oracle_pair when present)")
     ap.add_argument("--drafter", type=existing_dir, help="DFlash drafter folder of that pair")
     ap.add_argument("--no-real", action="store_true", help="skip the real pair")
+    ap.add_argument("--proxy", help="the real pair is this proxy recipe's trained pair (conf/proxy/NAME.yaml or a "
+                                    "path; trained on first use, cached under SPECPILOT_CACHE), prompted with "
+                                    "held-out snippets of its corpus")
+    ap.add_argument("--prompt-len", type=positive_int, default=64, help="--proxy: tokens of each held-out prompt")
+    ap.add_argument("--target-passthrough-layers", type=non_negative_int, default=0,
+                    help="real pair: N more target layers that change no output (a deeper model's step cost)")
     ap.add_argument("--models", nargs="*", default=None, type=model_name,
                     help="synthetic target shapes (conf/model/*.yaml); default: tiny on CPU, qwen3_8b on GPU")
     ap.add_argument("--tau-profile", type=existing_file,
@@ -72,23 +81,52 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _real_pair(args):
+def proxy_pair(spec_or_name, num_prompts: int, prompt_len: int, root=None) -> tuple[Path, Path, list[list[int]]]:
+    """(target_dir, drafter_dir, prompts) of a proxy recipe's trained pair (trained here on first use): the
+    prompts are held-out snippets of its corpus, `prompt_len` tokens each (fewer than `num_prompts` when the
+    held-out files run out)."""
+    from specpilot.training import tokenizer as tk
+    from specpilot.training.acceptance import eval_prompts
+    from specpilot.training.corpus import load_corpus
+    from specpilot.training.proxy import ensure_proxy
+    from specpilot.training.spec import load_spec
+
+    spec = load_spec(spec_or_name) if isinstance(spec_or_name, (str, Path)) else spec_or_name
+    target, drafter = ensure_proxy(spec, root)
+    tokenizer = tk.load_tokenizer(target.parent / "tokenizer")
+    return target, drafter, eval_prompts("heldout", tokenizer, load_corpus(spec.corpus), num_prompts, prompt_len)
+
+
+def _real_pair(args) -> tuple[Path, Path, list[list[int]] | None] | None:
+    """(target, drafter, prompts or None) of the real pair the arguments name, or None."""
     from specpilot.costmodel.measure import ORACLE_PAIR
 
     if args.no_real:
         return None
-    if args.target or args.drafter:
-        if not (args.target and args.drafter):
-            raise SystemExit("--target and --drafter go together")
-        return Path(args.target), Path(args.drafter)
+    if args.proxy:
+        return proxy_pair(args.proxy, args.num_prompts, args.prompt_len)
+    if args.target:
+        return Path(args.target), Path(args.drafter), None
     if (ORACLE_PAIR / "target").is_dir() and (ORACLE_PAIR / "drafter").is_dir():
-        return ORACLE_PAIR / "target", ORACLE_PAIR / "drafter"
+        return ORACLE_PAIR / "target", ORACLE_PAIR / "drafter", None
     return None
+
+
+def check_pair_args(args) -> None:
+    """The real-pair flags that contradict each other, as one-line exits before any work."""
+    if bool(args.target) != bool(args.drafter):
+        raise SystemExit("--target and --drafter go together")
+    if args.proxy and args.target:
+        raise SystemExit("--proxy is the real pair: give it or --target/--drafter, not both")
+    if args.no_real and (args.proxy or args.target or args.target_passthrough_layers):
+        raise SystemExit("--no-real skips the real pair: drop it, or --proxy, --target/--drafter and "
+                         "--target-passthrough-layers")
 
 
 def run(args, configs: list[dict], script: str) -> dict:
     """Measure `configs` (AR is added) on every deployment; returns {"provenance", "deployments",
     "entries"}: one entry per (deployment, config, batch) with τ, speedup and kind (measured/projected)."""
+    check_pair_args(args)
     import jax
 
     from specpilot.costmodel import load_or_calibrate
@@ -107,10 +145,20 @@ def run(args, configs: list[dict], script: str) -> dict:
     pair = _real_pair(args)
     if pair:
         t0 = time.perf_counter()
-        dep = M.checkpoint_deployment(*pair, dtype="float32")
+        target, drafter, pair_prompts = pair
+        dep = M.checkpoint_deployment(target, drafter, dtype="float32")
+        if pair_prompts is not None:
+            dep.prompts = pair_prompts
+        if args.target_passthrough_layers:
+            from specpilot.models.weights import add_passthrough_layers
+
+            dep.target_cfg, dep.target_w = add_passthrough_layers(dep.target_cfg, dep.target_w,
+                                                                  args.target_passthrough_layers)
+            dep.name += f"+{args.target_passthrough_layers} passthrough"
         given = json.loads(Path(args.prompts).read_text()) if args.prompts else dep.prompts
         prompts = [list(map(int, p)) for p in (given or [])][: args.num_prompts]
         if len(prompts) < args.num_prompts:
+            log(f"{dep.name}: {len(prompts)} prompts of its own; {args.num_prompts - len(prompts)} random ones added")
             prompts += M.random_prompts(args.num_prompts - len(prompts), 12, dep.target_cfg.vocab_size, args.seed,
                                         exclude=(dep.drafter_cfg.mask_token_id,))
         context = max(len(p) for p in prompts)

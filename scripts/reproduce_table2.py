@@ -3,6 +3,10 @@ SpecPilot configuration, per deployment and batch size, regenerated from fresh r
 
     python scripts/reproduce_table2.py --out OUT        # CPU: oracle pair (measured) + tiny (projected), B = 4, 8
     python3 scripts/reproduce_table2.py --out $OUT --tau-profile tau_profile.json --no-real --batches 8 32   # GPU
+    python3 scripts/reproduce_table2.py --out $OUT --proxy proxy_h200 --target-passthrough-layers 24 --models
+
+The last measures a trained proxy pair (its target deepened to 36 layers) and no synthetic shapes: issue #8's batched
+ordering with real acceptance (scripts/h200/batched_order.sh).
 
 Real pairs give MEASURED speedups (wall time of the batched loop, AR at the same batch); synthetic shapes
 give PROJECTED ones (measured step times × a real pair's τ). Writes OUT/table2.md and OUT/table2.json.

@@ -30,6 +30,17 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def proxy_recipe(text: str) -> str:
+    """A proxy recipe trained on use: a name under conf/proxy/ or a YAML file, checked at parse time."""
+    from specpilot.training.spec import available  # no JAX, no Hydra
+
+    if Path(text).suffix:
+        return existing_file(text)
+    if text not in available():
+        raise argparse.ArgumentTypeError(f"no recipe {text!r} (available: {', '.join(available())})")
+    return text
+
+
 def existing_file(text: str) -> str:
     """A file read later (a τ profile, prompts, configs): checked at parse time, not after the work it follows."""
     if not Path(text).is_file():

@@ -96,18 +96,18 @@ def test_reproduce_ddtree_comparison_on_the_oracle_pair(tmp_path, cache_env, mon
     rc = reproduce_ddtree_comparison.main(["--out", str(out), "--models", "--num-prompts", "1", "--max-new", "8",
                                            "--ddtree-budgets", "8", "--specpilot-candidates", "4", "8",
                                            "--tlv-budgets", "--rounds", "1", "--compile-cache", "none",
-                                           "--target-passthrough-layers", "2"])
+                                           "--target-passthrough-layers", "1"])
     assert rc == 0
     res = json.loads((out / "ddtree_comparison.json").read_text())
     [dep] = res["deployments"]
-    assert dep["name"] == "oracle_pair+2 passthrough" and dep["target"]["num_layers"] == 3 + 2
+    assert dep["name"] == "oracle_pair+1 passthrough" and dep["target"]["num_layers"] == 3 + 1
     entries = {e["label"]: e for e in res["entries"]}
     assert set(entries) == {"ar", "ddtree@8", "specpilot[4,8]"}
     assert all(e["kind"] == "measured" and e["lossless"] for e in entries.values())
     assert entries["ddtree@8"]["tau"] > 1.0  # a trained pair, deepened without changing its outputs: drafts accepted
     assert sorted(map(int, entries["specpilot[4,8]"]["engine_cfg"]["verify_cost_ms"])) == [4, 8]
     md = (out / "ddtree_comparison.md").read_text()
-    assert "| oracle_pair+2 passthrough | MEASURED | 1 |" in md and "Commit:" in md and "Command:" in md
+    assert "| oracle_pair+1 passthrough | MEASURED | 1 |" in md and "Commit:" in md and "Command:" in md
     assert md in capsys.readouterr().out
 
 
@@ -263,6 +263,8 @@ def test_acceptance_rejects_bad_engines_and_knobs_in_one_line(argv, message, cap
     (["--target", "MISSING", "--drafter", "MISSING"], "argument --target: no such folder: "),
     (["--models", "tiny", "qwen3_9b"], "argument --models: invalid choice: 'qwen3_9b'"),
     (["--dtype", "float16"], "argument --dtype: invalid choice: 'float16'"),
+    (["--proxy", "proxy_h2000"], "argument --proxy: no recipe 'proxy_h2000' (available: proxy_gpu, proxy_h200, "),
+    (["--proxy", "MISSING.yaml"], "argument --proxy: no such file: "),
 ])
 def test_reproduce_scripts_reject_a_bad_path_model_or_dtype_before_any_work(script, argv, message, tmp_path, capsys):
     """A mistyped path, model or dtype is argparse's one-line error at once: it was a traceback, some only after

@@ -22,7 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from specpilot.argtypes import existing_dir, existing_file, model_name, non_negative_int, positive_int
+from specpilot.argtypes import (existing_dir, existing_file, model_name, non_negative_int, positive_int,
+                                proxy_recipe)
 from specpilot.costmodel.predict import TauProfile, config_label, project, speedup
 
 
@@ -33,9 +34,9 @@ def base_parser(doc: str, batches: list[int]) -> argparse.ArgumentParser:
                     help="HF target folder of a real pair (default: shared/oracle_pair when present)")
     ap.add_argument("--drafter", type=existing_dir, help="DFlash drafter folder of that pair")
     ap.add_argument("--no-real", action="store_true", help="skip the real pair")
-    ap.add_argument("--proxy", help="the real pair is this proxy recipe's trained pair (conf/proxy/NAME.yaml or a "
-                                    "path; trained on first use, cached under SPECPILOT_CACHE), prompted with "
-                                    "held-out snippets of its corpus")
+    ap.add_argument("--proxy", type=proxy_recipe,
+                    help="the real pair is this proxy recipe's trained pair (conf/proxy/NAME.yaml or a path; trained "
+                         "on first use, cached under SPECPILOT_CACHE), prompted with held-out snippets of its corpus")
     ap.add_argument("--prompt-len", type=positive_int, default=64, help="--proxy: tokens of each held-out prompt")
     ap.add_argument("--target-passthrough-layers", type=non_negative_int, default=0,
                     help="real pair: N more target layers that change no output (a deeper model's step cost)")

@@ -103,7 +103,7 @@ def test_reproduce_ddtree_comparison_on_the_oracle_pair(tmp_path, cache_env, mon
     assert dep["name"] == "oracle_pair+1 passthrough" and dep["target"]["num_layers"] == 3 + 1
     entries = {e["label"]: e for e in res["entries"]}
     assert set(entries) == {"ar", "ddtree@8", "specpilot[4,8]"}
-    assert all(e["kind"] == "measured" and e["lossless"] for e in entries.values())
+    assert all(e["kind"] == "measured" and e["lossless"] and e["loop_step_ms"] > 0 for e in entries.values())
     assert entries["ddtree@8"]["tau"] > 1.0  # a trained pair, deepened without changing its outputs: drafts accepted
     assert sorted(map(int, entries["specpilot[4,8]"]["engine_cfg"]["verify_cost_ms"])) == [4, 8]
     md = (out / "ddtree_comparison.md").read_text()

@@ -475,6 +475,10 @@ def test_measured_speedups_compare_each_configuration_with_its_own_variants_ar()
     for label, ar in (("stock", "ar"), ("ar+w12", "ar+w12")):
         assert rows[label]["speedup"] == pytest.approx(rows[ar]["wall_s"] / rows[label]["wall_s"])
         assert rows[label]["lossless"] is True
+    # the loop's iterations: AR makes one a token after the prefill's; every row's rounds at most
+    assert rows["ar"]["loop_steps"] == rows["ar"]["rounds"] == rows["ar"]["tokens"] - 1
+    assert 1 <= rows["stock"]["loop_steps"] <= rows["ar"]["loop_steps"]
+    assert rows["stock"]["loop_step_ms"] == pytest.approx(1e3 * rows["stock"]["wall_s"] / rows["stock"]["loop_steps"])
 
 
 def test_a_specpilot_row_that_chose_several_budgets_is_charged_their_mixture():

@@ -354,6 +354,9 @@ def measure_generate(dep: Deployment, engine_cfg: dict, prompts: list[list[int]]
         best = dt if best is None else min(best, dt)
     lengths = [a for res in results for row in res.acceptance_lengths for a in row]
     tokens = sum(len(t) for res in results for t in res.tokens)
+    # the loop's iterations: its rows run in lockstep (a finished row rides along or is dropped), so a call makes as
+    # many as its longest-running request has rounds
+    steps = sum(max(map(len, res.acceptance_lengths), default=0) for res in results)
     return {
         "label": config_label(engine_cfg),
         "batch": batch,
@@ -362,6 +365,8 @@ def measure_generate(dep: Deployment, engine_cfg: dict, prompts: list[list[int]]
         "tokens": tokens,
         "wall_s": best,
         "ms_per_token": 1e3 * best / max(tokens, 1),
+        "loop_steps": steps,
+        "loop_step_ms": 1e3 * best / max(steps, 1),
         "stats": {k: v for r in results[:1] for k, v in r.stats.items() if k != "acceptance_histogram"},
         "tokens_out": [t for res in results for t in res.tokens],
     }

@@ -173,7 +173,8 @@ def run(args, configs: list[dict], script: str) -> dict:
             res["entries"].append({
                 "deployment": dep.name, "kind": "measured", "label": g["label"], "engine_cfg": row["engine_cfg"],
                 "batch": g["batch"], "tau": g["tau"], "speedup": g["speedup"], "lossless": g["lossless"],
-                "ms_per_token": g["ms_per_token"], "t_step_ms": row["round_ms"], "t_ar_ms": ar_round[g["batch"]],
+                "ms_per_token": g["ms_per_token"], "loop_step_ms": g["loop_step_ms"], "t_step_ms": row["round_ms"],
+                "t_ar_ms": ar_round[g["batch"]],
                 "model_speedup": speedup(g["tau"], ar_round[g["batch"]], row["round_ms"]),
             })
         if tau is None:
@@ -225,6 +226,12 @@ def best(entries: list[dict], pred) -> dict | None:
     return max(pool, key=lambda e: e["speedup"]) if pool else None
 
 
+def listed_entries(res: dict) -> list[dict]:
+    """The rows of a table's "all configurations" list: every configuration, and AR where it was measured (its loop's
+    step beside its profiled round)."""
+    return [e for e in res["entries"] if e["label"] != "ar" or e["kind"] == "measured"]
+
+
 def header(res: dict, title: str) -> list[str]:
     from specpilot.costmodel.report import provenance_lines
 
@@ -233,7 +240,8 @@ def header(res: dict, title: str) -> list[str]:
         if d["kind"] == "measured":
             lines.append(f"- **{d['name']}** (real checkpoints): MEASURED — wall time of the fused generation loop "
                          f"over {d['prompts']} prompts × {d['max_new']} greedy tokens, AR vs engine; "
-                         "τ = tokens per round.")
+                         "τ = tokens per round; t_step = a round profiled stage by stage (the cost model's input), "
+                         "loop ms / step = the fused loop's wall time per iteration (its rows in lockstep).")
         else:
             lines.append(f"- **{d['name']}** (random weights, context {d['context']}): PROJECTED — "
                          f"τ · t_AR / t_step with step times measured here and τ from {d['tau_profile']['source']}.")

@@ -3,28 +3,29 @@
 # real acceptance (`reproduce_table2.py --proxy`): proxy_h200, its target deepened to 36 layers by 24 passthrough
 # layers as the search's deployments A and B were (docs/results/2026-11-30-search-h200-ab/), 32 held-out prompts x 64
 # greedy tokens, f32 weights at the highest matmul precision (as the search ran them), every engine's tokens checked
-# against AR's. The pair trains on first use and is cached in /tmp/spc, compiled programs in /tmp/jc: both stay for
-# the next call on a warm machine.
+# against AR's. The pair is trained first, outside the measured runs and at the default matmul precision (as the
+# search trained it), when /tmp/spc does not hold it yet; compiled programs go to /tmp/jc. Both stay for the next call
+# on a warm machine.
 # What a call holds (H100, docs/results/2026-12-07-batched-order-proxy-h100/): training + a cold batch 8 did not fit
 # one call (586 s, cut in its generation); batch 8 with the pair cached took 410 s. So on a fresh machine: `train`
-# first (the pair only), then one batch a call, the machine kept warm between them.
+# (the pair only), then one batch a call, the machine kept warm between them.
 # No carry. Writes $OUT/device.txt, $OUT/order.log, $OUT/table2_<batch>.md / .json.
-# Usage (repo root): SPECPILOT_COMMIT=<hash> bash scripts/h200/batched_order.sh {train | BATCH} ...  (default: 8)
+# Usage (repo root): SPECPILOT_COMMIT=<hash> bash scripts/h200/batched_order.sh [train | BATCH ...]  (default: 8)
 set -u
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/device.txt
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 SPECPILOT_CACHE=/tmp/spc JAX_DEFAULT_MATMUL_PRECISION=highest
-for b in ${*:-8}; do
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 SPECPILOT_CACHE=/tmp/spc
+echo "== the pair" >> $OUT/order.log
+timeout 585 python3 -c "from specpilot.training.proxy import ensure_proxy; print(ensure_proxy('proxy_h200'))" \
+  >> $OUT/order.log 2>&1
+echo "rc $? at $SECONDS s" >> $OUT/order.log
+batches=${*:-8}
+for b in ${batches#train}; do
   left=$((585 - SECONDS))
-  echo "== $b ($left s left)" >> $OUT/order.log
+  echo "== batch $b ($left s left)" >> $OUT/order.log
   [ $left -lt 60 ] && { echo "skipped: under 60 s left" >> $OUT/order.log; continue; }
-  if [ "$b" = train ]; then
-    timeout $left python3 -c "from specpilot.training.proxy import ensure_proxy; print(ensure_proxy('proxy_h200'))" \
-      >> $OUT/order.log 2>&1
-  else
-    timeout $left python3 scripts/reproduce_table2.py --out /tmp/t2_$b --proxy proxy_h200 --models --batches $b \
-      --target-passthrough-layers 24 --num-prompts 32 --max-new 64 --specpilot-candidates 16 64 --tlv-budgets \
-      --compile-cache /tmp/jc >> $OUT/order.log 2>&1
-  fi
+  JAX_DEFAULT_MATMUL_PRECISION=highest timeout $left python3 scripts/reproduce_table2.py --out /tmp/t2_$b \
+    --proxy proxy_h200 --models --batches $b --target-passthrough-layers 24 --num-prompts 32 --max-new 64 \
+    --specpilot-candidates 16 64 --tlv-budgets --compile-cache /tmp/jc >> $OUT/order.log 2>&1
   echo "rc $? at $SECONDS s" >> $OUT/order.log
   cp /tmp/t2_$b/table2.md $OUT/table2_$b.md 2> /dev/null; cp /tmp/t2_$b/table2.json $OUT/table2_$b.json 2> /dev/null
 done

@@ -48,7 +48,8 @@ def test_w12_weights_give_identical_tokens(engine, monkeypatch):
 
 def test_passthrough_layers_deepen_the_target_without_changing_its_tokens():
     """`deployment.target_passthrough_layers`: more layers to read and compute, the same greedy tokens from AR
-    and from a speculative engine whose drafter reads the original layers' hidden states."""
+    and from a speculative engine whose drafter reads the original layers' hidden states, which accepts the same
+    drafts round by round (any lossless engine gives AR's tokens; its acceptance shows the drafter's inputs kept)."""
     cfg, w, dcfg, dw = tiny_pair(jnp.float32)
     deep_cfg, deep_w = add_passthrough_layers(cfg, w, 3)
     assert deep_cfg.num_layers == 5 and len(deep_w.layers) == 5 and deep_w.layers[:2] == w.layers
@@ -57,9 +58,10 @@ def test_passthrough_layers_deepen_the_target_without_changing_its_tokens():
     assert not bool(jnp.any(deep_w.layers[4].w_down)) and bool(jnp.any(deep_w.layers[4].w_gate_up))
     prompts = [[1, 2, 3, 4], [9, 8, 7]]
     for engine in ("ar", "stock"):
-        shallow = make_engine({"name": engine}, cfg, w, dcfg, dw, context=128).generate(prompts, 12).tokens
-        deep = make_engine({"name": engine}, deep_cfg, deep_w, dcfg, dw, context=128).generate(prompts, 12).tokens
-        assert deep == shallow, engine
+        shallow = make_engine({"name": engine}, cfg, w, dcfg, dw, context=128).generate(prompts, 12)
+        deep = make_engine({"name": engine}, deep_cfg, deep_w, dcfg, dw, context=128).generate(prompts, 12)
+        assert deep.tokens == shallow.tokens, engine
+        assert deep.acceptance_lengths == shallow.acceptance_lengths, engine
     with pytest.raises(ValueError, match="passthrough"):
         add_passthrough_layers(cfg, w, -1)
 

@@ -43,10 +43,7 @@ def main(argv=None) -> int:
     lines += [md_table(["deployment", "kind", "device", "AR ms/token", "stock", f"DDTree (budget {args.ddtree_budget})",
                         "best SpecPilot config", "its speedup"], rows), ""]
     lines += ["All configurations measured (speedup over AR at batch 1):", ""]
-    lines += [md_table(["deployment", "config", "kind", "τ", "speedup", "t_step ms", "loop ms / step", "lossless"],
-                       [[e["deployment"], e["label"], e["kind"], e["tau"], e["speedup"], e["t_step_ms"],
-                         e.get("loop_step_ms", "–"), e.get("lossless", "n/a (random weights)")]
-                        for e in R.listed_entries(res)]), ""]
+    lines += R.configurations_table(res)
     R.save(res, Path(args.out), "table1", "\n".join(lines))
     return 0
 

@@ -41,10 +41,7 @@ def main(argv=None) -> int:
     lines += [md_table(["deployment", "kind", "batch", "stock", f"DDTree (budget {args.ddtree_budget})",
                         "best SpecPilot config", "its speedup"], rows), ""]
     lines += ["All configurations:", ""]
-    lines += [md_table(["deployment", "config", "batch", "kind", "τ", "speedup", "t_step ms", "t_AR ms",
-                        "loop ms / step"],
-                       [[e["deployment"], e["label"], e["batch"], e["kind"], e["tau"], e["speedup"], e["t_step_ms"],
-                         e["t_ar_ms"], e.get("loop_step_ms", "–")] for e in R.listed_entries(res)]), ""]
+    lines += R.configurations_table(res)
     R.save(res, Path(args.out), "table2", "\n".join(lines))
     return 0
 

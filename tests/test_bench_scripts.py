@@ -281,6 +281,29 @@ def test_reproduce_scripts_reject_a_bad_path_model_or_dtype_before_any_work(scri
     assert not (tmp_path / "out").exists()
 
 
+def test_reproduce_tables_list_measured_ar_and_each_rows_loop_step():
+    """Both tables' "all configurations" list: a measured AR row (its loop step beside its profiled round) and every
+    configuration, no projected AR; the loop step and losslessness only where they were measured."""
+    from specpilot.costmodel.reproduce import configurations_table
+
+    def entry(label, kind, **extra):
+        return {"deployment": kind[:4], "label": label, "batch": 8, "kind": kind, "tau": 2.0, "speedup": 0.5,
+                "t_step_ms": 3.0, "t_ar_ms": 1.5, **extra}
+
+    res = {"entries": [entry("ar", "measured", loop_step_ms=1.25, lossless=True),
+                       entry("stock", "measured", loop_step_ms=2.5, lossless=False),
+                       entry("ar", "projected"), entry("stock", "projected", t_ar_ms=None)]}
+    md, blank = configurations_table(res)
+    assert blank == ""
+    lines = md.splitlines()
+    assert lines[0] == ("| deployment | config | batch | kind | τ | speedup | t_step ms | t_AR ms | loop ms / step | "
+                        "lossless |")
+    assert lines[2:] == [
+        "| meas | ar | 8 | measured | 2.000 | 0.500 | 3.000 | 1.500 | 1.250 | True |",
+        "| meas | stock | 8 | measured | 2.000 | 0.500 | 3.000 | 1.500 | 2.500 | False |",
+        "| proj | stock | 8 | projected | 2.000 | 0.500 | 3.000 | – | – | n/a (random weights) |"]
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--target", "DIR"], "--target and --drafter go together"),
     (["--proxy", "proxy_test", "--target", "DIR", "--drafter", "DIR"], "--proxy is the real pair: give it or "),

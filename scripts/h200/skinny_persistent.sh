@@ -4,8 +4,7 @@
 # 1. the kernel's GPU tests, the persistent grid against one block an item bit for bit among them;
 # 2. ROUNDS rounds of the 64-token verify on the kernels with and without the persistent grid (the default since the
 #    forty-fifth session; --skinny-config persistent=False), the order reversed every other round, each with its
-#    kernels split
-#    (--kernel-split: the skinny kernel's GPU µs a pass).
+#    kernels split (--kernel-split: the skinny kernel's GPU µs a pass).
 # Written: $OUT/device.txt, $OUT/persistent.log (the tests' tail, every bench's row or its log tail), $OUT/<bench>.md
 # of round 1.
 # Usage (repo root): SPECPILOT_COMMIT=<hash> bash scripts/h200/skinny_persistent.sh [ROUNDS (default 2)]

@@ -226,10 +226,17 @@ def best(entries: list[dict], pred) -> dict | None:
     return max(pool, key=lambda e: e["speedup"]) if pool else None
 
 
-def listed_entries(res: dict) -> list[dict]:
-    """The rows of a table's "all configurations" list: every configuration, and AR where it was measured (its loop's
-    step beside its profiled round)."""
-    return [e for e in res["entries"] if e["label"] != "ar" or e["kind"] == "measured"]
+def configurations_table(res: dict) -> list[str]:
+    """The tables' "all configurations" list as markdown lines: every configuration, and AR where it was measured
+    (its loop's step beside its profiled round). `loop ms / step` only for measured rows, `lossless` only for real
+    pairs."""
+    from specpilot.costmodel.report import md_table  # None prints as "–"
+
+    rows = [[e["deployment"], e["label"], e["batch"], e["kind"], e["tau"], e["speedup"], e["t_step_ms"],
+             e.get("t_ar_ms"), e.get("loop_step_ms"), e.get("lossless", "n/a (random weights)")]
+            for e in res["entries"] if e["label"] != "ar" or e["kind"] == "measured"]
+    return [md_table(["deployment", "config", "batch", "kind", "τ", "speedup", "t_step ms", "t_AR ms",
+                      "loop ms / step", "lossless"], rows), ""]
 
 
 def header(res: dict, title: str) -> list[str]:

@@ -338,3 +338,33 @@ def test_kernel_benches_reject_a_bad_model_dtype_or_shape_in_one_line(script, ar
         importlib.import_module(script).parse_args(argv)
     assert e.value.code == 2
     assert ": error: " + message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_profile_vs_loop_puts_each_engines_profiled_round_beside_its_loop_step(tmp_path, capsys):
+    """`scripts/profile_vs_loop.py` on the CPU: per engine, the profiled round (the sum of its stages) beside the
+    fused loop's step, whose iterations are counted without the prefill (AR: one a token after the prefill's);
+    the CUPTI columns say why they are empty. Bad engines and a loop too short to time are one-line errors."""
+    import importlib
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    pvl = importlib.import_module("profile_vs_loop")
+    out = tmp_path / "pvl"
+    assert pvl.main(["--out", str(out), "--model", "tiny", "--batch", "2", "--prompt-len", "8", "--max-new", "6",
+                     "--rounds", "1", "--engines", "ar", "ddtree@4"]) == 0
+    res = json.loads((out / "profile_vs_loop.json").read_text())
+    assert [r["label"] for r in res["rows"]] == ["ar", "ddtree@4"]
+    ar, tree = res["rows"]
+    assert ar["loop_steps"] == 5 and ar["tau"] == 1.0 and 1 <= tree["loop_steps"] <= 5
+    for r in res["rows"]:
+        assert r["profiled_round_ms"] == pytest.approx(sum(r["stage_ms"].values()))
+        assert r["loop_step_ms"] > 0 and r["profile_over_loop"] == pytest.approx(
+            r["profiled_round_ms"] / r["loop_step_ms"])
+        assert r["profiled_kernels_ms"] is None and "loop_kernels_ms" not in r
+    md = (out / "profile_vs_loop.md").read_text()
+    assert "| ar | 2 |" in md and "kernel columns: CUPTI needs an NVIDIA GPU; this backend is 'cpu'" in md
+    capsys.readouterr()
+    for argv, message in ((["--engines", "ddtree@x"], "engine 'ddtree@x': expected ar, stock or ddtree@BUDGET"),
+                          (["--max-new", "1"], "--max-new must be at least 2")):
+        with pytest.raises(SystemExit) as e:
+            pvl.main(["--out", str(out), *argv])
+        assert e.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1]

@@ -1,0 +1,134 @@
+"""A round profiled stage by stage against a step of the fused generation loop, per engine, on one deployment.
+
+The cost model reads `Engine.profile` (each stage jitted alone, synchronised or pipelined). On the 36-layer proxy at
+batch 8 (H100, docs/results/2026-12-07-batched-order-proxy-h100/) AR's profiled round took 3.81 ms and its loop's
+step 2.30: the cost model then over-predicted every speculative engine. This script tells where the difference
+lives, for each engine at one batch:
+- `profiled round ms`: the profile's round (wall, per stage as the cost model reads it);
+- `profiled kernels ms`: the same stages' kernel time under CUPTI (launch gaps and host time excluded);
+- `loop step ms`: the fused loop's wall time per iteration, (wall of a whole generation − wall of one that stops
+  after the prefill) ÷ the loop's iterations, so the prefill and the host's set-up are not in it;
+- `loop kernels ms`: the same difference under CUPTI, per iteration, and the kernel launches per iteration.
+Profiled kernels ≈ loop kernels with profiled wall ≫ loop wall: the lone stages pay launch gaps or host time the loop
+hides. Profiled kernels ≫ loop kernels: the lone programs run different (slower) kernels than the loop's body.
+
+Random weights at a conf/model shape (conf/model/proxy_h200_deep.yaml: the proxy pair's target deepened to 36
+layers, as `scripts/h200/batched_order.sh` measures it): every pass costs what the trained pair's costs; only the
+speculative engines' acceptance (how many rounds a generation takes) differs, and the loop step is per iteration.
+Writes OUT/profile_vs_loop.json and .md.
+
+    python3 scripts/profile_vs_loop.py --out $OUT --batch 8              # GPU (JAX_DEFAULT_MATMUL_PRECISION=highest)
+    python scripts/profile_vs_loop.py --out /tmp/pvl --model tiny --batch 2 --max-new 8   # CPU: no kernel columns
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specpilot.argtypes import positive_int  # noqa: E402
+
+ENGINES = {"ar": {"name": "ar"}, "stock": {"name": "stock"}}
+
+
+def engine_cfg(label: str) -> dict:
+    """ar, stock or ddtree@BUDGET → an engine config; anything else is a one-line error."""
+    if label in ENGINES:
+        return ENGINES[label]
+    name, _, budget = label.partition("@")
+    if name == "ddtree" and budget.isdigit() and int(budget) > 0:
+        return {"name": "ddtree", "tree_budget": int(budget)}
+    raise argparse.ArgumentTypeError(f"engine {label!r}: expected ar, stock or ddtree@BUDGET (e.g. ddtree@64)")
+
+
+def loop_measure(engine, prompts, max_new: int, gpu: bool) -> dict:
+    """The fused loop's cost per iteration: a whole generation minus one that stops after the prefill (both
+    compiled and run once before timing)."""
+    from specpilot.costmodel.cupti import kernel_timings
+
+    def wall(n: int) -> float:
+        engine.generate(prompts, n)  # compile / warm
+        t0 = time.perf_counter()
+        engine.generate(prompts, n)
+        return time.perf_counter() - t0
+
+    res = engine.generate(prompts, max_new)
+    steps = max(map(len, res.acceptance_lengths))
+    out = {"loop_steps": steps, "tau": sum(map(sum, res.acceptance_lengths)) / max(
+        sum(map(len, res.acceptance_lengths)), 1)}
+    out["loop_step_ms"] = 1e3 * (wall(max_new) - wall(1)) / steps
+    if gpu:
+        full, prefill = (kernel_timings(lambda n=n: engine.generate(prompts, n)) for n in (max_new, 1))
+        out["loop_kernels_ms"] = (sum(ms for _, ms in full) - sum(ms for _, ms in prefill)) / steps
+        out["loop_launches"] = (len(full) - len(prefill)) / steps
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="output folder (created)")
+    ap.add_argument("--model", default="proxy_h200_deep", help="conf/model/<name>.yaml (random weights)")
+    ap.add_argument("--dtype", default="float32", choices=("bfloat16", "float32"))
+    ap.add_argument("--drafter-layers", type=positive_int, default=2, help="the proxy pair's drafter: 2")
+    ap.add_argument("--engines", nargs="+", type=engine_cfg, default=[ENGINES["ar"], ENGINES["stock"]],
+                    metavar="ENGINE", help="ar, stock, ddtree@BUDGET (default: ar stock)")
+    ap.add_argument("--batch", type=positive_int, default=8)
+    ap.add_argument("--prompt-len", type=positive_int, default=64)
+    ap.add_argument("--max-new", type=positive_int, default=64)
+    ap.add_argument("--rounds", type=positive_int, default=6, help="profiled rounds after one warm-up round")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if args.max_new < 2:
+        ap.error("--max-new must be at least 2: the loop's step is a generation minus one of a single token")
+
+    import jax
+
+    from specpilot.costmodel import measure as M
+    from specpilot.costmodel.predict import config_label
+    from specpilot.costmodel.report import md_table, provenance, provenance_lines, write_json
+
+    gpu = jax.devices()[0].platform == "gpu"
+    dep = M.synthetic_deployment(args.model, args.dtype, args.seed, drafter_layers=args.drafter_layers)
+    prompts = M.random_prompts(args.batch, args.prompt_len, dep.target_cfg.vocab_size, args.seed,
+                               exclude=(dep.drafter_cfg.mask_token_id,))
+    capacity = M.kv_capacity(args.prompt_len, max(args.rounds, -(-args.max_new // dep.block)), dep.block,
+                             args.engines)
+    rows = []
+    for cfg in args.engines:
+        label = config_label(cfg)
+        engine = M.build_engine(dep, cfg, capacity)
+        prof = M.profile_engine(engine, prompts, args.max_new, args.rounds, args.seed, gpu_time=gpu)
+        row = {"label": label, "batch": args.batch, "profiled_round_ms": prof["round_ms"],
+               "stage_ms": prof["stage_ms"], "profiled_kernels_ms": sum(prof.get("stage_gpu_ms", {}).values()) or None,
+               **loop_measure(engine, prompts, args.max_new, gpu)}
+        row["profile_over_loop"] = row["profiled_round_ms"] / row["loop_step_ms"]
+        rows.append(row)
+        kernels = (f"; kernels {row['profiled_kernels_ms']:.3f} against {row['loop_kernels_ms']:.3f} ms, "
+                   f"{row['loop_launches']:.1f} launches a loop step" if gpu else "")
+        print(f"{label}: profiled round {row['profiled_round_ms']:.3f} ms, loop step {row['loop_step_ms']:.3f} ms "
+              f"({row['profile_over_loop']:.2f}×){kernels}", flush=True)
+        del engine
+    res = {"provenance": provenance(), "deployment": dep.describe(), "args": {
+        k: v for k, v in vars(args).items() if k != "engines"}, "rows": rows}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "profile_vs_loop.json", res)
+    table = [[r["label"], r["batch"], r["profiled_round_ms"], r["profiled_kernels_ms"], r["loop_step_ms"],
+              r.get("loop_kernels_ms"), r.get("loop_launches"), r["profile_over_loop"], r["tau"]] for r in rows]
+    lines = ["# A profiled round against the fused loop's step", ""] + provenance_lines(res["provenance"]) + [
+        f"- {dep.name}, {args.dtype}, batch {args.batch}, prompts of {args.prompt_len} tokens, {args.max_new} new", "",
+        md_table(["engine", "batch", "profiled round ms", "profiled kernels ms", "loop step ms", "loop kernels ms",
+                  "loop launches / step", "profiled ÷ loop", "τ (random weights)"], table), ""]
+    if not gpu:
+        lines.append(f"- kernel columns: CUPTI needs an NVIDIA GPU; this backend is {jax.devices()[0].platform!r}")
+    (out / "profile_vs_loop.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -25,13 +25,10 @@ os.environ["SPECPILOT_CACHE"] = os.path.join(os.environ["SPECPILOT_TEST_RUN_DIR"
 os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(os.environ["SPECPILOT_TEST_RUN_DIR"], "jit")
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 # Tests run tiny models on 2 CPU cores, where compiling is most of their time: skip XLA's slow optimisation passes
-# (numerics are unchanged; timings never come from tests) and compile each CPU program as one LLVM module instead of
-# splitting it for threads (each split pays its own set-up, and the two test workers already fill both cores). Set in
-# the environment, so the scripts tests start compile the same way. With both, a full run took 8:43 against 12:30 (and
-# 15.9 against 23.0 CPU-minutes) on this 2-core machine (docs/h200_runbook.md, forty-seventh session).
+# (numerics are unchanged; timings never come from tests). Set in the environment, so the scripts the tests start
+# (benches, the search, probes) compile the same way: it took ~35 % off compiling two engines' loops, interleaved
+# runs 4.1-5.8 s against 5.9-7.6 s (docs/h200_runbook.md, forty-seventh session).
 os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "true"
-if "xla_cpu_parallel_codegen_split_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_cpu_parallel_codegen_split_count=1".strip()
 
 import jax  # noqa: E402  (after the cache's and the compiler's environment)
 import pytest  # noqa: E402

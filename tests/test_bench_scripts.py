@@ -8,6 +8,7 @@ acceptance, measured speedups, lossless outputs.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -357,11 +358,12 @@ def test_profile_vs_loop_puts_each_engines_profiled_round_beside_its_loop_step(t
     assert ar["loop_steps"] == 5 and ar["tau"] == 1.0 and 1 <= tree["loop_steps"] <= 5
     for r in res["rows"]:
         assert r["profiled_round_ms"] == pytest.approx(sum(r["stage_ms"].values()))
-        assert r["loop_step_ms"] > 0 and r["profile_over_loop"] == pytest.approx(
-            r["profiled_round_ms"] / r["loop_step_ms"])
+        # a difference of two wall times: on a loaded CPU the tiny loop's step is within the noise, so no sign asserted
+        assert math.isfinite(r["loop_step_ms"]) and r["profile_over_loop"] == (
+            pytest.approx(r["profiled_round_ms"] / r["loop_step_ms"]) if r["loop_step_ms"] > 0 else None)
         assert r["profiled_kernels_ms"] is None and "loop_kernels_ms" not in r
     md = (out / "profile_vs_loop.md").read_text()
-    assert "| ar | 2 |" in md and "kernel columns: CUPTI needs an NVIDIA GPU; this backend is 'cpu'" in md
+    assert "| ar | 2 |" in md and "kernel columns: CUPTI kernel timings need an NVIDIA GPU; this backend is 'cpu'" in md
     capsys.readouterr()
     for argv, message in ((["--engines", "ddtree@x"], "engine 'ddtree@x': expected ar, stock or ddtree@BUDGET"),
                           (["--max-new", "1"], "--max-new must be at least 2")):

@@ -331,6 +331,12 @@ def sweep(dep: Deployment, configs: list[dict], batches: Sequence[int], context:
     return rows, skipped
 
 
+def loop_iterations(result) -> int:
+    """Iterations of the fused loop in one `generate` call: its rows run in lockstep (a finished row rides along or is
+    dropped), so as many as its longest-running request has rounds (the prefill's token is no round)."""
+    return max(map(len, result.acceptance_lengths), default=0)
+
+
 def measure_generate(dep: Deployment, engine_cfg: dict, prompts: list[list[int]], max_new: int, batch: int,
                      capacity: int, seed: int = 0, repeats: int = 1) -> dict:
     """Fused-loop generation on real prompts in chunks of `batch` (a last partial chunk is dropped): τ and
@@ -354,9 +360,7 @@ def measure_generate(dep: Deployment, engine_cfg: dict, prompts: list[list[int]]
         best = dt if best is None else min(best, dt)
     lengths = [a for res in results for row in res.acceptance_lengths for a in row]
     tokens = sum(len(t) for res in results for t in res.tokens)
-    # the loop's iterations: its rows run in lockstep (a finished row rides along or is dropped), so a call makes as
-    # many as its longest-running request has rounds
-    steps = sum(max(map(len, res.acceptance_lengths), default=0) for res in results)
+    steps = sum(map(loop_iterations, results))
     return {
         "label": config_label(engine_cfg),
         "batch": batch,

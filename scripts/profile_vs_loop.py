@@ -8,9 +8,18 @@ lives, for each engine at one batch:
 - `profiled kernels ms`: the same stages' kernel time under CUPTI (launch gaps and host time excluded);
 - `loop step ms`: the fused loop's wall time per iteration, (wall of a whole generation − wall of one that stops
   after the prefill) ÷ the loop's iterations, so the prefill and the host's set-up are not in it;
-- `loop kernels ms`: the same difference under CUPTI, per iteration, and the kernel launches per iteration.
+- `loop kernels ms`: the same difference under CUPTI, per iteration, and the kernel launches per iteration;
+- `round ms, same buffers`: the whole round as one jitted program (`Engine.round`, what the loop's body runs), called
+  back to back on the same input buffers (its outputs freed), so every call's buffers can sit where the last call's
+  did; `round ms, fresh buffers`: the same program with its state donated and a fresh copy of the state a call, as
+  the profile feeds its stages; `round kernels ms`: one call's kernel time under CUPTI.
 Profiled kernels ≈ loop kernels with profiled wall ≫ loop wall: the lone stages pay launch gaps or host time the
 loop hides. Profiled kernels ≫ loop kernels: the lone programs run different (slower) kernels than the loop's body.
+The round columns split the first case: one program on the same buffers near the loop's step says the profile's
+stage split or its fresh buffers cost the difference (fresh ≫ same: a call whose buffers moved pays for it, e.g.
+XLA updating its command buffers to the new addresses before it launches); all three near the profiled round say
+any lone call pays it. `kernels` in the JSON lists, per kernel name, the profile's and the loop's ms a round (the
+largest differences first).
 
 Random weights at a conf/model shape (conf/model/proxy_h200_deep.yaml: the proxy pair's target deepened to 36
 layers, as `scripts/h200/batched_order.sh` measures it): every pass costs what the trained pair's costs; only the
@@ -71,7 +80,60 @@ def loop_measure(engine, prompts, max_new: int, cupti: bool) -> dict:
         full, prefill = (kernel_timings(lambda n=n: engine.generate(prompts, n)) for n in (max_new, 1))
         out["loop_kernels_ms"] = (sum(ms for _, ms in full) - sum(ms for _, ms in prefill)) / steps
         out["loop_launches"] = (len(full) - len(prefill)) / steps
+        out["launch_lists"] = (full, prefill)
     return out
+
+
+def round_measure(engine, prompts, max_new: int, cupti: bool, calls: int = 10) -> dict:
+    """The round as one program on the prefilled state (no round of it committed): ms a call issued back to back on
+    the same buffers and on fresh donated copies (the fastest of three bursts of `calls` each), and with `cupti` one
+    call's kernel time and launches."""
+    import jax
+
+    from specpilot.costmodel.cupti import kernel_timings
+    from specpilot.decoding.common import pad_prompts
+
+    tokens, lens = pad_prompts(prompts)
+    state = engine._prefill(engine.params, tokens, lens, max_new, jax.random.key(0))
+    same, donated = jax.jit(engine.round), jax.jit(engine.round, donate_argnums=(1,))
+
+    def fresh():
+        return jax.block_until_ready(jax.tree.map(jax.numpy.copy, state))
+
+    def burst(fn, inputs) -> float:  # inputs() -> the states of `calls` calls
+        jax.block_until_ready(fn(engine.params, inputs()[0]))  # compile / warm
+        best = float("inf")
+        for _ in range(3):
+            args = inputs()
+            t0 = time.perf_counter()
+            for a in args:
+                out = fn(engine.params, a)  # the previous call's output is freed as soon as it is replaced
+            jax.block_until_ready(out)
+            best = min(best, (time.perf_counter() - t0) / calls)
+            del out, args
+        return 1e3 * best
+
+    out = {"round_same_ms": burst(same, lambda: [state] * calls),
+           "round_fresh_ms": burst(donated, lambda: [fresh() for _ in range(calls)])}
+    if cupti:
+        launches = kernel_timings(lambda: same(engine.params, state))
+        out["round_kernels_ms"] = sum(ms for _, ms in launches)
+        out["round_launches"] = len(launches)
+    return out
+
+
+def kernel_table(profiled: dict, full: list, prefill: list, steps: int, top: int = 25) -> dict:
+    """Per kernel name: the profile's ms a round (its stages' launches summed) and the loop's (a whole generation's
+    launches minus the prefill-only one's, ÷ iterations); the `top` largest differences, largest first."""
+    names: dict[str, dict[str, float]] = {}
+    for stage in profiled.values():
+        for name, ms in stage.items():
+            names.setdefault(name, {"profiled": 0.0, "loop": 0.0})["profiled"] += ms
+    for sign, launches in ((1, full), (-1, prefill)):
+        for name, ms in launches:
+            names.setdefault(name, {"profiled": 0.0, "loop": 0.0})["loop"] += sign * ms / steps
+    ranked = sorted(names.items(), key=lambda kv: -abs(kv[1]["profiled"] - kv[1]["loop"]))
+    return dict(ranked[:top])
 
 
 def main(argv=None) -> int:
@@ -110,14 +172,17 @@ def main(argv=None) -> int:
         row = {"label": label, "batch": args.batch, "profiled_round_ms": prof["round_ms"],
                "stage_ms": prof["stage_ms"],
                "profiled_kernels_ms": sum(prof["stage_gpu_ms"].values()) if cupti else None,
-               **loop_measure(engine, prompts, args.max_new, cupti)}
+               **loop_measure(engine, prompts, args.max_new, cupti), **round_measure(engine, prompts, args.max_new, cupti)}
+        if cupti:
+            row["kernels"] = kernel_table(prof["stage_gpu_kernels"], *row.pop("launch_lists"), row["loop_steps"])
         # None where the loop's step is within the timing noise (at or below zero)
         row["profile_over_loop"] = row["profiled_round_ms"] / row["loop_step_ms"] if row["loop_step_ms"] > 0 else None
         rows.append(row)
         kernels = (f"; kernels {row['profiled_kernels_ms']:.3f} against {row['loop_kernels_ms']:.3f} ms, "
                    f"{row['loop_launches']:.1f} launches a loop step" if cupti else "")
         print(f"{label}: profiled round {row['profiled_round_ms']:.3f} ms, loop step {row['loop_step_ms']:.3f} ms "
-              f"({row['profile_over_loop'] or float('nan'):.2f}×){kernels}", flush=True)
+              f"({row['profile_over_loop'] or float('nan'):.2f}×){kernels}; one-program round "
+              f"{row['round_same_ms']:.3f} ms (same buffers), {row['round_fresh_ms']:.3f} (fresh)", flush=True)
         del engine
     res = {"provenance": provenance(), "deployment": dep.describe(), "args": {
         k: v for k, v in vars(args).items() if k != "engines"}, "rows": rows}
@@ -125,11 +190,13 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "profile_vs_loop.json", res)
     table = [[r["label"], r["batch"], r["profiled_round_ms"], r["profiled_kernels_ms"], r["loop_step_ms"],
-              r.get("loop_kernels_ms"), r.get("loop_launches"), r["profile_over_loop"], r["tau"]] for r in rows]
+              r.get("loop_kernels_ms"), r.get("loop_launches"), r["round_same_ms"], r["round_fresh_ms"],
+              r.get("round_kernels_ms"), r["profile_over_loop"], r["tau"]] for r in rows]
     lines = ["# A profiled round against the fused loop's step", ""] + provenance_lines(res["provenance"]) + [
         f"- {dep.name}, {args.dtype}, batch {args.batch}, prompts of {args.prompt_len} tokens, {args.max_new} new", "",
         md_table(["engine", "batch", "profiled round ms", "profiled kernels ms", "loop step ms", "loop kernels ms",
-                  "loop launches / step", "profiled ÷ loop", "τ (random weights)"], table), ""]
+                  "loop launches / step", "round ms, same buffers", "round ms, fresh buffers", "round kernels ms",
+                  "profiled ÷ loop", "τ (random weights)"], table), ""]
     if no_kernels:
         lines.append(f"- kernel columns: {no_kernels}")
     (out / "profile_vs_loop.md").write_text("\n".join(lines) + "\n")

@@ -105,6 +105,10 @@ def test_reproduce_ddtree_comparison_on_the_oracle_pair(tmp_path, cache_env, mon
     entries = {e["label"]: e for e in res["entries"]}
     assert set(entries) == {"ar", "ddtree@8", "specpilot[4,8]"}
     assert all(e["kind"] == "measured" and e["lossless"] and e["loop_step_ms"] > 0 for e in entries.values())
+    # one prompt, batch 1: the loop runs exactly its row's rounds, so lockstep τ is τ and both models agree
+    for e in entries.values():
+        assert e["lockstep_tau"] == pytest.approx(e["tau"])
+        assert e["model_speedup_lockstep"] == pytest.approx(e["model_speedup"])
     assert entries["ddtree@8"]["tau"] > 1.0  # a trained pair, deepened without changing its outputs: drafts accepted
     assert sorted(map(int, entries["specpilot[4,8]"]["engine_cfg"]["verify_cost_ms"])) == [4, 8]
     md = (out / "ddtree_comparison.md").read_text()
@@ -291,18 +295,19 @@ def test_reproduce_tables_list_measured_ar_and_each_rows_loop_step():
         return {"deployment": kind[:4], "label": label, "batch": 8, "kind": kind, "tau": 2.0, "speedup": 0.5,
                 "t_step_ms": 3.0, "t_ar_ms": 1.5, **extra}
 
-    res = {"entries": [entry("ar", "measured", loop_step_ms=1.25, lossless=True),
-                       entry("stock", "measured", loop_step_ms=2.5, lossless=False),
+    measured = {"lockstep_tau": 1.5, "model_speedup": 1.0, "model_speedup_lockstep": 0.75}
+    res = {"entries": [entry("ar", "measured", loop_step_ms=1.25, lossless=True, **measured),
+                       entry("stock", "measured", loop_step_ms=2.5, lossless=False, **measured),
                        entry("ar", "projected"), entry("stock", "projected", t_ar_ms=None)]}
     md, blank = configurations_table(res)
     assert blank == ""
     lines = md.splitlines()
     assert lines[0] == ("| deployment | config | batch | kind | τ | speedup | t_step ms | t_AR ms | loop ms / step | "
-                        "lossless |")
+                        "lockstep τ | model | model (lockstep) | lossless |")
     assert lines[2:] == [
-        "| meas | ar | 8 | measured | 2.000 | 0.500 | 3.000 | 1.500 | 1.250 | True |",
-        "| meas | stock | 8 | measured | 2.000 | 0.500 | 3.000 | 1.500 | 2.500 | False |",
-        "| proj | stock | 8 | projected | 2.000 | 0.500 | 3.000 | – | – | n/a (random weights) |"]
+        "| meas | ar | 8 | measured | 2.000 | 0.500 | 3.000 | 1.500 | 1.250 | 1.500 | 1.000 | 0.750 | True |",
+        "| meas | stock | 8 | measured | 2.000 | 0.500 | 3.000 | 1.500 | 2.500 | 1.500 | 1.000 | 0.750 | False |",
+        "| proj | stock | 8 | projected | 2.000 | 0.500 | 3.000 | – | – | – | – | – | n/a (random weights) |"]
 
 
 @pytest.mark.parametrize("argv,message", [

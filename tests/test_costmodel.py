@@ -479,6 +479,22 @@ def test_measured_speedups_compare_each_configuration_with_its_own_variants_ar()
     assert rows["ar"]["loop_steps"] == rows["ar"]["rounds"] == rows["ar"]["tokens"] - 1
     assert 1 <= rows["stock"]["loop_steps"] <= rows["ar"]["loop_steps"]
     assert rows["stock"]["loop_step_ms"] == pytest.approx(1e3 * rows["stock"]["wall_s"] / rows["stock"]["loop_steps"])
+    assert rows["ar"]["lockstep_tau"] == 1.0
+
+
+def test_lockstep_tau_counts_the_iterations_the_slowest_row_sets():
+    """A batch of two where one row commits 3 tokens a round and the other 1: the loop runs the slow row's six
+    iterations, so the rows get 12 tokens in 2 × 6 slots (τ 1.5 counts 8 rounds); results are pooled by slots."""
+    from types import SimpleNamespace
+
+    from specpilot.costmodel.measure import lockstep_tau
+
+    fast_slow = SimpleNamespace(acceptance_lengths=[[3, 3], [1, 1, 1, 1, 1, 1]])
+    alone = SimpleNamespace(acceptance_lengths=[[4, 4]])
+    assert lockstep_tau([fast_slow]) == 1.0
+    assert lockstep_tau([alone]) == 4.0
+    assert lockstep_tau([fast_slow, alone]) == pytest.approx((12 + 8) / (12 + 2))
+    assert lockstep_tau([]) == 0.0
 
 
 def test_a_specpilot_row_that_chose_several_budgets_is_charged_their_mixture():

@@ -337,6 +337,16 @@ def loop_iterations(result) -> int:
     return max(map(len, result.acceptance_lengths), default=0)
 
 
+def lockstep_tau(results) -> float:
+    """Tokens a row commits per iteration of the fused loop, over `generate` results: all rounds' tokens ÷ (rows ×
+    the loop's iterations), summed over the results. The loop runs as long as its slowest row (`loop_iterations`), so
+    at batch B this is the mean τ cut by the stragglers (batch 32 on the H200: stock τ 2.62, 1.29 here,
+    docs/results/2026-12-07-batched-order-32-h200/); one row alone gets its τ."""
+    committed = sum(a for res in results for row in res.acceptance_lengths for a in row)
+    slots = sum(len(res.acceptance_lengths) * loop_iterations(res) for res in results)
+    return committed / slots if slots else 0.0
+
+
 def measure_generate(dep: Deployment, engine_cfg: dict, prompts: list[list[int]], max_new: int, batch: int,
                      capacity: int, seed: int = 0, repeats: int = 1) -> dict:
     """Fused-loop generation on real prompts in chunks of `batch` (a last partial chunk is dropped): τ and
@@ -371,6 +381,7 @@ def measure_generate(dep: Deployment, engine_cfg: dict, prompts: list[list[int]]
         "ms_per_token": 1e3 * best / max(tokens, 1),
         "loop_steps": steps,
         "loop_step_ms": 1e3 * best / max(steps, 1),
+        "lockstep_tau": lockstep_tau(results),
         "stats": {k: v for r in results[:1] for k, v in r.stats.items() if k != "acceptance_histogram"},
         "tokens_out": [t for res in results for t in res.tokens],
     }

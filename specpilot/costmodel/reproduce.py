@@ -168,6 +168,7 @@ def run(args, configs: list[dict], script: str) -> dict:
         by_batch = {b: [r["engine_cfg"] for r in rows if r["batch"] == b] for b in args.batches}
         gens = M.generation_rows(dep, by_batch, prompts, args.max_new, args.seed, log)
         ar_round = {r["batch"]: r["round_ms"] for r in rows if r["label"] == "ar"}
+        ar_lockstep = {g["batch"]: g["lockstep_tau"] for g in gens if g["label"] == "ar"}
         for g in gens:
             row = next(r for r in rows if r["batch"] == g["batch"] and r["label"] == g["label"])
             res["entries"].append({
@@ -176,6 +177,10 @@ def run(args, configs: list[dict], script: str) -> dict:
                 "ms_per_token": g["ms_per_token"], "loop_step_ms": g["loop_step_ms"], "t_step_ms": row["round_ms"],
                 "t_ar_ms": ar_round[g["batch"]],
                 "model_speedup": speedup(g["tau"], ar_round[g["batch"]], row["round_ms"]),
+                "lockstep_tau": g["lockstep_tau"],
+                # the rows run in lockstep: τ as the loop delivers it, relative to AR's (1 without EOS)
+                "model_speedup_lockstep": speedup(g["lockstep_tau"] / ar_lockstep[g["batch"]],
+                                                  ar_round[g["batch"]], row["round_ms"]),
             })
         if tau is None:
             source = f"{dep.name} measured in this run ({len(prompts)} prompts × {args.max_new} tokens)"
@@ -228,15 +233,16 @@ def best(entries: list[dict], pred) -> dict | None:
 
 def configurations_table(res: dict) -> list[str]:
     """The tables' "all configurations" list as markdown lines: every configuration, and AR where it was measured
-    (its loop's step beside its profiled round). `loop ms / step` only for measured rows, `lossless` only for real
-    pairs."""
+    (its loop's step beside its profiled round). `loop ms / step`, lockstep τ and the two model speedups only for
+    measured rows, `lossless` only for real pairs."""
     from specpilot.costmodel.report import md_table  # None prints as "–"
 
     rows = [[e["deployment"], e["label"], e["batch"], e["kind"], e["tau"], e["speedup"], e["t_step_ms"],
-             e.get("t_ar_ms"), e.get("loop_step_ms"), e.get("lossless", "n/a (random weights)")]
+             e.get("t_ar_ms"), e.get("loop_step_ms"), e.get("lockstep_tau"), e.get("model_speedup"),
+             e.get("model_speedup_lockstep"), e.get("lossless", "n/a (random weights)")]
             for e in res["entries"] if e["label"] != "ar" or e["kind"] == "measured"]
     return [md_table(["deployment", "config", "batch", "kind", "τ", "speedup", "t_step ms", "t_AR ms",
-                      "loop ms / step", "lossless"], rows), ""]
+                      "loop ms / step", "lockstep τ", "model", "model (lockstep)", "lossless"], rows), ""]
 
 
 def header(res: dict, title: str) -> list[str]:
@@ -248,7 +254,10 @@ def header(res: dict, title: str) -> list[str]:
             lines.append(f"- **{d['name']}** (real checkpoints): MEASURED — wall time of the fused generation loop "
                          f"over {d['prompts']} prompts × {d['max_new']} greedy tokens, AR vs engine; "
                          "τ = tokens per round; t_step = a round profiled stage by stage (the cost model's input), "
-                         "loop ms / step = the fused loop's wall time per iteration (its rows in lockstep).")
+                         "loop ms / step = the fused loop's wall time per iteration (its rows in lockstep); "
+                         "lockstep τ = tokens a row commits per loop iteration (the slowest row sets the "
+                         "iterations); model = τ · t_AR / t_step, model (lockstep) the same with lockstep τ ÷ "
+                         "AR's.")
         else:
             lines.append(f"- **{d['name']}** (random weights, context {d['context']}): PROJECTED — "
                          f"τ · t_AR / t_step with step times measured here and τ from {d['tau_profile']['source']}.")

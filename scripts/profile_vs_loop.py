@@ -12,7 +12,8 @@ lives, for each engine at one batch:
 - `round ms, same buffers`: the whole round as one jitted program (`Engine.round`, what the loop's body runs), called
   back to back on the same input buffers (its outputs freed), so every call's buffers can sit where the last call's
   did; `round ms, fresh buffers`: the same program with its state donated and a fresh copy of the state a call, as
-  the profile feeds its stages; `round kernels ms`: one call's kernel time under CUPTI.
+  the profile feeds its stages; `round kernels ms`: one call's kernel time under CUPTI (on the same buffers, so
+  with the copies of what the round updates, which a donated state would not need: the kernel table shows them).
 Profiled kernels ≈ loop kernels with profiled wall ≫ loop wall: the lone stages pay launch gaps or host time the
 loop hides. Profiled kernels ≫ loop kernels: the lone programs run different (slower) kernels than the loop's body.
 The round columns split the first case: one program on the same buffers near the loop's step says the profile's
@@ -172,7 +173,8 @@ def main(argv=None) -> int:
         row = {"label": label, "batch": args.batch, "profiled_round_ms": prof["round_ms"],
                "stage_ms": prof["stage_ms"],
                "profiled_kernels_ms": sum(prof["stage_gpu_ms"].values()) if cupti else None,
-               **loop_measure(engine, prompts, args.max_new, cupti), **round_measure(engine, prompts, args.max_new, cupti)}
+               **loop_measure(engine, prompts, args.max_new, cupti),
+               **round_measure(engine, prompts, args.max_new, cupti)}
         if cupti:
             row["kernels"] = kernel_table(prof["stage_gpu_kernels"], *row.pop("launch_lists"), row["loop_steps"])
         # None where the loop's step is within the timing noise (at or below zero)

@@ -13,6 +13,7 @@ is a per-token statement.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Sequence
 
 import jax
@@ -41,15 +42,30 @@ class ForcingReport:
         return {**dataclasses.asdict(self), "passed": self.passed}
 
 
-def top2_margins(weights, cfg, sequences: Sequence[Sequence[int]]) -> np.ndarray:
-    """The exact target's top-1 minus top-2 logit for the next token after each sequence."""
-    tokens, lens = pad_prompts(sequences)
-    cache = new_cache(cfg, len(sequences), tokens.shape[1], weights.embed.dtype)
+def _pow2(n: int, least: int) -> int:
+    return max(least, 1 << (n - 1).bit_length())
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _top2_margins(weights, cfg, tokens, lens):
     b, t = tokens.shape
+    cache = new_cache(cfg, b, t, weights.embed.dtype)
     logits = forward(weights, cfg, tokens, jnp.broadcast_to(jnp.arange(t), (b, t)), cache).logits
     last = jnp.take_along_axis(logits, (lens - 1)[:, None, None], axis=1)[:, 0]
     top2 = jax.lax.top_k(last, 2)[0]
-    return np.asarray(top2[:, 0] - top2[:, 1])
+    return top2[:, 0] - top2[:, 1]
+
+
+def top2_margins(weights, cfg, sequences: Sequence[Sequence[int]]) -> np.ndarray:
+    """The exact target's top-1 minus top-2 logit for the next token after each sequence: one jitted forward, its
+    rows and length padded up to powers of two (repeats of the first sequence; right padding, which a causal forward
+    read at each row's last token ignores), so the disagreements of a whole forcing run compile a few programs
+    rather than every op at every new length."""
+    n, longest = len(sequences), max(map(len, sequences))
+    rows = list(sequences) + [sequences[0]] * (_pow2(n, 1) - n)
+    length = max(longest, min(_pow2(longest, 8), cfg.max_position_embeddings))  # no position past the model's
+    tokens, lens = pad_prompts(rows, length)
+    return np.asarray(_top2_margins(weights, cfg, tokens, lens))[:n]
 
 
 def target_margin_fn(weights, cfg):

@@ -122,6 +122,23 @@ def test_planted_cheats_are_flagged(pair, kind):
     assert v["margin"] >= report.tie_tolerance and v["expected"] != v["got"]
 
 
+def test_margins_of_padded_batches_equal_each_sequence_alone(pair):
+    """`top2_margins` pads rows and length up to powers of two: each sequence's margin is the one its own forward
+    gives, unpadded and alone (three rows → four, lengths 3-11 → 16)."""
+    from specpilot.decoding.common import new_cache
+    from specpilot.forcing import top2_margins
+
+    cfg, w, *_ = pair
+    seqs = [[1, 2, 3], list(range(11)), [5, 4, 3, 2, 1, 0, 7]]
+    alone = []
+    for seq in seqs:
+        tokens = jnp.asarray([seq])
+        logits = forward(w, cfg, tokens, jnp.arange(len(seq))[None], new_cache(cfg, 1, len(seq), w.embed.dtype)).logits
+        top = np.sort(np.asarray(logits[0, -1]))[::-1]
+        alone.append(top[0] - top[1])
+    np.testing.assert_allclose(top2_margins(w, cfg, seqs), alone, rtol=1e-5, atol=1e-5)
+
+
 def test_ties_are_not_violations(pair):
     """A mismatch at a position where the target's top-2 margin is below tolerance is a tie."""
     cfg, w, dcfg, dw, prompts, ref = pair

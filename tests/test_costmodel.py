@@ -432,6 +432,32 @@ def test_tau_profile_ignores_the_attention_implementation():
     assert tau.lookup({"name": "ddtree", "tree_budget": 64, "attention": "pallas_tree"}) == (2.5, "measured")
 
 
+def test_tau_profile_carries_the_lockstep_share_of_each_measured_batch_into_projections():
+    """`tau_profile_from` keeps τ at the smallest batch and, per batch, the mean share of τ the loop delivered to the
+    speculative rows (lockstep τ ÷ τ, over AR's); `project` multiplies τ by it at that batch only, and the share
+    survives JSON."""
+    from specpilot.costmodel.measure import tau_profile_from
+
+    def gen(label, batch, tau, lockstep):
+        return {"label": label, "batch": batch, "tau": tau, "lockstep_tau": lockstep}
+
+    gens = [gen("ar", 1, 1.0, 1.0), gen("stock", 1, 2.0, 2.0),
+            gen("ar", 32, 1.0, 1.0), gen("stock", 32, 2.6, 1.3), gen("ddtree@64", 32, 4.0, 1.6),
+            gen("ar", 8, 1.0, 1.0)]  # batch 8: no speculative row, no share
+    tau = tau_profile_from(gens, "t")
+    assert tau.tau == {"stock": 2.0} and tau.lockstep == {1: 1.0, 32: pytest.approx(0.45)}
+    assert TauProfile.from_json(json.loads(json.dumps(tau.to_json()))) == tau
+
+    def row(cfg, batch, stages):
+        return measured_row(FakeEngine(config_label(cfg), stage_ms=stages).profile([[1, 2]] * batch, 32), cfg, BLOCK)
+
+    rows = [row(cfg, b, st) for b in (1, 8, 32) for cfg, st in (({"name": "ar"}, {"verify": 10.0, "commit": 0.0}),
+                                                                ({"name": "stock"}, {"draft": 1.0, "verify": 4.0}))]
+    proj = {p["batch"]: p for p in project(rows, tau, BLOCK)}
+    assert proj[1]["tau"] == 2.0 and proj[8]["tau"] == 2.0 and proj[32]["tau"] == pytest.approx(0.9)
+    assert proj[32]["speedup"] == pytest.approx(0.9 * 10.0 / 5.0) and "lockstep at batch 32" in proj[32]["tau_how"]
+
+
 def test_projection_takes_t_ar_from_the_configurations_own_variant():
     """`project`'s t_AR at a batch is the AR row of the configuration's own weight format and attention (what it
     predicts when none was measured), whatever the row order: a bf16 stock's speedup was taken against AR+w12's

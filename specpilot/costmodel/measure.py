@@ -418,9 +418,17 @@ def generation_rows(dep: Deployment, configs_by_batch: dict[int, list[dict]], pr
 
 
 def tau_profile_from(gen_rows: list[dict], source: str, batch: int | None = None):
-    """A TauProfile from measured generations (at `batch`, default the smallest measured)."""
+    """A TauProfile from measured generations: τ at `batch` (default the smallest measured), and at every batch with
+    an AR row and speculative ones its lockstep share (`TauProfile.lockstep`)."""
     from specpilot.costmodel.predict import TauProfile
 
     batch = batch or min(g["batch"] for g in gen_rows)
     tau = {g["label"].split("+")[0]: g["tau"] for g in gen_rows if g["batch"] == batch and g["label"] != "ar"}
-    return TauProfile(tau=tau, source=f"{source}, batch {batch}")
+    lockstep = {}
+    for b in sorted({g["batch"] for g in gen_rows}):
+        rows = [g for g in gen_rows if g["batch"] == b and g.get("lockstep_tau") and g["tau"] > 0]
+        ar = next((g for g in rows if g["label"] == "ar"), None)
+        spec = [g["lockstep_tau"] / g["tau"] for g in rows if g["label"] != "ar"]
+        if ar is not None and spec:
+            lockstep[b] = float(np.mean(spec)) / (ar["lockstep_tau"] / ar["tau"])
+    return TauProfile(tau=tau, source=f"{source}, batch {batch}", lockstep=lockstep)

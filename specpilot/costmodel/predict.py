@@ -113,17 +113,24 @@ def choose_budget(engine_cfg: dict, expected_tokens: Callable[[int], float] | No
 class TauProfile:
     """τ per engine config label (`config_label` without the weight-format and attention suffixes: W12 and the
     attention kernels are lossless).
-    DDTree budgets not measured are interpolated in log2(budget), flat beyond the measured ones."""
+    DDTree budgets not measured are interpolated in log2(budget), flat beyond the measured ones.
+    `lockstep`: per batch, the share of τ the fused loop delivers when its rows run in lockstep until the slowest is
+    done (lockstep τ ÷ τ, relative to AR's; `measure.lockstep_tau`), measured on the same pair and averaged over its
+    speculative configurations (0.47-0.49 for stock, DDTree@64 and SpecPilot at batch 32 on the proxy pair,
+    docs/results/2026-12-07-batched-order-32-h200/). `project` multiplies τ by it at that batch; a batch without
+    one is projected with the mean τ."""
 
     tau: dict[str, float]
     source: str = ""
+    lockstep: dict[int, float] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {"source": self.source, "tau": dict(self.tau)}
+        return {"source": self.source, "tau": dict(self.tau), "lockstep": {str(b): v for b, v in self.lockstep.items()}}
 
     @classmethod
     def from_json(cls, d: dict) -> "TauProfile":
-        return cls(tau={k: float(v) for k, v in d["tau"].items()}, source=str(d.get("source", "")))
+        return cls(tau={k: float(v) for k, v in d["tau"].items()}, source=str(d.get("source", "")),
+                   lockstep={int(b): float(v) for b, v in d.get("lockstep", {}).items()})
 
     def ddtree(self, n: int) -> float:
         pts = sorted((int(k.split("@")[1]), v) for k, v in self.tau.items() if k.startswith("ddtree@") and "/" not in k)
@@ -380,6 +387,8 @@ def project(rows: list[dict], tau: TauProfile, block: int) -> list[dict]:
             t_ar = model.predict_step({"name": "ar", **{k: cfg[k] for k in ("weight_format", "attention") if k in cfg}},
                                       b, block)
         value, how = tau.lookup(cfg, nodes)
+        if b in tau.lockstep:
+            value, how = value * tau.lockstep[b], f"{how}, × {tau.lockstep[b]:.2f} in lockstep at batch {b}"
         out.append({"label": r["label"] + (f" (budget {nodes})" if nodes else ""), "batch": b, "tau": value,
                     "tau_how": how, "t_step_ms": t_step, "t_ar_ms": t_ar, "speedup": speedup(value, t_ar, t_step),
                     "kind": "projected"})

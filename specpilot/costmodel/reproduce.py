@@ -260,7 +260,10 @@ def header(res: dict, title: str) -> list[str]:
                          "AR's.")
         else:
             lines.append(f"- **{d['name']}** (random weights, context {d['context']}): PROJECTED — "
-                         f"τ · t_AR / t_step with step times measured here and τ from {d['tau_profile']['source']}.")
+                         f"τ · t_AR / t_step with step times measured here and τ from {d['tau_profile']['source']}"
+                         + (" (× the share of τ its loop delivered in lockstep, at the batches it was measured: "
+                            + ", ".join(f"{b}: {v:.2f}" for b, v in d["tau_profile"]["lockstep"].items()) + ")"
+                            if d["tau_profile"].get("lockstep") else "") + ".")
     return lines + [""]
 
 

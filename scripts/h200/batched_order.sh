@@ -8,7 +8,9 @@
 # on a warm machine.
 # What a call holds (H100, docs/results/2026-12-07-batched-order-proxy-h100/): training + a cold batch 8 did not fit
 # one call (586 s, cut in its generation); batch 8 with the pair cached took 410 s. So on a fresh machine: `train`
-# (the pair only), then one batch a call, the machine kept warm between them.
+# (the pair only), then one batch a call, the machine kept warm between them. On an H200
+# (docs/results/2026-12-07-batched-order-32-h200/): `train` 182 s; batch 32 586 s, its table written just before the
+# timeout cut the process in its exit (164 s compile and profile, 403 s for the four generations).
 # No carry. Writes $OUT/device.txt, $OUT/order.log, $OUT/table2_<batch>.md / .json.
 # Usage (repo root): SPECPILOT_COMMIT=<hash> bash scripts/h200/batched_order.sh [train | BATCH ...]  (default: 8)
 set -u

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specpilot.decoding.common import new_cache, pad_prompts
+from specpilot.decoding.common import new_cache, pad_prompts, pow2_at_least
 from specpilot.models.target import forward
 
 
@@ -42,10 +42,6 @@ class ForcingReport:
         return {**dataclasses.asdict(self), "passed": self.passed}
 
 
-def _pow2(n: int, least: int) -> int:
-    return max(least, 1 << (n - 1).bit_length())
-
-
 @functools.partial(jax.jit, static_argnums=(1,))
 def _top2_margins(weights, cfg, tokens, lens):
     b, t = tokens.shape
@@ -62,8 +58,9 @@ def top2_margins(weights, cfg, sequences: Sequence[Sequence[int]]) -> np.ndarray
     read at each row's last token ignores), so the disagreements of a whole forcing run compile a few programs
     rather than every op at every new length."""
     n, longest = len(sequences), max(map(len, sequences))
-    rows = list(sequences) + [sequences[0]] * (_pow2(n, 1) - n)
-    length = max(longest, min(_pow2(longest, 8), cfg.max_position_embeddings))  # no position past the model's
+    rows = list(sequences) + [sequences[0]] * (pow2_at_least(n) - n)
+    # no padded position past the model's (a longer sequence keeps its own length)
+    length = max(longest, min(max(8, pow2_at_least(longest)), cfg.max_position_embeddings))
     tokens, lens = pad_prompts(rows, length)
     return np.asarray(_top2_margins(weights, cfg, tokens, lens))[:n]
 

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The cost model's open question (docs/h200_runbook.md, forty-sixth session): why AR's round profiled stage by stage
-# took 1.65x its fused loop's step on the 36-layer proxy at batch 8 (H100). scripts/profile_vs_loop.py on the proxy's
-# shapes (random weights, f32 at the highest matmul precision as batched_order.sh runs them): per engine, the profiled
-# round and its CUPTI kernel time beside the loop's step and its kernel time. Any Hopper (the numbers compare within
-# the call). No carry. Writes $OUT/device.txt, $OUT/pvl.log, $OUT/profile_vs_loop.md / .json.
+# The cost model's open question: why a round profiled stage by stage takes 1.33-1.64x the fused loop's step on the
+# 36-layer proxy at batch 8 (H200, docs/results/2026-12-07-profile-vs-loop-h200/: 272 s for three engines before the
+# round columns). scripts/profile_vs_loop.py on the proxy's shapes (random weights, f32 at the highest matmul
+# precision as batched_order.sh runs them): per engine, the profiled round and its CUPTI kernel time beside the
+# loop's step and its kernel time, the round as one program on the same and on fresh buffers, and the per-kernel
+# table (in the JSON). Any Hopper (the numbers compare within the call). No carry. Writes $OUT/device.txt,
+# $OUT/pvl.log, $OUT/profile_vs_loop.md / .json.
 # Usage (repo root): SPECPILOT_COMMIT=<hash> bash scripts/h200/profile_vs_loop.sh [ENGINE ...]  (default: ar stock
 # ddtree@64)
 set -u

@@ -40,6 +40,11 @@ def check_prompts(prompts: Sequence[Sequence[int]], cfg: ModelConfig, max_new_to
                               f"exceed the context of {context}")
 
 
+def pow2_at_least(n: int) -> int:
+    """The smallest power of two ≥ n (1 for n ≤ 1): padded shapes that keep the compiled programs few."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def pad_prompts(prompts: Sequence[Sequence[int]], pad_to: int | None = None) -> tuple[jax.Array, jax.Array]:
     """Right-padded [B, T] token ids and [B] lengths; T = pad_to (a fixed shape reuses one compiled
     program across calls) or the longest prompt."""

@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specpilot.decoding.common import GenerateResult, append_tokens, check_prompts, first_eos, pad_prompts
+from specpilot.decoding.common import (GenerateResult, append_tokens, check_prompts, first_eos, pad_prompts,
+                                      pow2_at_least)
 
 
 @jax.tree_util.register_dataclass
@@ -285,7 +286,7 @@ class Engine:
             if done.all():
                 break
             live = np.nonzero(~done)[0]
-            keep = np.concatenate([live, np.full(_pow2(len(live)) - len(live), live[0])])
+            keep = np.concatenate([live, np.full(pow2_at_least(len(live)) - len(live), live[0])])
             state = take_rows(state, jnp.asarray(keep))
             pad = np.arange(len(keep)) >= len(live)
             state = dataclasses.replace(state, done=state.done | jnp.asarray(pad))
@@ -311,10 +312,6 @@ class Engine:
             "tau": float(lengths.mean()),
             "acceptance_histogram": np.bincount(lengths, minlength=self.max_commit + 1)[1:].tolist(),
         }
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
 
 
 def harvest_row(host: tuple, max_new: int, r: int, counters: dict) -> tuple:

@@ -14,6 +14,11 @@ lives, for each engine at one batch:
   did; `round ms, fresh buffers`: the same program with its state donated and a fresh copy of the state a call, as
   the profile feeds its stages; `round kernels ms`: one call's kernel time under CUPTI (on the same buffers, so
   with the copies of what the round updates, which a donated state would not need: the kernel table shows them).
+- `… loop layouts`: the same profile and one-program round with the state held in the layouts XLA gives the round's
+  carry (`Engine.profile(loop_layouts=True)`, `specpilot.decoding.layouts`), against the default row-major ones in
+  which a lone program on a GPU transposes whole caches at entry and exit (H100, docs/results/
+  2026-12-07-profile-vs-loop-rounds-h100/: four `wrapped_transpose` kernels, ~0.4 ms a round, never in the loop);
+  `pinned_kernels` in the JSON is its kernel table.
 Profiled kernels ≈ loop kernels with profiled wall ≫ loop wall: the lone stages pay launch gaps or host time the
 loop hides. Profiled kernels ≫ loop kernels: the lone programs run different (slower) kernels than the loop's body.
 The round columns split the first case: one program on the same buffers near the loop's step says the profile's
@@ -92,6 +97,7 @@ def round_measure(engine, prompts, max_new: int, cupti: bool, calls: int = 10) -
     import jax
 
     from specpilot.costmodel.cupti import kernel_timings
+    from specpilot.decoding import layouts
     from specpilot.decoding.common import pad_prompts
 
     tokens, lens = pad_prompts(prompts)
@@ -114,12 +120,19 @@ def round_measure(engine, prompts, max_new: int, cupti: bool, calls: int = 10) -
             del out, args
         return 1e3 * best
 
+    formats = layouts.loop_formats(engine.round, engine.params, state)
+    pinned_state = jax.device_put(state, formats)
+    pinned = jax.jit(engine.round, in_shardings=(None, formats), out_shardings=formats).lower(
+        engine.params, pinned_state).compile()
     out = {"round_same_ms": burst(same, lambda: [state] * calls),
-           "round_fresh_ms": burst(donated, lambda: [fresh() for _ in range(calls)])}
+           "round_fresh_ms": burst(donated, lambda: [fresh() for _ in range(calls)]),
+           "round_pinned_ms": burst(pinned, lambda: [pinned_state] * calls)}
     if cupti:
         launches = kernel_timings(lambda: same(engine.params, state))
         out["round_kernels_ms"] = sum(ms for _, ms in launches)
         out["round_launches"] = len(launches)
+        out["round_pinned_kernels_ms"] = sum(ms for _, ms in kernel_timings(lambda: pinned(engine.params,
+                                                                                           pinned_state)))
     return out
 
 
@@ -168,14 +181,19 @@ def main(argv=None) -> int:
         label = config_label(cfg)
         engine = M.build_engine(dep, cfg, capacity)
         prof = M.profile_engine(engine, prompts, args.max_new, args.rounds, args.seed, gpu_time=True)
+        pinned = M.profile_engine(engine, prompts, args.max_new, args.rounds, args.seed, gpu_time=True,
+                                  loop_layouts=True)
         cupti = "stage_gpu_ms" in prof  # else `stage_gpu_error` says why (no NVIDIA GPU, or no CUPTI)
         no_kernels = no_kernels or prof.get("stage_gpu_error")
         row = {"label": label, "batch": args.batch, "profiled_round_ms": prof["round_ms"],
                "stage_ms": prof["stage_ms"],
                "profiled_kernels_ms": sum(prof["stage_gpu_ms"].values()) if cupti else None,
+               "pinned_round_ms": pinned["round_ms"], "pinned_stage_ms": pinned["stage_ms"],
+               "pinned_kernels_ms": sum(pinned["stage_gpu_ms"].values()) if cupti else None,
                **loop_measure(engine, prompts, args.max_new, cupti),
                **round_measure(engine, prompts, args.max_new, cupti)}
         if cupti:
+            row["pinned_kernels"] = kernel_table(pinned["stage_gpu_kernels"], *row["launch_lists"], row["loop_steps"])
             row["kernels"] = kernel_table(prof["stage_gpu_kernels"], *row.pop("launch_lists"), row["loop_steps"])
         # None where the loop's step is within the timing noise (at or below zero)
         row["profile_over_loop"] = row["profiled_round_ms"] / row["loop_step_ms"] if row["loop_step_ms"] > 0 else None
@@ -184,7 +202,11 @@ def main(argv=None) -> int:
                    f"{row['loop_launches']:.1f} launches a loop step" if cupti else "")
         print(f"{label}: profiled round {row['profiled_round_ms']:.3f} ms, loop step {row['loop_step_ms']:.3f} ms "
               f"({row['profile_over_loop'] or float('nan'):.2f}×){kernels}; one-program round "
-              f"{row['round_same_ms']:.3f} ms (same buffers), {row['round_fresh_ms']:.3f} (fresh)", flush=True)
+              f"{row['round_same_ms']:.3f} ms (same buffers), {row['round_fresh_ms']:.3f} (fresh); loop layouts: "
+              f"profiled round {row['pinned_round_ms']:.3f} ms"
+              + (f" (kernels {row['pinned_kernels_ms']:.3f})" if cupti else "")
+              + f", one-program round {row['round_pinned_ms']:.3f} ms"
+              + (f" (kernels {row['round_pinned_kernels_ms']:.3f})" if cupti else ""), flush=True)
         del engine
     res = {"provenance": provenance(), "deployment": dep.describe(), "args": {
         k: v for k, v in vars(args).items() if k != "engines"}, "rows": rows}
@@ -193,12 +215,14 @@ def main(argv=None) -> int:
     write_json(out / "profile_vs_loop.json", res)
     table = [[r["label"], r["batch"], r["profiled_round_ms"], r["profiled_kernels_ms"], r["loop_step_ms"],
               r.get("loop_kernels_ms"), r.get("loop_launches"), r["round_same_ms"], r["round_fresh_ms"],
-              r.get("round_kernels_ms"), r["profile_over_loop"], r["tau"]] for r in rows]
+              r.get("round_kernels_ms"), r["profile_over_loop"], r["pinned_round_ms"], r["pinned_kernels_ms"],
+              r["round_pinned_ms"], r.get("round_pinned_kernels_ms"), r["tau"]] for r in rows]
     lines = ["# A profiled round against the fused loop's step", ""] + provenance_lines(res["provenance"]) + [
         f"- {dep.name}, {args.dtype}, batch {args.batch}, prompts of {args.prompt_len} tokens, {args.max_new} new", "",
         md_table(["engine", "batch", "profiled round ms", "profiled kernels ms", "loop step ms", "loop kernels ms",
                   "loop launches / step", "round ms, same buffers", "round ms, fresh buffers", "round kernels ms",
-                  "profiled ÷ loop", "τ (random weights)"], table), ""]
+                  "profiled ÷ loop", "profiled round ms, loop layouts", "its kernels ms",
+                  "round ms, loop layouts (same buffers)", "its kernels ms", "τ (random weights)"], table), ""]
     if no_kernels:
         lines.append(f"- kernel columns: {no_kernels}")
     (out / "profile_vs_loop.md").write_text("\n".join(lines) + "\n")

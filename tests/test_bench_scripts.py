@@ -349,9 +349,9 @@ def test_kernel_benches_reject_a_bad_model_dtype_or_shape_in_one_line(script, ar
 def test_profile_vs_loop_puts_each_engines_profiled_round_beside_its_loop_step(tmp_path, capsys):
     """`scripts/profile_vs_loop.py` on the CPU: per engine, the profiled round (the sum of its stages) beside the
     fused loop's step, whose iterations are counted without the prefill (AR: one a token after the prefill's), and
-    the round as one program on the same and on fresh buffers; the CUPTI columns say why they are empty, and the
-    kernel table (GPU only) is checked on made-up launches. Bad engines and a loop too short to time are one-line
-    errors."""
+    the round as one program on the same and on fresh buffers, profile and round again with the state in the loop's
+    layouts; the CUPTI columns say why they are empty, and the kernel table (GPU only) is checked on made-up launches.
+    Bad engines and a loop too short to time are one-line errors."""
     import importlib
 
     sys.path.insert(0, str(REPO / "scripts"))
@@ -370,6 +370,10 @@ def test_profile_vs_loop_puts_each_engines_profiled_round_beside_its_loop_step(t
             pytest.approx(r["profiled_round_ms"] / r["loop_step_ms"]) if r["loop_step_ms"] > 0 else None)
         assert r["profiled_kernels_ms"] is None and "loop_kernels_ms" not in r and "kernels" not in r
         assert r["round_same_ms"] > 0 and r["round_fresh_ms"] > 0 and "round_kernels_ms" not in r
+        # the same profile and round with the state in the loop's layouts
+        assert r["pinned_round_ms"] == pytest.approx(sum(r["pinned_stage_ms"].values()))
+        assert list(r["pinned_stage_ms"]) == list(r["stage_ms"]) and r["pinned_kernels_ms"] is None
+        assert r["round_pinned_ms"] > 0 and "round_pinned_kernels_ms" not in r and "pinned_kernels" not in r
     # per kernel: the profile's stages summed; the loop's launches minus the prefill-only run's, per iteration
     table = pvl.kernel_table({"verify": {"a": 2.0}, "commit": {"b": 0.5}},
                              [("a", 1.0), ("a", 1.0), ("b", 0.1), ("c", 3.0)], [("c", 3.0)], 2)

@@ -234,6 +234,10 @@ def test_profile_times_stages_and_reports_the_budgets_specpilot_chose(pair, prom
     assert all(1 <= v <= 24 for v in prof["verified_nodes"])
     assert len(prof["chosen_budgets"]) == prof["rounds"]  # recorded by the engine, not inferred from the nodes
     assert all(c in (4, 24) and v <= c for c, v in zip(prof["chosen_budgets"], prof["verified_nodes"]))
+    # the stages compiled for the loop's layouts run the same rounds
+    pinned = eng.profile(prompts[:2], 24, rounds=3, repeats=1, loop_layouts=True)
+    assert [pinned[k] for k in ("tokens_per_round", "verified_nodes", "chosen_budgets")] == [
+        prof[k] for k in ("tokens_per_round", "verified_nodes", "chosen_budgets")]
     ar = engine("ar", dict(name="ar"), tcfg, pair).profile(prompts[:2], 8, rounds=2, repeats=1)
     assert ar["verified_nodes"] == [] and "chosen_budgets" not in ar and list(ar["stage_ms"]) == ["verify", "commit"]
     timed = engine("ar", dict(name="ar"), tcfg, pair).profile(prompts[:2], 8, rounds=2, repeats=1, gpu_time=True)

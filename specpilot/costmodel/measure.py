@@ -160,7 +160,7 @@ def enable_compile_cache(path: str | Path | None, min_compile_s: float = 0.5) ->
 
 
 def profile_engine(engine, prompts, max_new_tokens: int, rounds: int = 8, seed: int = 0,
-                   eager_prefill: bool | None = None, gpu_time: bool = False) -> dict:
+                   eager_prefill: bool | None = None, gpu_time: bool = False, loop_layouts: bool = False) -> dict:
     """`Engine.profile`, with the prefill run op by op on an accelerator (None = auto): it is not
     timed, and for a 36-layer target skipping its compile saves ~30-60 s per (engine, batch)."""
     import jax
@@ -169,7 +169,8 @@ def profile_engine(engine, prompts, max_new_tokens: int, rounds: int = 8, seed: 
         eager_prefill = jax.devices()[0].platform != "cpu"
     if not hasattr(engine, "stages"):  # FakeEngine
         return engine.profile(prompts, max_new_tokens, rounds, seed)
-    return engine.profile(prompts, max_new_tokens, rounds, seed, eager_prefill=eager_prefill, gpu_time=gpu_time)
+    return engine.profile(prompts, max_new_tokens, rounds, seed, eager_prefill=eager_prefill, gpu_time=gpu_time,
+                          loop_layouts=loop_layouts)
 
 
 def slack_of(engine_cfg: dict, block: int) -> int:

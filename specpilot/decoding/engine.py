@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specpilot.decoding import layouts
 from specpilot.decoding.common import (GenerateResult, append_tokens, check_prompts, first_eos, pad_prompts,
                                       pow2_at_least)
 
@@ -94,11 +95,6 @@ def commit(state: LoopState, new: jax.Array, n_new: jax.Array, eos_ids: tuple[in
     )
 
 
-def _fresh_copies(state: LoopState, carry: dict) -> tuple[LoopState, dict]:
-    """Device copies of a stage's state and carry, finished before it returns: `Engine.profile` donates them."""
-    return jax.block_until_ready(jax.tree.map(jnp.copy, (state, carry)))
-
-
 class Engine:
     """Base class. Subclasses set `name`, `cfg` (the target's ModelConfig), `params` (a pytree of all
     weights the engine reads), `context` (cache capacity) and `slack` (most tokens one round commits),
@@ -126,7 +122,8 @@ class Engine:
         return carry["state"]
 
     def profile(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, rounds: int = 8, seed: int = 0,
-                eager_prefill: bool = False, repeats: int = 5, gpu_time: bool = False) -> dict:
+                eager_prefill: bool = False, repeats: int = 5, gpu_time: bool = False, loop_layouts: bool = False
+                ) -> dict:
         """Device time per round of each stage (ms), each stage jitted alone, over up to `rounds` rounds
         after one warm-up round. Feeds the cost model's measured components.
 
@@ -153,15 +150,22 @@ class Engine:
         `stage_gpu_ms`: per stage, the summed run time of its kernels in one more call per timed round under CUPTI
         (`specpilot.costmodel.cupti`; launch gaps and host time excluded), and `stage_gpu_kernels` the same per
         kernel name (ms a round, its launches summed, the largest first), where CUPTI exists; without it the
-        result says why in `stage_gpu_error`."""
+        result says why in `stage_gpu_error`. `loop_layouts` holds the state in the layouts XLA gives the round's
+        carry and compiles each stage for them (`specpilot.decoding.layouts`): a stage alone in default layouts
+        transposes whole caches at its entry and exit on a GPU, which the loop never does."""
         import time
         import warnings
 
         check_prompts(prompts, self.cfg, max_new_tokens, self.context, self.slack)
         tokens, lens = pad_prompts(prompts)
         prefill = self.prefill if eager_prefill else jax.jit(self.prefill, static_argnums=(3,))
-        stage_fns = [(name, jax.jit(fn, donate_argnums=(1, 2))) for name, fn in self.stages()]
         state = prefill(self.params, tokens, lens, max_new_tokens, jax.random.key(seed))
+        if loop_layouts:
+            formats = layouts.loop_formats(self.round, self.params, state)
+            state = jax.device_put(state, formats)
+            stage_fns = [(name, layouts.pinned_stage(fn, formats)) for name, fn in self.stages()]
+        else:
+            stage_fns = [(name, jax.jit(fn, donate_argnums=(1, 2))) for name, fn in self.stages()]
         dispatch = self._dispatch_seconds(state)
         per_round = {name: [] for name, _ in stage_fns}
         timed_rounds, committed, nodes, budgets = 0, 0, [], []
@@ -175,13 +179,13 @@ class Engine:
                     break
                 carry, before = {}, np.asarray(state.n_out).sum()
                 for name, fn in stage_fns:
-                    inputs = _fresh_copies(state, carry)
+                    inputs = layouts.fresh_copies((state, carry))
                     t0 = time.perf_counter()
                     out = jax.block_until_ready(fn(self.params, *inputs))
                     synced = time.perf_counter() - t0 - dispatch
                     if r > 0:
                         k = max(repeats, 1)
-                        copies = [_fresh_copies(state, carry) for _ in range(k)]
+                        copies = [layouts.fresh_copies((state, carry)) for _ in range(k)]
                         t0 = time.perf_counter()
                         for copy in copies:
                             again = fn(self.params, *copy)
@@ -192,7 +196,7 @@ class Engine:
                         if gpu_kernels is not None and gpu_error is None:
                             from specpilot.costmodel.cupti import kernel_timings
 
-                            inputs = _fresh_copies(state, carry)
+                            inputs = layouts.fresh_copies((state, carry))
                             try:
                                 launches = kernel_timings(lambda: fn(self.params, *inputs))
                             except RuntimeError as e:  # no CUPTI here

@@ -1,0 +1,71 @@
+"""The loop's layouts for programs that run one piece of it alone (`Engine.profile`).
+
+Inside `Engine.generate`'s while_loop XLA picks the physical layout of every carried buffer (the KV caches above all)
+to suit the kernels that read it. A stage jitted alone gets its state in the default row-major layout, and on a GPU
+XLA then transposes whole buffers at the program's entry and back at its exit: on the 36-layer proxy at batch 8 (H100,
+docs/results/2026-12-07-profile-vs-loop-rounds-h100/) four `wrapped_transpose` kernels of ~0.1 ms each ran in every
+profiled round and never in the loop. Here the state is held in the layouts XLA picks for the round compiled alone
+with free ("AUTO") layouts, the nearest thing to the loop's carry that one can ask XLA for; each stage is compiled
+with its state in them and hands its carry on in whatever layout it produced.
+
+PRNG key leaves keep their default layout (None below): a key's format is its raw uint32 data's, which the
+`Format` of a key-typed leaf cannot name.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+from jax.experimental.layout import Format, Layout
+
+
+def is_key(x) -> bool:
+    return jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _auto(tree):
+    return jax.tree.map(lambda x: None if is_key(x) else Format(Layout.AUTO), tree)
+
+
+def _formats_like(formats, tree):
+    """`formats` (a compiled program's, one per leaf of `tree`) with None at `tree`'s key leaves."""
+    return jax.tree.map(lambda f, x: None if is_key(x) else f, formats, tree)
+
+
+def loop_formats(round_fn: Callable, params, state) -> Any:
+    """Per leaf of `state`, the layout XLA gives it in `round_fn(params, state) -> state` compiled alone with free
+    layouts in and the same layouts out (as a loop's carry must keep them)."""
+    free = jax.jit(round_fn, in_shardings=(None, _auto(state)), out_shardings=_auto(state))
+    return _formats_like(free.lower(params, state).compile().input_formats[0][1], state)
+
+
+def pinned_stage(fn: Callable, state_formats) -> Callable:
+    """`fn(params, state, carry) -> carry` jitted with state and carry donated, compiled on its first call: the state
+    in `state_formats`, the carry in the layouts the arguments have (the previous stage's output), its output in the
+    layouts XLA picks for it (free layouts, compiled once without donation to read them: JAX donates a buffer only to
+    an output of a named layout) except a returned `carry["state"]`, which goes back to `state_formats` for the next
+    round."""
+    compiled = None
+
+    def call(params, state, carry):
+        nonlocal compiled
+        if compiled is None:
+            in_formats = (None, state_formats, jax.tree.map(lambda x: None if is_key(x) else x.format, carry))
+            out = jax.eval_shape(fn, params, state, carry)
+            free = jax.jit(fn, in_shardings=in_formats, out_shardings=_auto(out)).lower(params, state, carry)
+            out_formats = _formats_like(free.compile().output_formats, out)
+            out_formats = {k: state_formats if k == "state" else v for k, v in out_formats.items()}
+            compiled = jax.jit(fn, in_shardings=in_formats, out_shardings=out_formats,
+                               donate_argnums=(1, 2)).lower(params, state, carry).compile()
+        return compiled(params, state, carry)
+
+    return call
+
+
+def fresh_copies(tree):
+    """Device copies of every leaf in its own layout (`jnp.copy` would return row-major ones), finished before it
+    returns."""
+    return jax.block_until_ready(jax.tree.map(
+        lambda x: jax.device_put(x, may_alias=False) if is_key(x) else jax.device_put(x, x.format, may_alias=False),
+        tree))

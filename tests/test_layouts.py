@@ -1,5 +1,8 @@
-"""specpilot.decoding.layouts: stages compiled for given state layouts keep them, compute what a default-layout jit
-computes, and profile rounds the same way (the layouts change where bytes sit, never a value)."""
+"""specpilot.decoding.layouts: stages compiled for the loop's state layouts compute what a default-layout jit computes,
+hand caches on in their donated layouts, and profile rounds the same way (layouts move bytes, never a value).
+
+XLA's CPU backend keeps every output row-major, so the layouts a GPU would pick are checked where they are chosen
+(`output_formats`) and the compiled stages run with the formats the CPU gives."""
 
 import jax
 import jax.numpy as jnp
@@ -10,36 +13,41 @@ from specpilot.decoding import layouts
 
 
 def transposed(x):
-    """x's format with its dimensions' order reversed (row-major is the default; this one never is for rank ≥ 2)."""
-    return Format(Layout(major_to_minor=tuple(range(x.ndim))), x.sharding)
+    """x's format with its dimensions' order reversed (row-major, major_to_minor (0, 1, ...), is the default)."""
+    return Format(Layout(major_to_minor=tuple(reversed(range(x.ndim)))), x.sharding)
 
 
 def stage(params, state, carry):
     return {"state": {"cache": state["cache"] * params + carry["delta"], "key": jax.random.split(state["key"])[0]},
-            "sum": state["cache"].sum(axis=0)}
+            "sum": state["cache"].sum(axis=0), "handed_on": state["cache"] + 1}
 
 
-def test_pinned_stage_keeps_the_state_layouts_and_the_values():
-    cache = jnp.arange(24.0).reshape(2, 3, 4)
-    state = {"cache": cache, "key": jax.random.key(1)}
-    formats = {"cache": transposed(cache), "key": None}
-    carry = {"delta": jnp.ones((2, 3, 4))}
+def inputs():
+    return {"cache": jnp.arange(24.0).reshape(2, 3, 4), "key": jax.random.key(1)}, {"delta": jnp.ones((2, 3, 4))}
+
+
+def test_output_formats_keep_the_state_and_hand_caches_on_in_the_donated_layout():
+    state, carry = inputs()
+    formats = ({"cache": transposed(state["cache"]), "key": None}, {"delta": carry["delta"].format})
+    out = layouts.output_formats(jax.eval_shape(stage, 2.0, state, carry), (state, carry), formats)
+    assert out["state"] is formats[0]  # the next round finds the state where the loop keeps it
+    # shaped like the donated cache and delta: the state's layout wins (it is the loop's)
+    assert out["handed_on"].layout.major_to_minor == (2, 1, 0)
+    assert out["sum"].layout == Layout.AUTO  # shaped like no input: XLA picks
+
+
+def test_pinned_stage_computes_what_a_plain_jit_does_and_copies_keep_their_layout():
+    state, carry = inputs()
     want = jax.jit(stage)(2.0, state, carry)
-    pinned = layouts.pinned_stage(stage, formats)
-    inputs = layouts.fresh_copies((jax.device_put(state, formats), carry))
-    assert inputs[0]["cache"].format.layout.major_to_minor == (0, 1, 2)  # a copy keeps its layout (jnp.copy would not)
-    got = pinned(2.0, *inputs)
-    assert got["state"]["cache"].format.layout.major_to_minor == (0, 1, 2)  # back in the state's layout
-    np.testing.assert_array_equal(got["state"]["cache"], want["state"]["cache"])
-    np.testing.assert_array_equal(got["sum"], want["sum"])
-    np.testing.assert_array_equal(jax.random.key_data(got["state"]["key"]), jax.random.key_data(want["state"]["key"]))
-    again = pinned(2.0, *layouts.fresh_copies((jax.device_put(state, formats), carry)))  # compiled once, reused
-    np.testing.assert_array_equal(again["state"]["cache"], want["state"]["cache"])
-
-
-def test_loop_formats_names_one_format_a_leaf_and_none_for_keys():
-    state = {"cache": jnp.ones((2, 3, 4)), "key": jax.random.key(0)}
-    formats = layouts.loop_formats(lambda p, s: {"cache": s["cache"] * p, "key": s["key"]}, 3.0, state)
+    formats = layouts.loop_formats(lambda p, s: stage(p, s, carry)["state"], 2.0, state)
     assert formats["key"] is None and formats["cache"].layout.major_to_minor in ((0, 1, 2), (2, 1, 0), (0, 2, 1))
-    moved = jax.device_put(state, formats)
-    np.testing.assert_array_equal(moved["cache"], state["cache"])
+    pinned = layouts.pinned_stage(stage, formats)
+    for _ in range(2):  # compiled once, then reused
+        got = pinned(2.0, *layouts.fresh_copies((jax.device_put(state, formats), carry)))
+        for k in ("sum", "handed_on"):
+            np.testing.assert_array_equal(got[k], want[k])
+        np.testing.assert_array_equal(got["state"]["cache"], want["state"]["cache"])
+        np.testing.assert_array_equal(jax.random.key_data(got["state"]["key"]),
+                                      jax.random.key_data(want["state"]["key"]))
+    moved = jax.device_put(state["cache"], transposed(state["cache"]))  # inputs may take any layout, even on a CPU
+    assert layouts.fresh_copies(moved).format.layout.major_to_minor == (2, 1, 0)  # jnp.copy would give (0, 1, 2)

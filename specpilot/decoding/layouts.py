@@ -40,23 +40,34 @@ def loop_formats(round_fn: Callable, params, state) -> Any:
     return _formats_like(free.lower(params, state).compile().input_formats[0][1], state)
 
 
+def output_formats(out, inputs, input_formats) -> Any:
+    """Layouts for a stage's outputs `out` (shapes) given its donated `inputs` (state, carry) in `input_formats`
+    (None at keys): a returned `out["state"]` in the state's layouts, so the next round finds them; any other output of
+    a donated input's shape and dtype (a cache a stage hands on) in that input's layout, the state's first, so XLA can
+    update it in place (in another layout XLA copies it: +0.4 ms a round on the H100,
+    docs/results/2026-12-07-profile-loop-layouts-h100/); the rest free."""
+    layout_of: dict = {}
+    for x, f in zip(jax.tree.leaves(inputs), jax.tree.leaves(input_formats, is_leaf=lambda f: f is None)):
+        if not is_key(x):
+            layout_of.setdefault((x.shape, x.dtype), f)
+    leaves, tree = jax.tree.flatten(out)
+    formats = jax.tree.unflatten(tree, [
+        None if is_key(x) else layout_of.get((x.shape, x.dtype), Format(Layout.AUTO)) for x in leaves])
+    return {k: input_formats[0] if k == "state" else v for k, v in formats.items()}
+
+
 def pinned_stage(fn: Callable, state_formats) -> Callable:
     """`fn(params, state, carry) -> carry` jitted with state and carry donated, compiled on its first call: the state
-    in `state_formats`, the carry in the layouts the arguments have (the previous stage's output), its output in the
-    layouts XLA picks for it (free layouts, compiled once without donation to read them: JAX donates a buffer only to
-    an output of a named layout) except a returned `carry["state"]`, which goes back to `state_formats` for the next
-    round."""
+    in `state_formats`, the carry in the layouts the arguments have (the previous stage's output), the outputs as
+    `output_formats` says."""
     compiled = None
 
     def call(params, state, carry):
         nonlocal compiled
         if compiled is None:
-            in_formats = (None, state_formats, jax.tree.map(lambda x: None if is_key(x) else x.format, carry))
-            out = jax.eval_shape(fn, params, state, carry)
-            free = jax.jit(fn, in_shardings=in_formats, out_shardings=_auto(out)).lower(params, state, carry)
-            out_formats = _formats_like(free.compile().output_formats, out)
-            out_formats = {k: state_formats if k == "state" else v for k, v in out_formats.items()}
-            compiled = jax.jit(fn, in_shardings=in_formats, out_shardings=out_formats,
+            in_formats = (state_formats, jax.tree.map(lambda x: None if is_key(x) else x.format, carry))
+            out = output_formats(jax.eval_shape(fn, params, state, carry), (state, carry), in_formats)
+            compiled = jax.jit(fn, in_shardings=(None, *in_formats), out_shardings=out,
                                donate_argnums=(1, 2)).lower(params, state, carry).compile()
         return compiled(params, state, carry)
 

@@ -7,6 +7,7 @@ XLA's CPU backend keeps every output row-major, so the layouts a GPU would pick 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.experimental.layout import Format, Layout
 
 from specpilot.decoding import layouts
@@ -51,3 +52,19 @@ def test_pinned_stage_computes_what_a_plain_jit_does_and_copies_keep_their_layou
                                       jax.random.key_data(want["state"]["key"]))
     moved = jax.device_put(state["cache"], transposed(state["cache"]))  # inputs may take any layout, even on a CPU
     assert layouts.fresh_copies(moved).format.layout.major_to_minor == (2, 1, 0)  # jnp.copy would give (0, 1, 2)
+
+
+def test_an_output_layout_xla_overrides_takes_xlas_layout():
+    """The CPU writes every output row-major: a stage asked for a transposed output compiles with XLA's layout for
+    that output (as a GPU does for some caches) and keeps the asked layouts elsewhere."""
+    state, carry = inputs()
+    in_formats = jax.tree.map(lambda x: None if layouts.is_key(x) else x.format, (state, carry))
+    out = layouts.output_formats(jax.eval_shape(stage, 2.0, state, carry), (state, carry), in_formats)
+    out["handed_on"] = transposed(state["cache"])
+    compiled = layouts.compile_pinned(stage, 2.0, state, carry, in_formats, out)
+    got = compiled(2.0, *layouts.fresh_copies((state, carry)))
+    assert got["handed_on"].format.layout.major_to_minor == (0, 1, 2)
+    np.testing.assert_array_equal(got["handed_on"], state["cache"] + 1)
+    with pytest.raises(AssertionError, match="layout override"):  # what compile_pinned answers
+        jax.jit(stage, in_shardings=(None, *in_formats), out_shardings=out, donate_argnums=(1, 2)).lower(
+            2.0, state, carry).compile()

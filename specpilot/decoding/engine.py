@@ -209,7 +209,8 @@ class Engine:
                         if "budget" in out:
                             budgets.append(int(out["budget"]))
                     carry = out
-                state = carry["state"]
+                # a stage may hand the state back in layouts XLA insisted on (`layouts.compile_pinned`): untimed copy
+                state = jax.device_put(carry["state"], formats) if loop_layouts else carry["state"]
                 if r > 0:
                     timed_rounds += 1
                     committed += int(np.asarray(state.n_out).sum() - before)

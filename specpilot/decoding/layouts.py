@@ -14,6 +14,7 @@ PRNG key leaves keep their default layout (None below): a key's format is its ra
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 import jax
@@ -56,10 +57,42 @@ def output_formats(out, inputs, input_formats) -> Any:
     return {k: input_formats[0] if k == "state" else v for k, v in formats.items()}
 
 
+# jax's message when XLA would not produce an output in the layout asked for (jax 0.11: pxla.py)
+_OVERRIDE = re.compile(r"\(XLA\) Layout\(major_to_minor=\(([\d, ]*)\).*?!= Layout\(major_to_minor=\(([\d, ]*)\).*?"
+                       r"\(User output layout\) for type=(\S+)")
+
+
+def _type_name(x) -> str:
+    return f"{x.dtype.name}[{','.join(map(str, x.shape))}]"
+
+
+def compile_pinned(fn: Callable, params, state, carry, in_formats, out_formats):
+    """`fn` compiled with state and carry donated in `in_formats` and its outputs in `out_formats`, except where XLA
+    will not produce an output in the layout asked for (a GPU stage writing the drafter's context, H100): that output
+    takes XLA's layout, so it is copied into the next program's (as a lone program must)."""
+    out_shapes = jax.eval_shape(fn, params, state, carry)
+    for _ in range(len(jax.tree.leaves(out_shapes)) + 1):
+        try:
+            return jax.jit(fn, in_shardings=(None, *in_formats), out_shardings=out_formats,
+                           donate_argnums=(1, 2)).lower(params, state, carry).compile()
+        except AssertionError as e:
+            m = _OVERRIDE.search(str(e))
+            if m is None:
+                raise
+            xla, asked = (tuple(int(d) for d in g.split(",") if d.strip()) for g in m.groups()[:2])
+            type_name = m.group(3)
+            leaves, tree = jax.tree.flatten(out_shapes)
+            formats = jax.tree.leaves(out_formats, is_leaf=lambda f: f is None)
+            out_formats = jax.tree.unflatten(tree, [
+                Format(Layout(major_to_minor=xla), f.sharding) if f is not None and _type_name(x) == type_name
+                and getattr(f.layout, "major_to_minor", None) == asked else f for x, f in zip(leaves, formats)])
+    raise RuntimeError(f"{getattr(fn, '__name__', fn)}: XLA kept overriding output layouts")
+
+
 def pinned_stage(fn: Callable, state_formats) -> Callable:
     """`fn(params, state, carry) -> carry` jitted with state and carry donated, compiled on its first call: the state
     in `state_formats`, the carry in the layouts the arguments have (the previous stage's output), the outputs as
-    `output_formats` says."""
+    `output_formats` says (where XLA can write them so: `compile_pinned`)."""
     compiled = None
 
     def call(params, state, carry):
@@ -67,8 +100,7 @@ def pinned_stage(fn: Callable, state_formats) -> Callable:
         if compiled is None:
             in_formats = (state_formats, jax.tree.map(lambda x: None if is_key(x) else x.format, carry))
             out = output_formats(jax.eval_shape(fn, params, state, carry), (state, carry), in_formats)
-            compiled = jax.jit(fn, in_shardings=(None, *in_formats), out_shardings=out,
-                               donate_argnums=(1, 2)).lower(params, state, carry).compile()
+            compiled = compile_pinned(fn, params, state, carry, in_formats, out)
         return compiled(params, state, carry)
 
     return call

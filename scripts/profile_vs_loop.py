@@ -18,7 +18,7 @@ lives, for each engine at one batch:
   carry (`Engine.profile(loop_layouts=True)`, `specpilot.decoding.layouts`), against the default row-major ones in
   which a lone program on a GPU transposes whole caches at entry and exit (H100, docs/results/
   2026-12-07-profile-vs-loop-rounds-h100/: four `wrapped_transpose` kernels, ~0.4 ms a round, never in the loop);
-  `pinned_kernels` in the JSON is its kernel table.
+  `pinned_kernels` in the JSON is its kernel table, `round_kernels` the one-program round's per kernel name in both.
 Profiled kernels ≈ loop kernels with profiled wall ≫ loop wall: the lone stages pay launch gaps or host time the
 loop hides. Profiled kernels ≫ loop kernels: the lone programs run different (slower) kernels than the loop's body.
 The round columns split the first case: one program on the same buffers near the loop's step says the profile's
@@ -131,8 +131,14 @@ def round_measure(engine, prompts, max_new: int, cupti: bool, calls: int = 10) -
         launches = kernel_timings(lambda: same(engine.params, state))
         out["round_kernels_ms"] = sum(ms for _, ms in launches)
         out["round_launches"] = len(launches)
-        out["round_pinned_kernels_ms"] = sum(ms for _, ms in kernel_timings(lambda: pinned(engine.params,
-                                                                                           pinned_state)))
+        pinned_launches = kernel_timings(lambda: pinned(engine.params, pinned_state))
+        out["round_pinned_kernels_ms"] = sum(ms for _, ms in pinned_launches)
+        # per kernel name, one call's ms in default and in loop layouts (a table as `kernel_table`'s)
+        out["round_kernels"] = {}
+        for key, calls_ in (("default", launches), ("loop_layouts", pinned_launches)):
+            for name, ms in calls_:
+                row = out["round_kernels"].setdefault(name, {"default": 0.0, "loop_layouts": 0.0})
+                row[key] += ms
     return out
 
 
@@ -181,19 +187,25 @@ def main(argv=None) -> int:
         label = config_label(cfg)
         engine = M.build_engine(dep, cfg, capacity)
         prof = M.profile_engine(engine, prompts, args.max_new, args.rounds, args.seed, gpu_time=True)
-        pinned = M.profile_engine(engine, prompts, args.max_new, args.rounds, args.seed, gpu_time=True,
-                                  loop_layouts=True)
+        try:
+            pinned = M.profile_engine(engine, prompts, args.max_new, args.rounds, args.seed, gpu_time=True,
+                                      loop_layouts=True)
+        except (AssertionError, RuntimeError, ValueError) as e:  # a stage XLA would not compile for the layouts
+            pinned = {"round_ms": None, "stage_ms": {}, "error": f"{type(e).__name__}: {str(e).splitlines()[0]}"}
         cupti = "stage_gpu_ms" in prof  # else `stage_gpu_error` says why (no NVIDIA GPU, or no CUPTI)
         no_kernels = no_kernels or prof.get("stage_gpu_error")
         row = {"label": label, "batch": args.batch, "profiled_round_ms": prof["round_ms"],
                "stage_ms": prof["stage_ms"],
                "profiled_kernels_ms": sum(prof["stage_gpu_ms"].values()) if cupti else None,
                "pinned_round_ms": pinned["round_ms"], "pinned_stage_ms": pinned["stage_ms"],
-               "pinned_kernels_ms": sum(pinned["stage_gpu_ms"].values()) if cupti else None,
+               "pinned_kernels_ms": sum(pinned["stage_gpu_ms"].values()) if "stage_gpu_ms" in pinned else None,
+               **({"pinned_error": pinned["error"]} if "error" in pinned else {}),
                **loop_measure(engine, prompts, args.max_new, cupti),
                **round_measure(engine, prompts, args.max_new, cupti)}
         if cupti:
-            row["pinned_kernels"] = kernel_table(pinned["stage_gpu_kernels"], *row["launch_lists"], row["loop_steps"])
+            if "stage_gpu_kernels" in pinned:
+                row["pinned_kernels"] = kernel_table(pinned["stage_gpu_kernels"], *row["launch_lists"],
+                                                     row["loop_steps"])
             row["kernels"] = kernel_table(prof["stage_gpu_kernels"], *row.pop("launch_lists"), row["loop_steps"])
         # None where the loop's step is within the timing noise (at or below zero)
         row["profile_over_loop"] = row["profiled_round_ms"] / row["loop_step_ms"] if row["loop_step_ms"] > 0 else None
@@ -203,8 +215,9 @@ def main(argv=None) -> int:
         print(f"{label}: profiled round {row['profiled_round_ms']:.3f} ms, loop step {row['loop_step_ms']:.3f} ms "
               f"({row['profile_over_loop'] or float('nan'):.2f}×){kernels}; one-program round "
               f"{row['round_same_ms']:.3f} ms (same buffers), {row['round_fresh_ms']:.3f} (fresh); loop layouts: "
-              f"profiled round {row['pinned_round_ms']:.3f} ms"
-              + (f" (kernels {row['pinned_kernels_ms']:.3f})" if cupti else "")
+              + (f"profiled round {row['pinned_round_ms']:.3f} ms" if "pinned_error" not in row
+                 else f"profile failed ({row['pinned_error']})")
+              + (f" (kernels {row['pinned_kernels_ms']:.3f})" if row["pinned_kernels_ms"] is not None else "")
               + f", one-program round {row['round_pinned_ms']:.3f} ms"
               + (f" (kernels {row['round_pinned_kernels_ms']:.3f})" if cupti else ""), flush=True)
         del engine
@@ -225,6 +238,7 @@ def main(argv=None) -> int:
                   "round ms, loop layouts (same buffers)", "its kernels ms", "τ (random weights)"], table), ""]
     if no_kernels:
         lines.append(f"- kernel columns: {no_kernels}")
+    lines += [f"- {r['label']}, profile in loop layouts: {r['pinned_error']}" for r in rows if "pinned_error" in r]
     (out / "profile_vs_loop.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

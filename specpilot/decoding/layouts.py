@@ -68,10 +68,13 @@ def _type_name(x) -> str:
 
 def compile_pinned(fn: Callable, params, state, carry, in_formats, out_formats):
     """`fn` compiled with state and carry donated in `in_formats` and its outputs in `out_formats`, except where XLA
-    will not produce an output in the layout asked for (a GPU stage writing the drafter's context, H100): that output
-    takes XLA's layout, so it is copied into the next program's (as a lone program must)."""
+    will not write an output in the layout asked for (a stage writing the drafter's context on an H100): that output
+    takes XLA's layout, and if XLA overrides the same type again (it did on the H100, whose stock draft stage never
+    converged that way), the default row-major one, which XLA always writes. Either way the next program gets a copy."""
     out_shapes = jax.eval_shape(fn, params, state, carry)
-    for _ in range(len(jax.tree.leaves(out_shapes)) + 1):
+    leaves, tree = jax.tree.flatten(out_shapes)
+    overridden: set[str] = set()
+    for _ in range(2 * len(leaves) + 1):
         try:
             return jax.jit(fn, in_shardings=(None, *in_formats), out_shardings=out_formats,
                            donate_argnums=(1, 2)).lower(params, state, carry).compile()
@@ -81,11 +84,15 @@ def compile_pinned(fn: Callable, params, state, carry, in_formats, out_formats):
                 raise
             xla, asked = (tuple(int(d) for d in g.split(",") if d.strip()) for g in m.groups()[:2])
             type_name = m.group(3)
-            leaves, tree = jax.tree.flatten(out_shapes)
+
+            def retry(x, f):
+                if f is None or _type_name(x) != type_name or getattr(f.layout, "major_to_minor", None) != asked:
+                    return f
+                return None if type_name in overridden else Format(Layout(major_to_minor=xla), f.sharding)
+
             formats = jax.tree.leaves(out_formats, is_leaf=lambda f: f is None)
-            out_formats = jax.tree.unflatten(tree, [
-                Format(Layout(major_to_minor=xla), f.sharding) if f is not None and _type_name(x) == type_name
-                and getattr(f.layout, "major_to_minor", None) == asked else f for x, f in zip(leaves, formats)])
+            out_formats = jax.tree.unflatten(tree, [retry(x, f) for x, f in zip(leaves, formats)])
+            overridden.add(type_name)
     raise RuntimeError(f"{getattr(fn, '__name__', fn)}: XLA kept overriding output layouts")
 
 

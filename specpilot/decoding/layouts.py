@@ -6,7 +6,10 @@ XLA then transposes whole buffers at the program's entry and back at its exit: o
 docs/results/2026-12-07-profile-vs-loop-rounds-h100/) four `wrapped_transpose` kernels of ~0.1 ms each ran in every
 profiled round and never in the loop. Here the state is held in the layouts XLA picks for the round compiled alone
 with free ("AUTO") layouts, the nearest thing to the loop's carry that one can ask XLA for; each stage is compiled
-with its state in them and hands its carry on in whatever layout it produced.
+with its state in them, hands a cache on in the layout it came in (`output_formats`) and the rest of its carry in
+whatever layout XLA picks. Measured on an H100 (docs/results/2026-12-07-profile-loop-layouts-h100/): the transposes
+go; the speculative engines' stages have not yet run to the end in these layouts, so `Engine.profile` keeps them off
+by default.
 
 PRNG key leaves keep their default layout (None below): a key's format is its raw uint32 data's, which the
 `Format` of a key-typed leaf cannot name.

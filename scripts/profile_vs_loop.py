@@ -12,8 +12,8 @@ lives, for each engine at one batch:
 - `round ms, same buffers`: the whole round as one jitted program (`Engine.round`, what the loop's body runs), called
   back to back on the same input buffers (its outputs freed), so every call's buffers can sit where the last call's
   did; `round ms, fresh buffers`: the same program with its state donated and a fresh copy of the state a call, as
-  the profile feeds its stages; `round kernels ms`: one call's kernel time under CUPTI (on the same buffers, so
-  with the copies of what the round updates, which a donated state would not need: the kernel table shows them).
+  the profile feeds its stages; `round kernels ms`: one call's kernel time under CUPTI on a fresh donated copy, so
+  without copies of what the round updates (until `52e1f6f` it was timed on the same buffers, copies included).
 - `… loop layouts`: the same profile and one-program round with the state held in the layouts XLA gives the round's
   carry (`Engine.profile(loop_layouts=True)`, `specpilot.decoding.layouts`), against the default row-major ones in
   which a lone program on a GPU transposes whole caches at entry and exit (H100, docs/results/
@@ -122,16 +122,19 @@ def round_measure(engine, prompts, max_new: int, cupti: bool, calls: int = 10) -
 
     formats = layouts.loop_formats(engine.round, engine.params, state)
     pinned_state = jax.device_put(state, formats)
-    pinned = jax.jit(engine.round, in_shardings=(None, formats), out_shardings=formats).lower(
-        engine.params, pinned_state).compile()
+    pinned, pinned_donated = (jax.jit(engine.round, in_shardings=(None, formats), out_shardings=formats,
+                                      donate_argnums=donate).lower(engine.params, pinned_state).compile()
+                              for donate in ((), (1,)))
     out = {"round_same_ms": burst(same, lambda: [state] * calls),
            "round_fresh_ms": burst(donated, lambda: [fresh() for _ in range(calls)]),
            "round_pinned_ms": burst(pinned, lambda: [pinned_state] * calls)}
     if cupti:
-        launches = kernel_timings(lambda: same(engine.params, state))
+        copy = fresh()
+        launches = kernel_timings(lambda: donated(engine.params, copy))
         out["round_kernels_ms"] = sum(ms for _, ms in launches)
         out["round_launches"] = len(launches)
-        pinned_launches = kernel_timings(lambda: pinned(engine.params, pinned_state))
+        copy = layouts.fresh_copies(pinned_state)
+        pinned_launches = kernel_timings(lambda: pinned_donated(engine.params, copy))
         out["round_pinned_kernels_ms"] = sum(ms for _, ms in pinned_launches)
         # per kernel name, one call's ms in default and in loop layouts (a table as `kernel_table`'s)
         out["round_kernels"] = {}

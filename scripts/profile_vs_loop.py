@@ -13,7 +13,7 @@ lives, for each engine at one batch:
   back to back on the same input buffers (its outputs freed), so every call's buffers can sit where the last call's
   did; `round ms, fresh buffers`: the same program with its state donated and a fresh copy of the state a call, as
   the profile feeds its stages; `round kernels ms`: one call's kernel time under CUPTI on a fresh donated copy, so
-  without copies of what the round updates (until `52e1f6f` it was timed on the same buffers, copies included).
+  without copies of what the round updates (before `5c6016f` it was timed on the same buffers, copies included).
 - `… loop layouts`: the same profile and one-program round with the state held in the layouts XLA gives the round's
   carry (`Engine.profile(loop_layouts=True)`, `specpilot.decoding.layouts`), against the default row-major ones in
   which a lone program on a GPU transposes whole caches at entry and exit (H100, docs/results/

@@ -6,6 +6,8 @@ step 2.30: the cost model then over-predicted every speculative engine. This scr
 lives, for each engine at one batch:
 - `profiled round ms`: the profile's round (wall, per stage as the cost model reads it);
 - `profiled kernels ms`: the same stages' kernel time under CUPTI (launch gaps and host time excluded);
+- `profiled issue ms`: the host's time to issue the stages' calls (`Engine.profile`'s `stage_issue_ms`, summed): near
+  the profiled round, the profile timed the host, not the GPU;
 - `loop step ms`: the fused loop's wall time per iteration, (wall of a whole generation − wall of one that stops
   after the prefill) ÷ the loop's iterations, so the prefill and the host's set-up are not in it;
 - `loop kernels ms`: the same difference under CUPTI, per iteration, and the kernel launches per iteration;
@@ -200,6 +202,7 @@ def main(argv=None) -> int:
         row = {"label": label, "batch": args.batch, "profiled_round_ms": prof["round_ms"],
                "stage_ms": prof["stage_ms"],
                "profiled_kernels_ms": sum(prof["stage_gpu_ms"].values()) if cupti else None,
+               "profiled_issue_ms": sum(prof["stage_issue_ms"].values()),
                "pinned_round_ms": pinned["round_ms"], "pinned_stage_ms": pinned["stage_ms"],
                "pinned_kernels_ms": sum(pinned["stage_gpu_ms"].values()) if "stage_gpu_ms" in pinned else None,
                **({"pinned_error": pinned["error"]} if "error" in pinned else {}),
@@ -215,7 +218,8 @@ def main(argv=None) -> int:
         rows.append(row)
         kernels = (f"; kernels {row['profiled_kernels_ms']:.3f} against {row['loop_kernels_ms']:.3f} ms, "
                    f"{row['loop_launches']:.1f} launches a loop step" if cupti else "")
-        print(f"{label}: profiled round {row['profiled_round_ms']:.3f} ms, loop step {row['loop_step_ms']:.3f} ms "
+        print(f"{label}: profiled round {row['profiled_round_ms']:.3f} ms (issued in {row['profiled_issue_ms']:.3f}), "
+              f"loop step {row['loop_step_ms']:.3f} ms "
               f"({row['profile_over_loop'] or float('nan'):.2f}×){kernels}; one-program round "
               f"{row['round_same_ms']:.3f} ms (same buffers), {row['round_fresh_ms']:.3f} (fresh); loop layouts: "
               + (f"profiled round {row['pinned_round_ms']:.3f} ms" if "pinned_error" not in row
@@ -229,13 +233,15 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "profile_vs_loop.json", res)
-    table = [[r["label"], r["batch"], r["profiled_round_ms"], r["profiled_kernels_ms"], r["loop_step_ms"],
+    table = [[r["label"], r["batch"], r["profiled_round_ms"], r["profiled_kernels_ms"], r["profiled_issue_ms"],
+              r["loop_step_ms"],
               r.get("loop_kernels_ms"), r.get("loop_launches"), r["round_same_ms"], r["round_fresh_ms"],
               r.get("round_kernels_ms"), r["profile_over_loop"], r["pinned_round_ms"], r["pinned_kernels_ms"],
               r["round_pinned_ms"], r.get("round_pinned_kernels_ms"), r["tau"]] for r in rows]
     lines = ["# A profiled round against the fused loop's step", ""] + provenance_lines(res["provenance"]) + [
         f"- {dep.name}, {args.dtype}, batch {args.batch}, prompts of {args.prompt_len} tokens, {args.max_new} new", "",
-        md_table(["engine", "batch", "profiled round ms", "profiled kernels ms", "loop step ms", "loop kernels ms",
+        md_table(["engine", "batch", "profiled round ms", "profiled kernels ms", "profiled issue ms", "loop step ms",
+                  "loop kernels ms",
                   "loop launches / step", "round ms, same buffers", "round ms, fresh buffers", "round kernels ms",
                   "profiled ÷ loop", "profiled round ms, loop layouts", "its kernels ms",
                   "round ms, loop layouts (same buffers)", "its kernels ms", "τ (random weights)"], table), ""]

@@ -226,6 +226,8 @@ def test_profile_times_stages_and_reports_the_budgets_specpilot_chose(pair, prom
     # a tiny stage may come out at 0 once the host's share is taken off; the target pass never does
     assert all(v >= 0 for v in prof["stage_ms"].values()) and prof["stage_ms"]["verify"] > 0
     assert prof["round_ms"] == pytest.approx(sum(prof["stage_ms"].values()))
+    issue = prof["stage_issue_ms"]  # the host's time to issue a pipelined call, per stage
+    assert list(issue) == list(prof["stage_ms"]) and all(v > 0 for v in issue.values())
     assert prof["dispatch_ms"] > 0  # measured, and subtracted from every stage
     for name, per_round in prof["stage_ms_rounds"].items():
         assert len(per_round) == prof["rounds"] and all(v >= 0 for v in per_round)

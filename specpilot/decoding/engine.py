@@ -142,6 +142,8 @@ class Engine:
         - pipelined: `repeats` calls issued back to back on the same inputs (stages are pure) and one sync,
           minus one `dispatch_ms`, divided by `repeats`: host work overlaps the device, so a device-bound
           stage measures its device time; a host-bound one measures the host's per-call time, an overcount.
+          `stage_issue_ms` is the host's time to issue one of those calls: near the stage's time, the stage is
+          host-bound there, and its time is the host's, not the GPU's.
         Both overcount (jitter, host time), so the minimum is the tighter one. `stage_ms` is the mean over
         rounds; `stage_ms_rounds` keeps each round's value (the spread). `verified_nodes` lists, per timed
         round, the most tree nodes a request verified; `chosen_budgets`, per timed round, the budget a cost-aware
@@ -168,6 +170,7 @@ class Engine:
             stage_fns = [(name, jax.jit(fn, donate_argnums=(1, 2))) for name, fn in self.stages()]
         dispatch = self._dispatch_seconds(state)
         per_round = {name: [] for name, _ in stage_fns}
+        per_issue = {name: [] for name, _ in stage_fns}  # host seconds to issue one pipelined call
         timed_rounds, committed, nodes, budgets = 0, 0, [], []
         # stage -> kernel name -> ms summed over the timed rounds (each stage is timed once a timed round)
         gpu_kernels = {name: {} for name, _ in stage_fns} if gpu_time else None
@@ -189,6 +192,7 @@ class Engine:
                         t0 = time.perf_counter()
                         for copy in copies:
                             again = fn(self.params, *copy)
+                        per_issue[name].append((time.perf_counter() - t0) / k)
                         jax.block_until_ready(again)
                         del again, copies
                         pipelined = (time.perf_counter() - t0 - dispatch) / k
@@ -229,6 +233,7 @@ class Engine:
             "stage_ms": stage_ms,
             **gpu,
             "stage_ms_rounds": {k: [round(1e3 * x, 4) for x in v] for k, v in per_round.items()},
+            "stage_issue_ms": {k: 1e3 * sum(v) / max(len(v), 1) for k, v in per_issue.items()},
             "round_ms": sum(stage_ms.values()),
             "tokens_per_round": committed / n,
             "verified_nodes": nodes,

@@ -92,6 +92,35 @@ def loop_measure(engine, prompts, max_new: int, cupti: bool) -> dict:
     return out
 
 
+def loop_stages(engine, prompts, max_new: int) -> dict:
+    """The loop program alone, on a prefilled state, under CUPTI (GPU only), its kernels given to the round's stages
+    (`specpilot.costmodel.attribution`): `loop_stage_kernels_ms`, ms an iteration per stage and unattributed, and the
+    iterations it ran."""
+    import jax
+    import numpy as np
+
+    from specpilot.costmodel.attribution import kernel_stages, stage_kernel_ms
+    from specpilot.costmodel.cupti import kernel_timings
+    from specpilot.decoding.common import pad_prompts
+
+    tokens, lens = pad_prompts(prompts)
+    state = engine._prefill(engine.params, tokens, lens, max_new, jax.random.key(0))
+    names = [name for name, _ in engine.stages()]
+    loop = engine._run.lower(engine.params, state, 0).compile()  # every row to the end: no pause to shrink the batch
+    stage_of = kernel_stages(loop.as_text(), names)
+
+    def fresh():
+        return jax.block_until_ready(jax.tree.map(jax.numpy.copy, state))
+
+    jax.block_until_ready(loop(engine.params, fresh()))  # warm
+    copy, done = fresh(), []
+    launches = kernel_timings(lambda: done.append(loop(engine.params, copy)) or done[-1])
+    iterations = max(int(np.max(np.asarray(done[-1].n_rounds))), 1)
+    per_stage = stage_kernel_ms(launches, stage_of, names)
+    return {"loop_stage_kernels_ms": {k: ms / iterations for k, ms in per_stage.items()},
+            "loop_stage_iterations": iterations}
+
+
 def round_measure(engine, prompts, max_new: int, cupti: bool, calls: int = 10) -> dict:
     """The round as one program on the prefilled state (no round of it committed): ms a call issued back to back on
     the same buffers and on fresh donated copies (the fastest of three bursts of `calls` each), and with `cupti` one
@@ -207,7 +236,9 @@ def main(argv=None) -> int:
                "pinned_kernels_ms": sum(pinned["stage_gpu_ms"].values()) if "stage_gpu_ms" in pinned else None,
                **({"pinned_error": pinned["error"]} if "error" in pinned else {}),
                **loop_measure(engine, prompts, args.max_new, cupti),
-               **round_measure(engine, prompts, args.max_new, cupti)}
+               **round_measure(engine, prompts, args.max_new, cupti),
+               **({"profiled_stage_kernels_ms": prof["stage_gpu_ms"], **loop_stages(engine, prompts, args.max_new)}
+                  if cupti else {})}
         if cupti:
             if "stage_gpu_kernels" in pinned:
                 row["pinned_kernels"] = kernel_table(pinned["stage_gpu_kernels"], *row["launch_lists"],
@@ -247,6 +278,11 @@ def main(argv=None) -> int:
                   "round ms, loop layouts (same buffers)", "its kernels ms", "τ (random weights)"], table), ""]
     if no_kernels:
         lines.append(f"- kernel columns: {no_kernels}")
+    staged = [[r["label"], stage, r["stage_ms"].get(stage), r["profiled_stage_kernels_ms"].get(stage), ms]
+              for r in rows if "loop_stage_kernels_ms" in r for stage, ms in r["loop_stage_kernels_ms"].items()]
+    if staged:
+        lines += ["", "Per stage (ms a round; the loop's kernels attributed by `specpilot.costmodel.attribution`):", "",
+                  md_table(["engine", "stage", "profiled ms", "profiled kernels ms", "loop kernels ms"], staged), ""]
     lines += [f"- {r['label']}, profile in loop layouts: {r['pinned_error']}" for r in rows if "pinned_error" in r]
     (out / "profile_vs_loop.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

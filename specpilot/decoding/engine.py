@@ -116,9 +116,12 @@ class Engine:
         raise NotImplementedError
 
     def round(self, params, state: LoopState) -> LoopState:
+        """The stages in one trace, each under its name's scope: the compiled loop's instructions carry it in their
+        `op_name`, which is how `specpilot.costmodel.attribution` gives each of the loop's kernels to its stage."""
         carry: dict = {}
-        for _, fn in self.stages():
-            carry = fn(params, state, carry)
+        for name, fn in self.stages():
+            with jax.named_scope(name):
+                carry = fn(params, state, carry)
         return carry["state"]
 
     def profile(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, rounds: int = 8, seed: int = 0,

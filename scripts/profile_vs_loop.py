@@ -21,6 +21,8 @@ lives, for each engine at one batch:
   which a lone program on a GPU transposes whole caches at entry and exit (H100, docs/results/
   2026-12-07-profile-vs-loop-rounds-h100/: four `wrapped_transpose` kernels, ~0.4 ms a round, never in the loop);
   `pinned_kernels` in the JSON is its kernel table, `round_kernels` the one-program round's per kernel name in both.
+- per stage (GPU only): the profiled stage, its kernels, and the stage's kernels inside the loop program
+  (`loop_stage_kernels_ms`: the loop's CUPTI launches given to stages by `specpilot.costmodel.attribution`).
 Profiled kernels ≈ loop kernels with profiled wall ≫ loop wall: the lone stages pay launch gaps or host time the
 loop hides. Profiled kernels ≫ loop kernels: the lone programs run different (slower) kernels than the loop's body.
 The round columns split the first case: one program on the same buffers near the loop's step says the profile's

@@ -94,6 +94,16 @@ def loop_measure(engine, prompts, max_new: int, cupti: bool) -> dict:
     return out
 
 
+def prefilled(engine, prompts, max_new: int):
+    """The loop's state after the prefill (no round run yet), as `generate` starts it."""
+    import jax
+
+    from specpilot.decoding.common import pad_prompts
+
+    tokens, lens = pad_prompts(prompts)
+    return engine._prefill(engine.params, tokens, lens, max_new, jax.random.key(0))
+
+
 def loop_stages(engine, prompts, max_new: int) -> dict:
     """The loop program alone, on a prefilled state, under CUPTI (GPU only), its kernels given to the round's stages
     (`specpilot.costmodel.attribution`): `loop_stage_kernels_ms`, ms an iteration per stage and unattributed, and the
@@ -103,19 +113,14 @@ def loop_stages(engine, prompts, max_new: int) -> dict:
 
     from specpilot.costmodel.attribution import kernel_stages, stage_kernel_ms
     from specpilot.costmodel.cupti import kernel_timings
-    from specpilot.decoding.common import pad_prompts
+    from specpilot.decoding.layouts import fresh_copies
 
-    tokens, lens = pad_prompts(prompts)
-    state = engine._prefill(engine.params, tokens, lens, max_new, jax.random.key(0))
+    state = prefilled(engine, prompts, max_new)
     names = [name for name, _ in engine.stages()]
     loop = engine._run.lower(engine.params, state, 0).compile()  # every row to the end: no pause to shrink the batch
     stage_of = kernel_stages(loop.as_text(), names)
-
-    def fresh():
-        return jax.block_until_ready(jax.tree.map(jax.numpy.copy, state))
-
-    jax.block_until_ready(loop(engine.params, fresh()))  # warm
-    copy, done = fresh(), []
+    jax.block_until_ready(loop(engine.params, fresh_copies(state)))  # warm
+    copy, done = fresh_copies(state), []
     launches = kernel_timings(lambda: done.append(loop(engine.params, copy)) or done[-1])
     iterations = max(int(np.max(np.asarray(done[-1].n_rounds))), 1)
     per_stage = stage_kernel_ms(launches, stage_of, names)
@@ -131,14 +136,9 @@ def round_measure(engine, prompts, max_new: int, cupti: bool, calls: int = 10) -
 
     from specpilot.costmodel.cupti import kernel_timings
     from specpilot.decoding import layouts
-    from specpilot.decoding.common import pad_prompts
 
-    tokens, lens = pad_prompts(prompts)
-    state = engine._prefill(engine.params, tokens, lens, max_new, jax.random.key(0))
+    state = prefilled(engine, prompts, max_new)
     same, donated = jax.jit(engine.round), jax.jit(engine.round, donate_argnums=(1,))
-
-    def fresh():
-        return jax.block_until_ready(jax.tree.map(jax.numpy.copy, state))
 
     def burst(fn, inputs) -> float:  # inputs() -> the states of `calls` calls
         jax.block_until_ready(fn(engine.params, inputs()[0]))  # compile / warm
@@ -159,10 +159,10 @@ def round_measure(engine, prompts, max_new: int, cupti: bool, calls: int = 10) -
                                       donate_argnums=donate).lower(engine.params, pinned_state).compile()
                               for donate in ((), (1,)))
     out = {"round_same_ms": burst(same, lambda: [state] * calls),
-           "round_fresh_ms": burst(donated, lambda: [fresh() for _ in range(calls)]),
+           "round_fresh_ms": burst(donated, lambda: [layouts.fresh_copies(state) for _ in range(calls)]),
            "round_pinned_ms": burst(pinned, lambda: [pinned_state] * calls)}
     if cupti:
-        copy = fresh()
+        copy = layouts.fresh_copies(state)
         launches = kernel_timings(lambda: donated(engine.params, copy))
         out["round_kernels_ms"] = sum(ms for _, ms in launches)
         out["round_launches"] = len(launches)
@@ -171,8 +171,8 @@ def round_measure(engine, prompts, max_new: int, cupti: bool, calls: int = 10) -
         out["round_pinned_kernels_ms"] = sum(ms for _, ms in pinned_launches)
         # per kernel name, one call's ms in default and in loop layouts (a table as `kernel_table`'s)
         out["round_kernels"] = {}
-        for key, calls_ in (("default", launches), ("loop_layouts", pinned_launches)):
-            for name, ms in calls_:
+        for key, call_launches in (("default", launches), ("loop_layouts", pinned_launches)):
+            for name, ms in call_launches:
                 row = out["round_kernels"].setdefault(name, {"default": 0.0, "loop_layouts": 0.0})
                 row[key] += ms
     return out

@@ -109,8 +109,8 @@ def pinned_stage(fn: Callable, state_formats) -> Callable:
         nonlocal compiled
         if compiled is None:
             in_formats = (state_formats, jax.tree.map(lambda x: None if is_key(x) else x.format, carry))
-            out = output_formats(jax.eval_shape(fn, params, state, carry), (state, carry), in_formats)
-            compiled = compile_pinned(fn, params, state, carry, in_formats, out)
+            out_formats = output_formats(jax.eval_shape(fn, params, state, carry), (state, carry), in_formats)
+            compiled = compile_pinned(fn, params, state, carry, in_formats, out_formats)
         return compiled(params, state, carry)
 
     return call

@@ -192,6 +192,39 @@ def kernel_table(profiled: dict, full: list, prefill: list, steps: int, top: int
     return dict(ranked[:top])
 
 
+def write(out: Path, args, dep, rows: list, no_kernels) -> None:
+    """profile_vs_loop.json and .md in `out` for the engines measured so far."""
+    from specpilot.costmodel.report import md_table, provenance, provenance_lines, write_json
+
+    res = {"provenance": provenance(), "deployment": dep.describe(), "args": {
+        k: v for k, v in vars(args).items() if k != "engines"}, "rows": rows}
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "profile_vs_loop.json", res)
+    table = [[r["label"], r["batch"], r["profiled_round_ms"], r["profiled_kernels_ms"], r["profiled_issue_ms"],
+              r["loop_step_ms"],
+              r.get("loop_kernels_ms"), r.get("loop_launches"), r["round_same_ms"], r["round_fresh_ms"],
+              r.get("round_kernels_ms"), r["profile_over_loop"], r["pinned_round_ms"], r["pinned_kernels_ms"],
+              r["round_pinned_ms"], r.get("round_pinned_kernels_ms"), r["tau"]] for r in rows]
+    lines = ["# A profiled round against the fused loop's step", ""] + provenance_lines(res["provenance"]) + [
+        f"- {dep.name}, {args.dtype}, batch {args.batch}, prompts of {args.prompt_len} tokens, {args.max_new} new", "",
+        md_table(["engine", "batch", "profiled round ms", "profiled kernels ms", "profiled issue ms", "loop step ms",
+                  "loop kernels ms",
+                  "loop launches / step", "round ms, same buffers", "round ms, fresh buffers", "round kernels ms",
+                  "profiled ÷ loop", "profiled round ms, loop layouts", "its kernels ms",
+                  "round ms, loop layouts (same buffers)", "its kernels ms", "τ (random weights)"], table), ""]
+    if no_kernels:
+        lines.append(f"- kernel columns: {no_kernels}")
+    staged = [[r["label"], stage, r["stage_ms"].get(stage), r["profiled_stage_issue_ms"].get(stage),
+               r["profiled_stage_kernels_ms"].get(stage), ms]
+              for r in rows if "loop_stage_kernels_ms" in r for stage, ms in r["loop_stage_kernels_ms"].items()]
+    if staged:
+        lines += ["", "Per stage (ms a round; the loop's kernels attributed by `specpilot.costmodel.attribution`):", "",
+                  md_table(["engine", "stage", "profiled ms", "profiled issue ms", "profiled kernels ms",
+                            "loop kernels ms"], staged), ""]
+    lines += [f"- {r['label']}, profile in loop layouts: {r['pinned_error']}" for r in rows if "pinned_error" in r]
+    (out / "profile_vs_loop.md").write_text("\n".join(lines) + "\n")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="output folder (created)")
@@ -211,8 +244,6 @@ def main(argv=None) -> int:
 
     from specpilot.costmodel import measure as M
     from specpilot.costmodel.predict import config_label
-    from specpilot.costmodel.report import md_table, provenance, provenance_lines, write_json
-
     dep = M.synthetic_deployment(args.model, args.dtype, args.seed, drafter_layers=args.drafter_layers)
     prompts = M.random_prompts(args.batch, args.prompt_len, dep.target_cfg.vocab_size, args.seed,
                                exclude=(dep.drafter_cfg.mask_token_id,))
@@ -234,6 +265,7 @@ def main(argv=None) -> int:
                "stage_ms": prof["stage_ms"],
                "profiled_kernels_ms": sum(prof["stage_gpu_ms"].values()) if cupti else None,
                "profiled_issue_ms": sum(prof["stage_issue_ms"].values()),
+               "profiled_stage_issue_ms": prof["stage_issue_ms"],
                "pinned_round_ms": pinned["round_ms"], "pinned_stage_ms": pinned["stage_ms"],
                "pinned_kernels_ms": sum(pinned["stage_gpu_ms"].values()) if "stage_gpu_ms" in pinned else None,
                **({"pinned_error": pinned["error"]} if "error" in pinned else {}),
@@ -261,33 +293,8 @@ def main(argv=None) -> int:
               + f", one-program round {row['round_pinned_ms']:.3f} ms"
               + (f" (kernels {row['round_pinned_kernels_ms']:.3f})" if cupti else ""), flush=True)
         del engine
-    res = {"provenance": provenance(), "deployment": dep.describe(), "args": {
-        k: v for k, v in vars(args).items() if k != "engines"}, "rows": rows}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "profile_vs_loop.json", res)
-    table = [[r["label"], r["batch"], r["profiled_round_ms"], r["profiled_kernels_ms"], r["profiled_issue_ms"],
-              r["loop_step_ms"],
-              r.get("loop_kernels_ms"), r.get("loop_launches"), r["round_same_ms"], r["round_fresh_ms"],
-              r.get("round_kernels_ms"), r["profile_over_loop"], r["pinned_round_ms"], r["pinned_kernels_ms"],
-              r["round_pinned_ms"], r.get("round_pinned_kernels_ms"), r["tau"]] for r in rows]
-    lines = ["# A profiled round against the fused loop's step", ""] + provenance_lines(res["provenance"]) + [
-        f"- {dep.name}, {args.dtype}, batch {args.batch}, prompts of {args.prompt_len} tokens, {args.max_new} new", "",
-        md_table(["engine", "batch", "profiled round ms", "profiled kernels ms", "profiled issue ms", "loop step ms",
-                  "loop kernels ms",
-                  "loop launches / step", "round ms, same buffers", "round ms, fresh buffers", "round kernels ms",
-                  "profiled ÷ loop", "profiled round ms, loop layouts", "its kernels ms",
-                  "round ms, loop layouts (same buffers)", "its kernels ms", "τ (random weights)"], table), ""]
-    if no_kernels:
-        lines.append(f"- kernel columns: {no_kernels}")
-    staged = [[r["label"], stage, r["stage_ms"].get(stage), r["profiled_stage_kernels_ms"].get(stage), ms]
-              for r in rows if "loop_stage_kernels_ms" in r for stage, ms in r["loop_stage_kernels_ms"].items()]
-    if staged:
-        lines += ["", "Per stage (ms a round; the loop's kernels attributed by `specpilot.costmodel.attribution`):", "",
-                  md_table(["engine", "stage", "profiled ms", "profiled kernels ms", "loop kernels ms"], staged), ""]
-    lines += [f"- {r['label']}, profile in loop layouts: {r['pinned_error']}" for r in rows if "pinned_error" in r]
-    (out / "profile_vs_loop.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        write(Path(args.out), args, dep, rows, no_kernels)  # after each engine: a cut call keeps the finished ones
+    print((Path(args.out) / "profile_vs_loop.md").read_text())
     return 0
 
 

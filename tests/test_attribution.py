@@ -3,6 +3,7 @@
 needs a GPU; here the compiled loop's own instruction names stand in for its launches."""
 
 import importlib
+import re
 import sys
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 from specpilot.costmodel import cupti
 from specpilot.costmodel import measure as M
-from specpilot.costmodel.attribution import UNATTRIBUTED, kernel_stages, stage_kernel_ms
+from specpilot.costmodel.attribution import UNATTRIBUTED, kernel_stages, shared_kernels, stage_kernel_ms
 from specpilot.decoding.common import pad_prompts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,6 +40,26 @@ def test_every_stage_of_the_compiled_loop_has_its_instructions(stock):
     found = set(stage_of.values())
     assert set(STAGES) <= found and UNATTRIBUTED in found  # the loop's condition belongs to no stage
     assert all("." not in name for name in stage_of)  # kernel names: "loop_add_fusion.47" launches loop_add_fusion_47
+
+
+def test_fusions_identical_across_stages_lose_their_names():
+    """XLA's GPU backend launches one kernel for identical fusions under the first one's name, so such a name is no
+    evidence of its stage. Here the draft's and the verify's matmuls are the same fusion; their tails are not."""
+    def two_stages(x, w):
+        with jax.named_scope("draft"):
+            y = jax.numpy.tanh(x @ w) * 2 + 1
+        with jax.named_scope("verify"):
+            z = jax.numpy.tanh(y @ w) * 2 + 1
+            return z + jax.numpy.sin(z)
+
+    x, w = jax.numpy.ones((8, 16)), jax.numpy.ones((16, 16))
+    text = jax.jit(two_stages).lower(x, w).compile().as_text()
+    fusions = [name.replace(".", "_") for name in re.findall(r"%(\S+) = \S+ fusion\(", text)]
+    stage_of = kernel_stages(text, ["draft", "verify"])
+    kept = {name: stage_of[name] for name in fusions if name in stage_of}
+    assert sorted(kept.values()) == ["draft", "verify"]  # each stage's tail keeps its name
+    assert len(fusions) - len(kept) == 2  # the two matmuls, alike in both stages
+    assert shared_kernels(text, {name: "draft" for name in fusions}) == set()  # alike within one stage: no matter
 
 
 def test_a_kernel_of_no_known_name_goes_to_the_stage_around_it():

@@ -365,6 +365,8 @@ def test_profile_vs_loop_puts_each_engines_profiled_round_beside_its_loop_step(t
     assert ar["loop_steps"] == 5 and ar["tau"] == 1.0 and 1 <= tree["loop_steps"] <= 5
     for r in res["rows"]:
         assert r["profiled_round_ms"] == pytest.approx(sum(r["stage_ms"].values())) and r["profiled_issue_ms"] > 0
+        assert list(r["profiled_stage_issue_ms"]) == list(r["stage_ms"])
+        assert r["profiled_issue_ms"] == pytest.approx(sum(r["profiled_stage_issue_ms"].values()))
         # a difference of two wall times: on a loaded CPU the tiny loop's step is within the noise, so no sign asserted
         assert math.isfinite(r["loop_step_ms"]) and r["profile_over_loop"] == (
             pytest.approx(r["profiled_round_ms"] / r["loop_step_ms"]) if r["loop_step_ms"] > 0 else None)

@@ -19,7 +19,8 @@ def transposed(x):
 
 
 def stage(params, state, carry):
-    return {"state": {"cache": state["cache"] * params + carry["delta"], "key": jax.random.split(state["key"])[0]},
+    """With a None output before the others (an engine's carry holds some): formats must line up with arrays."""
+    return {"empty": None, "state": {"cache": state["cache"] * params + carry["delta"], "key": jax.random.split(state["key"])[0]},
             "sum": state["cache"].sum(axis=0), "handed_on": state["cache"] + 1}
 
 

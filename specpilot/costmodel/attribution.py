@@ -9,6 +9,14 @@ compiled loop's instructions keep that scope in their `op_name`, and an XLA fusi
 instruction ("loop_add_fusion.47" launches "loop_add_fusion_47"). A kernel with no instruction of its name (cuBLAS,
 Pallas, memcpy) goes to the stage of the named kernels launched around it when both belong to one stage; between two
 stages it stays `unattributed`, as does a kernel of no stage (the loop's condition, its own bookkeeping).
+
+XLA's GPU backend compiles one kernel for fusions that compute the same thing on the same shapes and launches it under
+the first one's name (its kernel reuse cache). Stock DFlash's drafter and target both run 16 tokens a row through
+layers of one width, so most of its verify launched kernels named after draft instructions: on an H100 the first
+attribution gave draft 2.39 ms an iteration and verify 1.54 against 0.34 and 4.25 profiled
+(docs/results/2026-12-07-profile-vs-loop-stages-h100/). A name whose identical fusions (same kind, type, settings and
+fused computation up to instruction names) lie in different stages therefore tells nothing, and its launches go by
+their neighbours like a nameless kernel's.
 """
 
 from __future__ import annotations
@@ -17,17 +25,42 @@ import re
 from typing import Iterable, Sequence
 
 _INSTRUCTION = re.compile(r'^\s*(?:ROOT )?%(\S+) = .*?op_name="([^"]*)"', re.M)
+_COMPUTATION = re.compile(r"^%(\S+) \(.*?\{\n(.*?)^\}", re.M | re.S)
+_FUSION = re.compile(r"^\s*(?:ROOT )?%(\S+) = (.*?) fusion\(.*?\), (kind=\w+), calls=%(\S+?),? (.*)$", re.M)
+_METADATA = re.compile(r",?\s*metadata=\{[^}]*\}")
 UNATTRIBUTED = "unattributed"
+
+
+def _fingerprint(kind_type_rest: tuple[str, ...], body: str) -> str:
+    """A fusion's identity as XLA's kernel reuse sees it, approximately: its type, kind and settings and its fused
+    computation, without metadata and with instruction names numbered in order of appearance."""
+    names: dict = {}
+    text = _METADATA.sub("", "\n".join((*kind_type_rest, body)))
+    return re.sub(r"%[\w.\-]+", lambda m: names.setdefault(m.group(0), f"%{len(names)}"), text)
+
+
+def shared_kernels(hlo_text: str, stage_of: dict[str, str]) -> set[str]:
+    """Kernel names (instruction names with "." as "_") of fusions identical to a fusion of another stage: XLA may
+    launch one kernel under either name for both."""
+    bodies = dict(_COMPUTATION.findall(hlo_text))
+    groups: dict[str, list[str]] = {}
+    for name, out_type, kind, calls, rest in _FUSION.findall(hlo_text):
+        key = _fingerprint((out_type, kind, rest), bodies.get(calls, calls))
+        groups.setdefault(key, []).append(name.replace(".", "_"))
+    return {name for names in groups.values() if len({stage_of.get(n) for n in names}) > 1 for name in names}
 
 
 def kernel_stages(hlo_text: str, stages: Sequence[str]) -> dict[str, str]:
     """{kernel name: stage} for every instruction of a compiled module's text (`Compiled.as_text()`) with an `op_name`:
     the stage whose scope is a segment of it, `UNATTRIBUTED` where none is (or more than one); kernel names are
-    instruction names with "." as "_"."""
+    instruction names with "." as "_". Fusions identical to another stage's (`shared_kernels`) are left out: their
+    launches go by their neighbours (`stage_kernel_ms`)."""
     out = {}
     for name, op_name in _INSTRUCTION.findall(hlo_text):
         hit = [s for s in stages if s in op_name.split("/")]
         out[name.replace(".", "_")] = hit[0] if len(hit) == 1 else UNATTRIBUTED
+    for name in shared_kernels(hlo_text, out):
+        del out[name]
     return out
 
 

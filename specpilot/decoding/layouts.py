@@ -51,7 +51,7 @@ def output_formats(out, inputs, input_formats) -> Any:
     update it in place (in another layout XLA copies it: +0.4 ms a round on the H100,
     docs/results/2026-12-07-profile-loop-layouts-h100/); the rest free."""
     layout_of: dict = {}
-    for x, f in zip(jax.tree.leaves(inputs), jax.tree.leaves(input_formats, is_leaf=lambda f: f is None)):
+    for x, f in zip(jax.tree.leaves(inputs), jax.tree.structure(inputs).flatten_up_to(input_formats)):
         if not is_key(x):
             layout_of.setdefault((x.shape, x.dtype), f)
     leaves, tree = jax.tree.flatten(out)
@@ -93,7 +93,8 @@ def compile_pinned(fn: Callable, params, state, carry, in_formats, out_formats):
                     return f
                 return None if type_name in overridden else Format(Layout(major_to_minor=xla), f.sharding)
 
-            formats = jax.tree.leaves(out_formats, is_leaf=lambda f: f is None)
+            # up to the outputs' structure: a None output (an empty subtree) holds no format, a None format is a leaf's
+            formats = tree.flatten_up_to(out_formats)
             out_formats = jax.tree.unflatten(tree, [retry(x, f) for x, f in zip(leaves, formats)])
             overridden.add(type_name)
     raise RuntimeError(f"{getattr(fn, '__name__', fn)}: XLA kept overriding output layouts")

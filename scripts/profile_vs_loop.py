@@ -225,6 +225,43 @@ def write(out: Path, args, dep, rows: list, no_kernels) -> None:
     (out / "profile_vs_loop.md").write_text("\n".join(lines) + "\n")
 
 
+def loop_only(args, dep, prompts, capacity) -> int:
+    """`--loop-only`: per engine the fused loop's step, its kernels and the rest (the step's wall beyond its kernels:
+    launch gaps and the host's part), under this process's XLA_FLAGS."""
+    import os
+
+    import jax
+
+    from specpilot.costmodel import measure as M
+    from specpilot.costmodel.predict import config_label
+    from specpilot.costmodel.report import md_table, provenance, provenance_lines, write_json
+
+    cupti = jax.default_backend() == "gpu"
+    rows = []
+    for cfg in args.engines:
+        row = {"label": config_label(cfg), "batch": args.batch,
+               **loop_measure(M.build_engine(dep, cfg, capacity), prompts, args.max_new, cupti)}
+        row.pop("launch_lists", None)
+        row["beyond_kernels_ms"] = row["loop_step_ms"] - row["loop_kernels_ms"] if cupti else None
+        rows.append(row)
+        kernels = f", kernels {row['loop_kernels_ms']:.3f}, beyond them {row['beyond_kernels_ms']:.3f}" if cupti else ""
+        print(f"{row['label']}: loop step {row['loop_step_ms']:.3f} ms{kernels}", flush=True)
+    res = {"provenance": provenance(), "xla_flags": os.environ.get("XLA_FLAGS", ""), "deployment": dep.describe(),
+           "args": {k: v for k, v in vars(args).items() if k != "engines"}, "rows": rows}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "loop_only.json", res)
+    table = [[r["label"], r["batch"], r["loop_step_ms"], r.get("loop_kernels_ms"), r.get("beyond_kernels_ms"),
+              r.get("loop_launches"), r["loop_steps"]] for r in rows]
+    lines = ["# The fused loop's step", ""] + provenance_lines(res["provenance"]) + [
+        f"- XLA_FLAGS: `{res['xla_flags'] or '(none)'}`",
+        f"- {dep.name}, {args.dtype}, batch {args.batch}, prompts of {args.prompt_len} tokens, {args.max_new} new", "",
+        md_table(["engine", "batch", "loop step ms", "loop kernels ms", "beyond kernels ms", "launches / step",
+                  "loop steps"], table)]
+    (out / "loop_only.md").write_text("\n".join(lines) + "\n")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="output folder (created)")
@@ -238,6 +275,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new", type=positive_int, default=64)
     ap.add_argument("--rounds", type=positive_int, default=6, help="profiled rounds after one warm-up round")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--loop-only", action="store_true",
+                    help="only the fused loop's step and kernels (OUT/loop_only.json, .md): one process per XLA_FLAGS "
+                         "setting to compare (scripts/h200/loop_graphs_ab.sh)")
     args = ap.parse_args(argv)
     if args.max_new < 2:
         ap.error("--max-new must be at least 2: the loop's step is a generation minus one of a single token")
@@ -250,6 +290,8 @@ def main(argv=None) -> int:
     capacity = M.kv_capacity(args.prompt_len, max(args.rounds, -(-args.max_new // dep.block)), dep.block,
                              args.engines)
     rows, no_kernels = [], None
+    if args.loop_only:
+        return loop_only(args, dep, prompts, capacity)
     for cfg in args.engines:
         label = config_label(cfg)
         engine = M.build_engine(dep, cfg, capacity)

@@ -21,8 +21,11 @@ lives, for each engine at one batch:
   which a lone program on a GPU transposes whole caches at entry and exit (H100, docs/results/
   2026-12-07-profile-vs-loop-rounds-h100/: four `wrapped_transpose` kernels, ~0.4 ms a round, never in the loop);
   `pinned_kernels` in the JSON is its kernel table, `round_kernels` the one-program round's per kernel name in both.
-- per stage (GPU only): the profiled stage, its kernels, and the stage's kernels inside the loop program
-  (`loop_stage_kernels_ms`: the loop's CUPTI launches given to stages by `specpilot.costmodel.attribution`).
+- per stage (GPU only): the profiled stage, the host's time to issue it, its kernels, and the stage's kernels inside
+  the loop program (`loop_stage_kernels_ms`: the loop's CUPTI launches given to stages by
+  `specpilot.costmodel.attribution`).
+`--loop-only` measures the loop's step and kernels alone (OUT/loop_only.json, .md), to compare XLA_FLAGS settings one
+process each (`scripts/h200/loop_graphs_ab.sh`).
 Profiled kernels ≈ loop kernels with profiled wall ≫ loop wall: the lone stages pay launch gaps or host time the
 loop hides. Profiled kernels ≫ loop kernels: the lone programs run different (slower) kernels than the loop's body.
 The round columns split the first case: one program on the same buffers near the loop's step says the profile's
@@ -34,7 +37,7 @@ largest differences first).
 Random weights at a conf/model shape (conf/model/proxy_h200_deep.yaml: the proxy pair's target deepened to 36
 layers, as `scripts/h200/batched_order.sh` measures it): every pass costs what the trained pair's costs; only the
 speculative engines' acceptance (how many rounds a generation takes) differs, and the loop step is per iteration.
-Writes OUT/profile_vs_loop.json and .md.
+Writes OUT/profile_vs_loop.json and .md after each engine.
 
     python3 scripts/profile_vs_loop.py --out $OUT --batch 8              # GPU (JAX_DEFAULT_MATMUL_PRECISION=highest)
     python scripts/profile_vs_loop.py --out /tmp/pvl --model tiny --batch 2 --max-new 8   # CPU: no kernel columns

@@ -384,6 +384,12 @@ def test_profile_vs_loop_puts_each_engines_profiled_round_beside_its_loop_step(t
     assert table["c"] == {"profiled": 0.0, "loop": 0.0}
     md = (out / "profile_vs_loop.md").read_text()
     assert "| ar | 2 |" in md and "kernel columns: CUPTI kernel timings need an NVIDIA GPU; this backend is 'cpu'" in md
+    # --loop-only: the loop's step alone, under this process's XLA_FLAGS (named in the report)
+    assert pvl.main(["--out", str(out), "--model", "tiny", "--batch", "2", "--prompt-len", "8", "--max-new", "6",
+                     "--loop-only", "--engines", "ar"]) == 0
+    only = json.loads((out / "loop_only.json").read_text())
+    assert [(r["label"], r["loop_steps"], r["beyond_kernels_ms"]) for r in only["rows"]] == [("ar", 5, None)]
+    assert math.isfinite(only["rows"][0]["loop_step_ms"]) and "XLA_FLAGS: `" in (out / "loop_only.md").read_text()
     capsys.readouterr()
     for argv, message in ((["--engines", "ddtree@x"], "engine 'ddtree@x': expected ar, stock or ddtree@BUDGET"),
                           (["--max-new", "1"], "--max-new must be at least 2")):

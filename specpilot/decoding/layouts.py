@@ -7,9 +7,10 @@ docs/results/2026-12-07-profile-vs-loop-rounds-h100/) four `wrapped_transpose` k
 profiled round and never in the loop. Here the state is held in the layouts XLA picks for the round compiled alone
 with free ("AUTO") layouts, the nearest thing to the loop's carry that one can ask XLA for; each stage is compiled
 with its state in them, hands a cache on in the layout it came in (`output_formats`) and the rest of its carry in
-whatever layout XLA picks. Measured on an H100 (docs/results/2026-12-07-profile-loop-layouts-h100/): the transposes
-go; the speculative engines' stages have not yet run to the end in these layouts, so `Engine.profile` keeps them off
-by default.
+whatever layout XLA picks. Measured on H100s (docs/results/2026-12-07-profile-loop-layouts-h100/ and
+2026-12-07-profile-vs-loop-stages-h100/): the transposes go, but stock's and DDTree's stages then copy the caches XLA
+will not write in the state's layout, so their kernels do not move (4.596 -> 4.604, 11.967 -> 11.980 ms a round);
+`Engine.profile` keeps them off by default.
 
 PRNG key leaves keep their default layout (None below): a key's format is its raw uint32 data's, which the
 `Format` of a key-typed leaf cannot name.

@@ -292,9 +292,9 @@ def main(argv=None) -> int:
                                exclude=(dep.drafter_cfg.mask_token_id,))
     capacity = M.kv_capacity(args.prompt_len, max(args.rounds, -(-args.max_new // dep.block)), dep.block,
                              args.engines)
-    rows, no_kernels = [], None
     if args.loop_only:
         return loop_only(args, dep, prompts, capacity)
+    rows, no_kernels = [], None
     for cfg in args.engines:
         label = config_label(cfg)
         engine = M.build_engine(dep, cfg, capacity)

@@ -261,7 +261,7 @@ def main(argv=None) -> int:
         f"{dep.drafter_cfg.layers.num_layers} layers, block {dep.block} [{time.perf_counter() - t_start:.1f}s]")
     configs = engine_configs(args)
     res = {"provenance": provenance(hw), "deployment": dep.describe(), "context": args.context, "rounds": args.rounds,
-           "configs": configs, "rows": [], "skipped": [], "xla_flags": os.environ.get("XLA_FLAGS", ""),
+           "configs": configs, "rows": [], "skipped": [],
            "matmul": args.matmul or "default", "norm": args.norm or "default", "rope": args.rope or "default",
            "swiglu_matmul": args.swiglu_matmul or "default", "qkv_rope_matmul": args.qkv_rope_matmul or "default",
            "pdl": args.pdl, "tree_rank_max": trees.RANK_TOP_K_MAX}

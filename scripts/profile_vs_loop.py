@@ -230,9 +230,7 @@ def write(out: Path, args, dep, rows: list, no_kernels) -> None:
 
 def loop_only(args, dep, prompts, capacity) -> int:
     """`--loop-only`: per engine the fused loop's step, its kernels and the rest (the step's wall beyond its kernels:
-    launch gaps and the host's part), under this process's XLA_FLAGS."""
-    import os
-
+    launch gaps and the host's part), under this process's XLA_FLAGS (in the provenance)."""
     import jax
 
     from specpilot.costmodel import measure as M
@@ -249,7 +247,7 @@ def loop_only(args, dep, prompts, capacity) -> int:
         rows.append(row)
         kernels = f", kernels {row['loop_kernels_ms']:.3f}, beyond them {row['beyond_kernels_ms']:.3f}" if cupti else ""
         print(f"{row['label']}: loop step {row['loop_step_ms']:.3f} ms{kernels}", flush=True)
-    res = {"provenance": provenance(), "xla_flags": os.environ.get("XLA_FLAGS", ""), "deployment": dep.describe(),
+    res = {"provenance": provenance(), "deployment": dep.describe(),
            "args": {k: v for k, v in vars(args).items() if k != "engines"}, "rows": rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -257,7 +255,6 @@ def loop_only(args, dep, prompts, capacity) -> int:
     table = [[r["label"], r["batch"], r["loop_step_ms"], r.get("loop_kernels_ms"), r.get("beyond_kernels_ms"),
               r.get("loop_launches"), r["loop_steps"]] for r in rows]
     lines = ["# The fused loop's step", ""] + provenance_lines(res["provenance"]) + [
-        f"- XLA_FLAGS: `{res['xla_flags'] or '(none)'}`",
         f"- {dep.name}, {args.dtype}, batch {args.batch}, prompts of {args.prompt_len} tokens, {args.max_new} new", "",
         md_table(["engine", "batch", "loop step ms", "loop kernels ms", "beyond kernels ms", "launches / step",
                   "loop steps"], table)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -32,6 +33,7 @@ def provenance(hw=None) -> dict:
         "jax": jax.__version__,
         "commit": git_commit(),
         "command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),  # they change what XLA compiles, so what is timed
         **({"hardware": hw.to_json()} if hw is not None else {}),
     }
 
@@ -42,6 +44,8 @@ def provenance_lines(p: dict) -> list[str]:
         f"- Commit: `{p['commit']}`.",
         f"- Command: `{p['command']}`",
     ]
+    if p.get("xla_flags"):
+        lines.append(f"- XLA_FLAGS: `{p['xla_flags']}`")
     hw = p.get("hardware")
     if hw:
         lines.append(f"- Calibration ({hw.get('measured_at', '')}): read bandwidth "
@@ -109,7 +113,8 @@ def bench_markdown(res: dict) -> str:
     dep = res["deployment"]
     rows = res["rows"]
     out = [f"# Step-time benchmark: {dep['name']} on {res['provenance']['device']}", ""]
-    out += provenance_lines(res["provenance"])
+    # a bench.json written before `provenance` recorded XLA_FLAGS kept them beside it
+    out += provenance_lines({"xla_flags": res.get("xla_flags", ""), **res["provenance"]})
     capacity = rows[0]["capacity"] if rows else "–"
     weights = "random (synthetic shapes)" if dep["synthetic"] else "checkpoint"
     out += [f"- Context {res['context']} committed tokens per request (KV capacity {capacity}),"
@@ -118,8 +123,7 @@ def bench_markdown(res: dict) -> str:
             f"- bf16 linears: {res.get('matmul', 'default')} (`skinny_matmul.ops.DEFAULT`); residual add + RMSNorm: "
             f"{res.get('norm', 'default')} (`add_rms_norm.ops.DEFAULT`); q/k norm + rope: {res.get('rope', 'default')} "
             f"(`qk_norm_rope.ops.DEFAULT`); PDL: {'yes' if res.get('pdl') else 'no'}; "
-            f"tree top-k's: {_tree_top_k(res.get('tree_rank_max', 0))} (`tree.RANK_TOP_K_MAX`); "
-            f"XLA_FLAGS: `{res.get('xla_flags') or '(none)'}`.",
+            f"tree top-k's: {_tree_top_k(res.get('tree_rank_max', 0))} (`tree.RANK_TOP_K_MAX`).",
             ""]
     out += ["## Step time per round (ms)", ""]
     stages = [s for s in STAGES if any(s in r["stage_ms"] for r in rows)]

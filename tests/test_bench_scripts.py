@@ -93,12 +93,21 @@ def test_reproduce_ddtree_comparison_on_the_oracle_pair(tmp_path, cache_env, mon
     sys.path.insert(0, str(REPO / "scripts"))
     import reproduce_ddtree_comparison
 
+    import jax
+
+    from specpilot.costmodel import cupti
+
+    def one_ms(call):  # a stand-in for CUPTI (a GPU's): every profiled stage call runs 1 ms of kernels
+        jax.block_until_ready(call())
+        return [("kernel", 1.0)]
+
     monkeypatch.setenv("SPECPILOT_CACHE", cache_env["SPECPILOT_CACHE"])
+    monkeypatch.setattr(cupti, "kernel_timings", one_ms)
     out = tmp_path / "cmp"
     rc = reproduce_ddtree_comparison.main(["--out", str(out), "--models", "--num-prompts", "1", "--max-new", "8",
                                            "--ddtree-budgets", "8", "--specpilot-candidates", "4", "8",
                                            "--tlv-budgets", "--rounds", "1", "--compile-cache", "none",
-                                           "--target-passthrough-layers", "1"])
+                                           "--target-passthrough-layers", "1", "--gpu-time"])
     assert rc == 0
     res = json.loads((out / "ddtree_comparison.json").read_text())
     [dep] = res["deployments"]
@@ -110,6 +119,9 @@ def test_reproduce_ddtree_comparison_on_the_oracle_pair(tmp_path, cache_env, mon
     for e in entries.values():
         assert e["lockstep_tau"] == pytest.approx(e["tau"])
         assert e["model_speedup_lockstep"] == pytest.approx(e["model_speedup"])
+    # on kernel time: AR's round is two stages (2 ms), a tree engine's four (4 ms)
+    assert entries["ar"]["t_step_kernels_ms"] == 2.0 and entries["ddtree@8"]["t_step_kernels_ms"] == 4.0
+    assert entries["ddtree@8"]["model_speedup_kernels"] == pytest.approx(entries["ddtree@8"]["tau"] * 2.0 / 4.0)
     assert entries["ddtree@8"]["tau"] > 1.0  # a trained pair, deepened without changing its outputs: drafts accepted
     assert sorted(map(int, entries["specpilot[4,8]"]["engine_cfg"]["verify_cost_ms"])) == [4, 8]
     md = (out / "ddtree_comparison.md").read_text()
@@ -296,7 +308,8 @@ def test_reproduce_tables_list_measured_ar_and_each_rows_loop_step():
         return {"deployment": kind[:4], "label": label, "batch": 8, "kind": kind, "tau": 2.0, "speedup": 0.5,
                 "t_step_ms": 3.0, "t_ar_ms": 1.5, **extra}
 
-    measured = {"lockstep_tau": 1.5, "model_speedup": 1.0, "model_speedup_lockstep": 0.75}
+    measured = {"lockstep_tau": 1.5, "model_speedup": 1.0, "model_speedup_lockstep": 0.75, "t_step_kernels_ms": 1.0,
+                "model_speedup_kernels": 0.5}
     res = {"entries": [entry("ar", "measured", loop_step_ms=1.25, lossless=True, **measured),
                        entry("stock", "measured", loop_step_ms=2.5, lossless=False, **measured),
                        entry("ar", "projected"), entry("stock", "projected", t_ar_ms=None)]}
@@ -304,11 +317,14 @@ def test_reproduce_tables_list_measured_ar_and_each_rows_loop_step():
     assert blank == ""
     lines = md.splitlines()
     assert lines[0] == ("| deployment | config | batch | kind | τ | speedup | t_step ms | t_AR ms | loop ms / step | "
-                        "lockstep τ | model | model (lockstep) | lossless |")
+                        "lockstep τ | model | model (lockstep) | t_step kernels ms | model (lockstep, kernels) | "
+                        "lossless |")
     assert lines[2:] == [
-        "| meas | ar | 8 | measured | 2.000 | 0.500 | 3.000 | 1.500 | 1.250 | 1.500 | 1.000 | 0.750 | True |",
-        "| meas | stock | 8 | measured | 2.000 | 0.500 | 3.000 | 1.500 | 2.500 | 1.500 | 1.000 | 0.750 | False |",
-        "| proj | stock | 8 | projected | 2.000 | 0.500 | 3.000 | – | – | – | – | – | n/a (random weights) |"]
+        "| meas | ar | 8 | measured | 2.000 | 0.500 | 3.000 | 1.500 | 1.250 | 1.500 | 1.000 | 0.750 | 1.000 | 0.500 "
+        "| True |",
+        "| meas | stock | 8 | measured | 2.000 | 0.500 | 3.000 | 1.500 | 2.500 | 1.500 | 1.000 | 0.750 | 1.000 | 0.500 "
+        "| False |",
+        "| proj | stock | 8 | projected | 2.000 | 0.500 | 3.000 | – | – | – | – | – | – | – | n/a (random weights) |"]
 
 
 @pytest.mark.parametrize("argv,message", [

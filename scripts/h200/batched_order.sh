@@ -11,6 +11,8 @@
 # (the pair only), then one batch a call, the machine kept warm between them. On an H200
 # (docs/results/2026-12-07-batched-order-32-h200/): `train` 182 s; batch 32 586 s, its table written just before the
 # timeout cut the process in its exit (164 s compile and profile, 403 s for the four generations).
+# `--gpu-time` (since the fiftieth session) adds the profiled stages' CUPTI kernel time and the lockstep model on it
+# to the measured rows: the profiled wall is largely the host's (docs/results/2026-12-07-profile-vs-loop-stages-h100/).
 # No carry. Writes $OUT/device.txt, $OUT/order.log, $OUT/table2_<batch>.md / .json.
 # Usage (repo root): SPECPILOT_COMMIT=<hash> bash scripts/h200/batched_order.sh [train | BATCH ...]  (default: 8)
 set -u
@@ -27,7 +29,7 @@ for b in ${batches#train}; do
   [ $left -lt 60 ] && { echo "skipped: under 60 s left" >> $OUT/order.log; continue; }
   JAX_DEFAULT_MATMUL_PRECISION=highest timeout $left python3 scripts/reproduce_table2.py --out /tmp/t2_$b \
     --proxy proxy_h200 --models --batches $b --target-passthrough-layers 24 --num-prompts 32 --max-new 64 \
-    --specpilot-candidates 16 64 --tlv-budgets --compile-cache /tmp/jc >> $OUT/order.log 2>&1
+    --specpilot-candidates 16 64 --tlv-budgets --compile-cache /tmp/jc --gpu-time >> $OUT/order.log 2>&1
   echo "rc $? at $SECONDS s" >> $OUT/order.log
   cp /tmp/t2_$b/table2.md $OUT/table2_$b.md 2> /dev/null; cp /tmp/t2_$b/table2.json $OUT/table2_$b.json 2> /dev/null
 done

@@ -63,6 +63,10 @@ def base_parser(doc: str, batches: list[int]) -> argparse.ArgumentParser:
                     help="threads compiling a batch's configs before timing (default 4 on an accelerator, else 1)")
     ap.add_argument("--dtype", default=None, choices=("bfloat16", "float32"),
                     help="synthetic weights (default: bfloat16 on GPU, float32 on CPU)")
+    ap.add_argument("--gpu-time", action="store_true",
+                    help="real pair: also profile each stage's kernels under CUPTI, and give the measured rows the "
+                         "model on kernel time (profiled rounds' wall is largely the host's: "
+                         "docs/results/2026-12-07-profile-vs-loop-stages-h100/)")
     ap.add_argument("--seed", type=int, default=0)
     return ap
 
@@ -164,13 +168,15 @@ def run(args, configs: list[dict], script: str) -> dict:
                                         exclude=(dep.drafter_cfg.mask_token_id,))
         context = max(len(p) for p in prompts)
         rows, _ = M.sweep(dep, configs, args.batches, context, args.rounds, hw, log=log, seed=args.seed,
-                          compile_workers=args.compile_workers or (4 if accel else 1))
+                          compile_workers=args.compile_workers or (4 if accel else 1), gpu_time=args.gpu_time)
         by_batch = {b: [r["engine_cfg"] for r in rows if r["batch"] == b] for b in args.batches}
         gens = M.generation_rows(dep, by_batch, prompts, args.max_new, args.seed, log)
         ar_round = {r["batch"]: r["round_ms"] for r in rows if r["label"] == "ar"}
+        ar_kernels = {r["batch"]: kernel_round_ms(r) for r in rows if r["label"] == "ar"}
         ar_lockstep = {g["batch"]: g["lockstep_tau"] for g in gens if g["label"] == "ar"}
         for g in gens:
             row = next(r for r in rows if r["batch"] == g["batch"] and r["label"] == g["label"])
+            kernels, lockstep = kernel_round_ms(row), g["lockstep_tau"] / ar_lockstep[g["batch"]]
             res["entries"].append({
                 "deployment": dep.name, "kind": "measured", "label": g["label"], "engine_cfg": row["engine_cfg"],
                 "batch": g["batch"], "tau": g["tau"], "speedup": g["speedup"], "lossless": g["lossless"],
@@ -179,8 +185,11 @@ def run(args, configs: list[dict], script: str) -> dict:
                 "model_speedup": speedup(g["tau"], ar_round[g["batch"]], row["round_ms"]),
                 "lockstep_tau": g["lockstep_tau"],
                 # the rows run in lockstep: τ as the loop delivers it, relative to AR's (1 without EOS)
-                "model_speedup_lockstep": speedup(g["lockstep_tau"] / ar_lockstep[g["batch"]],
-                                                  ar_round[g["batch"]], row["round_ms"]),
+                "model_speedup_lockstep": speedup(lockstep, ar_round[g["batch"]], row["round_ms"]),
+                # --gpu-time: the same on the profiled stages' kernel time, which the host does not enter
+                "t_step_kernels_ms": kernels,
+                "model_speedup_kernels": (speedup(lockstep, ar_kernels[g["batch"]], kernels)
+                                          if kernels and ar_kernels[g["batch"]] else None),
             })
         if tau is None:
             source = f"{dep.name} measured in this run ({len(prompts)} prompts × {args.max_new} tokens)"
@@ -207,6 +216,11 @@ def run(args, configs: list[dict], script: str) -> dict:
                                    "tau_profile": tau.to_json(), "skipped": skipped,
                                    "wall_s": time.perf_counter() - t0})
     return res
+
+
+def kernel_round_ms(row: dict) -> float | None:
+    """A profiled row's round as its stages' CUPTI kernel time (ms), or None without it (no `--gpu-time`, no GPU)."""
+    return sum(row["stage_gpu_ms"].values()) if row.get("stage_gpu_ms") else None
 
 
 def fmt_speedup(e: dict | None) -> str:
@@ -239,10 +253,12 @@ def configurations_table(res: dict) -> list[str]:
 
     rows = [[e["deployment"], e["label"], e["batch"], e["kind"], e["tau"], e["speedup"], e["t_step_ms"],
              e.get("t_ar_ms"), e.get("loop_step_ms"), e.get("lockstep_tau"), e.get("model_speedup"),
-             e.get("model_speedup_lockstep"), e.get("lossless", "n/a (random weights)")]
+             e.get("model_speedup_lockstep"), e.get("t_step_kernels_ms"), e.get("model_speedup_kernels"),
+             e.get("lossless", "n/a (random weights)")]
             for e in res["entries"] if e["label"] != "ar" or e["kind"] == "measured"]
     return [md_table(["deployment", "config", "batch", "kind", "τ", "speedup", "t_step ms", "t_AR ms",
-                      "loop ms / step", "lockstep τ", "model", "model (lockstep)", "lossless"], rows), ""]
+                      "loop ms / step", "lockstep τ", "model", "model (lockstep)", "t_step kernels ms",
+                      "model (lockstep, kernels)", "lossless"], rows), ""]
 
 
 def header(res: dict, title: str) -> list[str]:
@@ -257,7 +273,8 @@ def header(res: dict, title: str) -> list[str]:
                          "loop ms / step = the fused loop's wall time per iteration (its rows in lockstep); "
                          "lockstep τ = tokens a row commits per loop iteration (the slowest row sets the "
                          "iterations); model = τ · t_AR / t_step, model (lockstep) the same with lockstep τ ÷ "
-                         "AR's.")
+                         "AR's; t_step kernels = the profiled stages' CUPTI kernel time, and the lockstep model on "
+                         "it (`--gpu-time`, GPU only).")
         else:
             lines.append(f"- **{d['name']}** (random weights, context {d['context']}): PROJECTED — "
                          f"τ · t_AR / t_step with step times measured here and τ from {d['tau_profile']['source']}"

@@ -112,8 +112,8 @@ def parse_args(argv=None):
                     help="a specpilot run of its own (other candidates than the configuration's), when specpilot "
                          "runs: it measures what verifying through lax.switch adds (the switch overhead)")
     ap.add_argument("--compile-workers", type=positive_int, default=None,
-                    help="threads compiling a batch's configs before the timed pass (default 4 on an accelerator, "
-                         "else 1)")
+                    help="threads compiling a batch's configs (stages; real pairs: then generation loops) before "
+                         "the timed pass (default 4 on an accelerator, else 1)")
     ap.add_argument("--compile-cache", default=".cache/jax-compile",
                     help="jax persistent compilation cache folder ('none' = off)")
     ap.add_argument("--eager-prefill", choices=("auto", "on", "off"), default="auto",
@@ -288,7 +288,7 @@ def main(argv=None) -> int:
         by_batch = {b: [r["engine_cfg"] for r in rows if r["batch"] == b and r.get("role") != "calibration"]
                     for b in args.batches}
         res["generate"] = M.generation_rows(dep, {b: c for b, c in by_batch.items() if c}, prompts, args.max_new,
-                                            args.seed, log)
+                                            args.seed, log, compile_workers=workers)
         source = f"{dep.name} ({len(prompts)} prompts × {args.max_new} tokens, greedy)"
         tau = M.tau_profile_from(res["generate"], source)
         write_json(out / "tau_profile.json", tau.to_json())

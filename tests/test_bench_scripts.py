@@ -155,37 +155,66 @@ def test_wandb_sweep_files_drive_bench(sweep):
             assert str(got[0] if isinstance(got, list) else got) == str(v)
 
 
-def test_warm_up_compiles_exactly_the_programs_the_timed_pass_runs(tmp_path):
-    """`measure.warm_up` (parallel compile into the persistent cache) must build the timed pass's shapes:
-    after it, measuring the same configurations adds no new program to the cache."""
+@pytest.fixture
+def fresh_compile_cache(tmp_path):
+    """A persistent compilation cache of the test's own, every program cached; the run's own cache restored after."""
     import jax
+    from jax._src import compilation_cache
 
     from specpilot.costmodel import measure as M
-
-    from jax._src import compilation_cache
 
     old = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
     cache = tmp_path / "jit"
     M.enable_compile_cache(cache, min_compile_s=0.0)
     compilation_cache.reset_cache()  # the test run's own cache (conftest) is open already: open this one
     try:
-        dep = M.synthetic_deployment("tiny", "float32", 0, drafter_layers=1, block_size=4)
-        configs = [{"name": "ar"}, {"name": "ddtree", "tree_budget": 4}]
-        context, rounds = 12, 2
-        capacity = M.kv_capacity(context, rounds, dep.block, configs)
-        with warnings.catch_warnings(record=True) as caught:  # the stages' donation hint stays silenced
-            warnings.simplefilter("always")                    # across the warm-up's threads
-            M.warm_up(dep, configs, 1, context, capacity, rounds, workers=2, eager_prefill=False)
-        assert not [w for w in caught if "donated" in str(w.message)]
-        compiled = set(p.name for p in cache.iterdir())
-        assert compiled
-        for cfg in configs:
-            M.measure_row(dep, cfg, 1, context, capacity, rounds, None, eager_prefill=False)
-        assert set(p.name for p in cache.iterdir()) == compiled
+        yield cache
     finally:
         jax.config.update("jax_compilation_cache_dir", old[0])
         jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
         compilation_cache.reset_cache()
+
+
+def test_warm_up_compiles_exactly_the_programs_the_timed_pass_runs(fresh_compile_cache):
+    """`measure.warm_up` (parallel compile into the persistent cache) must build the timed pass's shapes:
+    after it, measuring the same configurations adds no new program to the cache."""
+    from specpilot.costmodel import measure as M
+
+    dep = M.synthetic_deployment("tiny", "float32", 0, drafter_layers=1, block_size=4)
+    configs = [{"name": "ar"}, {"name": "ddtree", "tree_budget": 4}]
+    context, rounds = 12, 2
+    capacity = M.kv_capacity(context, rounds, dep.block, configs)
+    with warnings.catch_warnings(record=True) as caught:  # the stages' donation hint stays silenced
+        warnings.simplefilter("always")                    # across the warm-up's threads
+        M.warm_up(dep, configs, 1, context, capacity, rounds, workers=2, eager_prefill=False)
+    assert not [w for w in caught if "donated" in str(w.message)]
+    compiled = set(p.name for p in fresh_compile_cache.iterdir())
+    assert compiled
+    for cfg in configs:
+        M.measure_row(dep, cfg, 1, context, capacity, rounds, None, eager_prefill=False)
+    assert set(p.name for p in fresh_compile_cache.iterdir()) == compiled
+
+
+def test_generation_warm_up_compiles_exactly_the_programs_the_timed_generations_run(fresh_compile_cache):
+    """`generation_rows(compile_workers=2)` compiles every config's prefill and fused loops (at each batch a chunk
+    shrinks to) in threads first: the timed generations then add no program to the cache, and give what a run
+    without the warm-up gives."""
+    from specpilot.costmodel import measure as M
+
+    dep = M.synthetic_deployment("tiny", "float32", 0, drafter_layers=1, block_size=4)
+    configs = [{"name": "ar"}, {"name": "ddtree", "tree_budget": 4}]
+    prompts = [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12], [13, 14]]
+    max_new, batch = 6, 4  # batch >= Engine.shrink_from: rows that finish apart shrink the loop (another program)
+    capacity = max(map(len, prompts)) + max_new + max(M.slack_of(c, dep.block) for c in configs) + 1
+    M.warm_up_generation(dep, configs, prompts, max_new, batch, capacity, workers=2, log=pytest.fail)
+    compiled = set(p.name for p in fresh_compile_cache.iterdir())
+    assert compiled
+    rows = M.generation_rows(dep, {batch: configs}, prompts, max_new, log=lambda _: None)
+    assert set(p.name for p in fresh_compile_cache.iterdir()) == compiled
+    again = M.generation_rows(dep, {batch: configs}, prompts, max_new, log=lambda _: None, compile_workers=2)
+    for a, b in zip(rows, again):
+        assert (a["label"], a["tau"], a["loop_steps"], a["lossless"]) == (b["label"], b["tau"], b["loop_steps"],
+                                                                          b["lossless"])
 
 
 @pytest.mark.parametrize("argv,message", [

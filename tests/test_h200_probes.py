@@ -2,7 +2,8 @@
 to end on the tiny model, ``prefetch_probe.py``'s chain lowered for Hopper, ``swiglu_matmul_probe.py``'s configs,
 ``attention_ablation_probe.py``'s ablations, ``w12_probe.py``'s stand-in decode and bf16 configs,
 ``stream_probe.py``'s layouts, ``grid_barrier_probe.py``'s and ``cluster_merge_probe.py``'s kernels lowered for Hopper,
-``stall_table.py`` on a recorded Nsight Compute page, ``tree_probe.py``'s CPU smoke run."""
+``stall_table.py`` on a recorded Nsight Compute page, ``tree_probe.py``'s CPU smoke run, ``cupti_switch_probe.py``'s
+programs (each switch picks the branch it names)."""
 
 import importlib.util
 import re
@@ -270,3 +271,12 @@ def test_tree_probe_quick_compares_tree_and_accept_forms(monkeypatch, capsys):
   with pytest.raises(SystemExit):
     probe.main(["--chunks", "16,x"])
   assert "expected 'table' or widths like 16,16, got '16,x'" in capsys.readouterr().err
+
+
+def test_cupti_switch_probe_switches_pick_their_branch_and_say_why_no_kernel_time(monkeypatch, capsys):
+  probe = load_probe("cupti_switch_probe", monkeypatch)
+  rows = probe.main(["--layers", "3", "--hidden", "64", "--rows", "4", "--calls", "1", "--iters", "2"])
+  assert [r["program"] for r in rows] == ["branch alone", "switch", "switch, donated", "switch, small branch"]
+  assert all(r["same"] for r in rows), rows  # the small branch's output differs from the big one's
+  assert all(r["kernel_ms"] is None and r["wall_ms"] > 0 for r in rows)  # no CUPTI on a CPU
+  assert "CUPTI kernel timings need an NVIDIA GPU" in capsys.readouterr().out

@@ -13,6 +13,9 @@
 # timeout cut the process in its exit (164 s compile and profile, 403 s for the four generations).
 # `--gpu-time` (since the fiftieth session) adds the profiled stages' CUPTI kernel time and the lockstep model on it
 # to the measured rows: the profiled wall is largely the host's (docs/results/2026-12-07-profile-vs-loop-stages-h100/).
+# Batch 8 with --gpu-time after `train` took 580 s on an H100 (docs/results/2026-12-07-batched-order-gpu-time-h100/),
+# ~355 s of it compiling the four engines' generation loops one after another; since the fifty-first session they
+# compile in 4 threads first (`measure.warm_up_generation`): expected ~150 s for them, ~380 s for the call.
 # No carry. Writes $OUT/device.txt, $OUT/order.log, $OUT/table2_<batch>.md / .json.
 # Usage (repo root): SPECPILOT_COMMIT=<hash> bash scripts/h200/batched_order.sh [train | BATCH ...]  (default: 8)
 set -u

@@ -229,6 +229,12 @@ def kv_capacity(context: int, rounds: int, block: int, configs: Sequence[dict], 
     return -(-need // multiple) * multiple
 
 
+def kv_cache_bytes(dep: Deployment, batch: int, capacity: int) -> int:
+    """The target's KV cache at `batch` rows of `capacity` slots."""
+    t = dep.target_cfg
+    return 2 * t.num_layers * batch * capacity * t.num_kv_heads * t.head_dim * dep.act_bytes
+
+
 def warm_up_workers(requested: int, kv_cache_bytes: int, free_bytes: int | None, copies: int = 6) -> int:
     """Threads that fit the device: each warm-up runs a whole engine, whose state and unfused stage outputs
     hold about `copies` KV caches at once. At batch 32 on the H200 three threads ran out of memory
@@ -298,9 +304,7 @@ def sweep(dep: Deployment, configs: list[dict], batches: Sequence[int], context:
         if compile_workers > 1 and (budget_s is None or time.perf_counter() - t_start + slowest < budget_s):
             t0 = time.perf_counter()
             # specpilot's cost table is fitted from this batch's rows: its program is compiled in the timed pass
-            t = dep.target_cfg
-            kv_bytes = 2 * t.num_layers * batch * capacity * t.num_kv_heads * t.head_dim * dep.act_bytes
-            workers = warm_up_workers(compile_workers, kv_bytes, _free_device_bytes())
+            workers = warm_up_workers(compile_workers, kv_cache_bytes(dep, batch, capacity), _free_device_bytes())
             warm_up(dep, [c for c, _ in plan if c["name"] != "specpilot"], batch, context, capacity, rounds, seed,
                     eager_prefill, workers, log)
             log(f"[{time.perf_counter() - t_start:6.1f}s] compiled B={batch} in {workers} threads "
@@ -348,19 +352,51 @@ def lockstep_tau(results) -> float:
     return committed / slots if slots else 0.0
 
 
+def generate_chunks(engine, prompts: list[list[int]], max_new: int, batch: int, seed: int = 0) -> list:
+    """`engine.generate` on `prompts` in chunks of `batch` (a last partial chunk dropped; fewer prompts than the batch
+    are repeated), all padded to one length so one program serves every chunk."""
+    pad = max(len(p) for p in prompts)
+    if len(prompts) < batch:
+        prompts = (prompts * batch)[:batch]
+    chunks = [prompts[i: i + batch] for i in range(0, len(prompts) - batch + 1, batch)]
+    return [engine.generate(c, max_new, seed, pad_to=pad) for c in chunks]
+
+
+def warm_up_generation(dep: Deployment, configs: Sequence[dict], prompts: list[list[int]], max_new: int, batch: int,
+                       capacity: int, seed: int = 0, workers: int = 1, log: Callable[[str], None] = print) -> None:
+    """Compile every config's generation programs (prefill, and the fused loop at each batch its chunks shrink to)
+    in `workers` threads, each running its config's chunks once on an engine of its own, into jax's persistent
+    compilation cache: `measure_generate`'s own untimed run then loads them instead of compiling. A batch-8 table on
+    the 36-layer proxy spent ~355 s of a 580 s device call compiling its four engines' loops one after another
+    (docs/results/2026-12-07-batched-order-gpu-time-h100/). Needs the cache enabled (`enable_compile_cache`); a
+    failure here only costs the time it took."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import jax
+
+    if not jax.config.jax_compilation_cache_dir:
+        log("  generation warm-up skipped: the persistent compilation cache is off")
+        return
+
+    def one(cfg):
+        try:
+            generate_chunks(build_engine(dep, cfg, capacity), prompts, max_new, batch, seed)
+        except Exception as e:  # the timed pass reports it properly
+            log(f"  generation warm-up of {config_label(cfg)} B={batch} failed: {type(e).__name__}: {e}")
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(one, configs))
+
+
 def measure_generate(dep: Deployment, engine_cfg: dict, prompts: list[list[int]], max_new: int, batch: int,
                      capacity: int, seed: int = 0, repeats: int = 1) -> dict:
     """Fused-loop generation on real prompts in chunks of `batch` (a last partial chunk is dropped): τ and
     wall time (after a warm-up run that compiles every shape). All prompts are padded to one length so one
     program serves all chunks."""
     engine = build_engine(dep, engine_cfg, capacity)
-    pad = max(len(p) for p in prompts)
-    if len(prompts) < batch:  # fewer prompts than the batch: repeat them
-        prompts = (prompts * batch)[:batch]
-    chunks = [prompts[i: i + batch] for i in range(0, len(prompts) - batch + 1, batch)]
 
     def run():
-        return [engine.generate(c, max_new, seed, pad_to=pad) for c in chunks]
+        return generate_chunks(engine, prompts, max_new, batch, seed)
 
     run()
     best = None
@@ -389,17 +425,24 @@ def measure_generate(dep: Deployment, engine_cfg: dict, prompts: list[list[int]]
 
 
 def generation_rows(dep: Deployment, configs_by_batch: dict[int, list[dict]], prompts: list[list[int]],
-                    max_new: int, seed: int = 0, log: Callable[[str], None] = print, repeats: int = 1) -> list[dict]:
+                    max_new: int, seed: int = 0, log: Callable[[str], None] = print, repeats: int = 1,
+                    compile_workers: int = 1) -> list[dict]:
     """Real-acceptance measurements on a checkpoint pair: for each batch and config (AR first), τ, wall
     time of the fused loop, MEASURED speedup = AR's wall time ÷ the engine's for the same prompts and
     tokens, and whether the tokens equal AR's (greedy: they must). AR is the AR row of the configuration's own
     program variant (`predict.program_variant`: stock+w12 against AR+w12, as `predict.project` does), else the
-    first AR row of the batch."""
+    first AR row of the batch. `compile_workers` > 1 compiles a batch's generation programs in parallel first
+    (`warm_up_generation`; the timed runs stay one at a time)."""
     block = dep.block
     out = []
     for batch, configs in configs_by_batch.items():
         configs = sorted(configs, key=lambda c: c["name"] != "ar")
         capacity = max(len(p) for p in prompts) + max_new + max(slack_of(c, block) for c in configs) + 1
+        if compile_workers > 1:
+            t0 = time.perf_counter()
+            workers = warm_up_workers(compile_workers, kv_cache_bytes(dep, batch, capacity), _free_device_bytes())
+            warm_up_generation(dep, configs, prompts, max_new, batch, capacity, seed, workers, log)
+            log(f"compiled generation B={batch} in {workers} threads ({time.perf_counter() - t0:.1f}s)")
         ars: dict[str, dict] = {}
         for cfg in configs:
             t0 = time.perf_counter()

@@ -60,7 +60,8 @@ def base_parser(doc: str, batches: list[int]) -> argparse.ArgumentParser:
     ap.add_argument("--budget-s", type=float, default=None, help="time budget per synthetic deployment's sweep")
     ap.add_argument("--compile-cache", default=".cache/jax-compile")
     ap.add_argument("--compile-workers", type=positive_int, default=None,
-                    help="threads compiling a batch's configs before timing (default 4 on an accelerator, else 1)")
+                    help="threads compiling a batch's configs (stages, then generation loops) before timing "
+                         "(default 4 on an accelerator, else 1)")
     ap.add_argument("--dtype", default=None, choices=("bfloat16", "float32"),
                     help="synthetic weights (default: bfloat16 on GPU, float32 on CPU)")
     ap.add_argument("--gpu-time", action="store_true",
@@ -141,6 +142,7 @@ def run(args, configs: list[dict], script: str) -> dict:
     if args.compile_cache and args.compile_cache.lower() != "none":
         M.enable_compile_cache(args.compile_cache)
     accel = jax.devices()[0].platform != "cpu"
+    workers = args.compile_workers or (4 if accel else 1)
     hw = load_or_calibrate()
     configs = [{"name": "ar"}] + [c for c in configs if c["name"] != "ar"]
     configs = sorted(configs, key=lambda c: c["name"] == "specpilot")  # specpilot fitted from the rest
@@ -168,9 +170,9 @@ def run(args, configs: list[dict], script: str) -> dict:
                                         exclude=(dep.drafter_cfg.mask_token_id,))
         context = max(len(p) for p in prompts)
         rows, _ = M.sweep(dep, configs, args.batches, context, args.rounds, hw, log=log, seed=args.seed,
-                          compile_workers=args.compile_workers or (4 if accel else 1), gpu_time=args.gpu_time)
+                          compile_workers=workers, gpu_time=args.gpu_time)
         by_batch = {b: [r["engine_cfg"] for r in rows if r["batch"] == b] for b in args.batches}
-        gens = M.generation_rows(dep, by_batch, prompts, args.max_new, args.seed, log)
+        gens = M.generation_rows(dep, by_batch, prompts, args.max_new, args.seed, log, compile_workers=workers)
         ar_round = {r["batch"]: r["round_ms"] for r in rows if r["label"] == "ar"}
         ar_kernels = {r["batch"]: kernel_round_ms(r) for r in rows if r["label"] == "ar"}
         ar_lockstep = {g["batch"]: g["lockstep_tau"] for g in gens if g["label"] == "ar"}
@@ -205,7 +207,7 @@ def run(args, configs: list[dict], script: str) -> dict:
         dep = M.synthetic_deployment(model, args.dtype or ("bfloat16" if accel else "float32"), args.seed)
         context = args.context or (1024 if accel else 64)
         rows, skipped = M.sweep(dep, configs, args.batches, context, args.rounds, hw, args.budget_s, log, args.seed,
-                                compile_workers=args.compile_workers or (4 if accel else 1))
+                                compile_workers=workers)
         ar_round = {r["batch"]: r["round_ms"] for r in rows if r["label"] == "ar"}
         for p in project(rows, tau, dep.block):
             base = p["label"].split(" (budget")[0]

@@ -129,6 +129,37 @@ def test_reproduce_ddtree_comparison_on_the_oracle_pair(tmp_path, cache_env, mon
     assert md in capsys.readouterr().out
 
 
+def test_reproduce_projects_synthetic_rows_on_kernel_time_too(tmp_path, monkeypatch):
+    """`--gpu-time` on a synthetic deployment: each projected row also gets its projection on the profiled stages'
+    kernel time (a stand-in for CUPTI: every stage call 1 ms of kernels, so AR's round is 2 ms, a tree engine's 4)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import reproduce_ddtree_comparison
+
+    import jax
+
+    from specpilot.costmodel import cupti
+    from specpilot.costmodel.predict import TauProfile
+
+    def one_ms(call):
+        jax.block_until_ready(call())
+        return [("kernel", 1.0)]
+
+    monkeypatch.setattr(cupti, "kernel_timings", one_ms)
+    tau = tmp_path / "tau.json"
+    tau.write_text(json.dumps(TauProfile({"stock": 2.0, "ddtree@8": 3.0}, "unit test").to_json()))
+    out = tmp_path / "proj"
+    assert reproduce_ddtree_comparison.main(
+        ["--out", str(out), "--no-real", "--models", "tiny", "--tau-profile", str(tau), "--batches", "1",
+         "--context", "16", "--rounds", "1", "--ddtree-budgets", "8", "--specpilot-candidates", "4", "8",
+         "--tlv-budgets", "--compile-cache", "none", "--gpu-time"]) == 0
+    entries = {e["label"]: e for e in json.loads((out / "ddtree_comparison.json").read_text())["entries"]}
+    ddtree = entries["ddtree@8"]
+    assert ddtree["kind"] == "projected" and ddtree["tau"] == 3.0
+    assert (ddtree["t_step_kernels_ms"], ddtree["model_speedup_kernels"]) == (4.0, pytest.approx(3.0 * 2.0 / 4.0))
+    [spec] = [e for label, e in entries.items() if label.startswith("specpilot")]
+    assert spec["t_step_kernels_ms"] == 4.0  # draft, tree, verify (the target pass at its budget) and commit
+
+
 @pytest.mark.parametrize("sweep", sorted((REPO / "conf" / "sweeps").glob("*.yaml")), ids=lambda p: p.name)
 def test_wandb_sweep_files_drive_bench(sweep):
     """Every grid point of a W&B sweep file is a valid bench.py command line (W&B passes `--key=value`), its

@@ -544,3 +544,31 @@ def test_a_specpilot_row_that_chose_several_budgets_is_charged_their_mixture():
     assert counts.ceilings_ms(TARGET, DRAFTER, cfg, 2, 16, hw, 2, {64: 0.75, 256: 0.25}) == pytest.approx(ceilings)
     alone, _ = counts.mixed_stage_costs(TARGET, DRAFTER, cfg, 2, 16, 2, {}, None)  # no mix: the engine's own size
     assert alone["verify"].bytes == at(None)["verify"].bytes
+
+def test_projection_on_kernel_time_leaves_specpilots_lost_switch_kernels_out_of_the_fit(rows):
+    """`--gpu-time` rows projected on their CUPTI kernel time (`reproduce.kernel_projections`): every stage's kernels
+    here take half its wall, so speedups equal the wall projection's at half the step. SpecPilot's verify reads
+    0.01 ms, as CUPTI lost its `lax.switch` branch on an H100: it is projected, never fitted, so its step is the
+    DDTree step at the budget it picks. A row without every stage's kernel time is not projected on kernels."""
+    from specpilot.costmodel.predict import on_kernel_time
+    from specpilot.costmodel.reproduce import kernel_projections
+
+    def timed(r):
+        gpu = {s: ms / 2 for s, ms in r["stage_ms"].items()}
+        if r["engine_cfg"]["name"] == "specpilot":
+            gpu["verify"] = 0.01
+        return {**r, "stage_gpu_ms": gpu}
+
+    kernel_rows = [timed(r) for r in rows]
+    partial = {**kernel_rows[1], "stage_gpu_ms": {"draft": 1.0}}
+    assert on_kernel_time([partial]) == [] and on_kernel_time(rows) == []
+    tau = TauProfile({"stock": 2.5, "ddtree@16": 3.0, "ddtree@256": 4.0}, source="unit test")
+    wall = {(p["label"], p["batch"]): p for p in project(kernel_rows, tau, BLOCK)}
+    kern = kernel_projections(kernel_rows, tau, BLOCK)
+    assert set(kern) == set(wall)
+    for key in (("ddtree@64", 8), ("stock", 1), ("tlv@128/int8", 8)):
+        assert kern[key]["t_step_ms"] == pytest.approx(wall[key]["t_step_ms"] / 2)
+        assert kern[key]["speedup"] == pytest.approx(wall[key]["speedup"])
+    [(label, nodes)] = {(k[0], int(k[0].split("budget ")[1].rstrip(")"))) for k in kern if k[0].startswith("spec")}
+    assert kern[(label, 8)]["t_step_ms"] == pytest.approx(kern[(f"ddtree@{nodes}", 8)]["t_step_ms"])
+    assert kernel_projections(rows, tau, BLOCK) == {}

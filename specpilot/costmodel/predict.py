@@ -363,11 +363,20 @@ def leave_one_out(rows: list[dict], block: int) -> list[dict]:
     return out
 
 
-def project(rows: list[dict], tau: TauProfile, block: int) -> list[dict]:
+def on_kernel_time(rows: list[dict]) -> list[dict]:
+    """The rows whose every stage was timed under CUPTI (`gpu_time`), their stage times and round replaced by their
+    kernel times: `project` on them gives a model the host does not enter. The profiled wall is largely the host's
+    (a stage call holds it 0.3-0.7 ms whatever it computes); on kernel time the lockstep model came within 6 % of the
+    measured batch-8 speedups of stock and DDTree@64 (docs/results/2026-12-07-batched-order-gpu-time-h100/)."""
+    return [{**r, "stage_ms": dict(r["stage_gpu_ms"]), "round_ms": sum(r["stage_gpu_ms"].values())}
+            for r in rows if set(r.get("stage_gpu_ms") or ()) >= set(r["stage_ms"])]
+
+
+def project(rows: list[dict], tau: TauProfile, block: int, fit_rows: list[dict] | None = None) -> list[dict]:
     """PROJECTED speedups of measured rows: τ from a profile measured elsewhere, t_AR and t_step from these
     rows (a `specpilot` row's step is re-predicted at the budget its policy would pick under that τ: the
-    budget it picked with random drafts says nothing)."""
-    model = StepTimeModel.fit(rows)
+    budget it picked with random drafts says nothing), by the model fitted on `fit_rows` (default: `rows`)."""
+    model = StepTimeModel.fit(rows if fit_rows is None else fit_rows)
     # per batch and program variant (an AR+w12 row is not a bf16 stock's baseline); the configuration's own AR row
     # wins over a calibration one
     ar = {(r["batch"], program_variant(r["engine_cfg"])): r["round_ms"]

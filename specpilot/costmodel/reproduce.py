@@ -24,7 +24,7 @@ from pathlib import Path
 
 from specpilot.argtypes import (existing_dir, existing_file, model_name, non_negative_int, positive_int,
                                 proxy_recipe)
-from specpilot.costmodel.predict import TauProfile, config_label, project, speedup
+from specpilot.costmodel.predict import TauProfile, config_label, on_kernel_time, project, speedup
 
 
 def base_parser(doc: str, batches: list[int]) -> argparse.ArgumentParser:
@@ -65,8 +65,8 @@ def base_parser(doc: str, batches: list[int]) -> argparse.ArgumentParser:
     ap.add_argument("--dtype", default=None, choices=("bfloat16", "float32"),
                     help="synthetic weights (default: bfloat16 on GPU, float32 on CPU)")
     ap.add_argument("--gpu-time", action="store_true",
-                    help="real pair: also profile each stage's kernels under CUPTI, and give the measured rows the "
-                         "model on kernel time (profiled rounds' wall is largely the host's: "
+                    help="also profile each stage's kernels under CUPTI: measured rows get the model on kernel time, "
+                         "projected rows the projection on it (profiled rounds' wall is largely the host's: "
                          "docs/results/2026-12-07-profile-vs-loop-stages-h100/)")
     ap.add_argument("--seed", type=int, default=0)
     return ap
@@ -207,17 +207,30 @@ def run(args, configs: list[dict], script: str) -> dict:
         dep = M.synthetic_deployment(model, args.dtype or ("bfloat16" if accel else "float32"), args.seed)
         context = args.context or (1024 if accel else 64)
         rows, skipped = M.sweep(dep, configs, args.batches, context, args.rounds, hw, args.budget_s, log, args.seed,
-                                compile_workers=workers)
+                                compile_workers=workers, gpu_time=args.gpu_time)
         ar_round = {r["batch"]: r["round_ms"] for r in rows if r["label"] == "ar"}
+        on_kernels = kernel_projections(rows, tau, dep.block)
         for p in project(rows, tau, dep.block):
             base = p["label"].split(" (budget")[0]
             row = next(r for r in rows if r["batch"] == p["batch"] and r["label"] == base)
+            k = on_kernels.get((p["label"], p["batch"]), {})
             res["entries"].append({"deployment": dep.name, "kind": "projected", "engine_cfg": row["engine_cfg"],
-                                   "t_ar_ms": ar_round.get(p["batch"]), **p})
+                                   "t_ar_ms": ar_round.get(p["batch"]), **p, "t_step_kernels_ms": k.get("t_step_ms"),
+                                   "model_speedup_kernels": k.get("speedup")})
         res["deployments"].append({**dep.describe(), "kind": "projected", "context": context,
                                    "tau_profile": tau.to_json(), "skipped": skipped,
                                    "wall_s": time.perf_counter() - t0})
     return res
+
+
+def kernel_projections(rows: list[dict], tau, block: int) -> dict[tuple[str, int], dict]:
+    """`project` on the rows' CUPTI kernel times (`--gpu-time`), by (label, batch); empty without them. `specpilot`
+    rows are projected but not fitted: CUPTI did not report the kernels of their verify's `lax.switch` branch
+    (docs/results/2026-12-07-batched-order-gpu-time-h100/), and on kernel time a switch adds no work beyond its
+    branch, so their verify is the target pass at the budget they would choose."""
+    kernel_rows = on_kernel_time(rows)
+    fit = [r for r in kernel_rows if r["engine_cfg"]["name"] != "specpilot"]
+    return {(p["label"], p["batch"]): p for p in project(kernel_rows, tau, block, fit_rows=fit)} if fit else {}
 
 
 def kernel_round_ms(row: dict) -> float | None:
@@ -249,8 +262,9 @@ def best(entries: list[dict], pred) -> dict | None:
 
 def configurations_table(res: dict) -> list[str]:
     """The tables' "all configurations" list as markdown lines: every configuration, and AR where it was measured
-    (its loop's step beside its profiled round). `loop ms / step`, lockstep τ and the two model speedups only for
-    measured rows, `lossless` only for real pairs."""
+    (its loop's step beside its profiled round). `loop ms / step`, lockstep τ and the two wall-time model speedups only
+    for measured rows, the kernel-time columns where `--gpu-time` gave them (a projected row's: its projection on
+    kernel time), `lossless` only for real pairs."""
     from specpilot.costmodel.report import md_table  # None prints as "–"
 
     rows = [[e["deployment"], e["label"], e["batch"], e["kind"], e["tau"], e["speedup"], e["t_step_ms"],
@@ -282,7 +296,9 @@ def header(res: dict, title: str) -> list[str]:
                          f"τ · t_AR / t_step with step times measured here and τ from {d['tau_profile']['source']}"
                          + (" (× the share of τ its loop delivered in lockstep, at the batches it was measured: "
                             + ", ".join(f"{b}: {v:.2f}" for b, v in d["tau_profile"]["lockstep"].items()) + ")"
-                            if d["tau_profile"].get("lockstep") else "") + ".")
+                            if d["tau_profile"].get("lockstep") else "") + "; with `--gpu-time` also the same "
+                         "projection on the profiled stages' CUPTI kernel time (t_step kernels, model (lockstep, "
+                         "kernels)), which the host does not enter.")
     return lines + [""]
 
 

@@ -93,7 +93,8 @@ def parse_args(argv=None):
                     help=f"add {COMMAND_BUFFER_FLAGS!r} to XLA_FLAGS before the backend starts: the fused decode loop "
                          "went 5.87 -> 5.29 ms on the H200 (docs/results/2026-11-30-skinny-matmul-h200/)")
     ap.add_argument("--gpu-time", action="store_true",
-                    help="also time each stage's kernels with CUPTI (stage_gpu_ms: no host dispatch, no launch gaps)")
+                    help="also time each stage's kernels with CUPTI (stage_gpu_ms: no host dispatch, no launch gaps); "
+                         "with --tau-profile the projections are also made on that kernel time")
     ap.add_argument("--batches", nargs="+", type=positive_int, default=[1, 8])
     ap.add_argument("--context", type=positive_int, default=1024, help="committed tokens per request")
     ap.add_argument("--rounds", type=positive_int, default=6,
@@ -235,7 +236,7 @@ def main(argv=None) -> int:
         trees.RANK_TOP_K_MAX = args.tree_rank_max
     from specpilot.costmodel import leave_one_out, load_or_calibrate
     from specpilot.costmodel import measure as M
-    from specpilot.costmodel.predict import StepTimeModel, TauProfile, project
+    from specpilot.costmodel.predict import StepTimeModel, TauProfile, project, with_kernel_projections
     from specpilot.costmodel.report import provenance, write_json
 
     if args.compile_cache.lower() != "none":
@@ -296,7 +297,8 @@ def main(argv=None) -> int:
         tau = TauProfile.from_json(json.loads(Path(args.tau_profile).read_text()))
     if tau is not None and rows:
         res["tau_profile"] = tau.to_json()
-        res["projected"] = project(rows, tau, dep.block) if dep.synthetic else []
+        res["projected"] = with_kernel_projections(project(rows, tau, dep.block), rows, tau, dep.block) \
+            if dep.synthetic else []
 
     files = finish(res, out)
     if args.wandb:

@@ -40,6 +40,8 @@ def cache_env(tmp_path):
 
 
 def test_bench_runs_without_hydra_or_pydantic(tmp_path, cache_env):
+    from specpilot.costmodel.report import bench_markdown
+
     tau = tmp_path / "tau.json"
     tau.write_text(json.dumps({"source": "test τ", "tau": {"stock": 2.0, "ddtree@8": 2.5}}))
     out = tmp_path / "bench"
@@ -86,6 +88,10 @@ def test_bench_runs_without_hydra_or_pydantic(tmp_path, cache_env):
     assert "- not measured: CUPTI kernel timings need an NVIDIA GPU; this backend is 'cpu'" in md
     assert res["provenance"]["command"].startswith("python ") and res["provenance"]["device"]
     assert sorted(p.name for p in out.iterdir()) == ["bench.json", "bench.md", "components.png", "step_vs_nodes.png"]
+    # the projections on kernel time: none without CUPTI; their columns where a row has them
+    assert all(p["t_step_kernels_ms"] is None for p in res["projected"]) and "projected on kernels" not in md
+    res["projected"][0].update(t_step_kernels_ms=1.5, model_speedup_kernels=0.75)
+    assert "| t_step ms | t_AR ms | projected speedup | t_step kernels ms | projected on kernels |" in bench_markdown(res)
 
 
 @pytest.mark.skipif(not (ORACLE / "oracle.json").is_file(), reason=f"oracle pair not found at {ORACLE}")

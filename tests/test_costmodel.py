@@ -546,12 +546,15 @@ def test_a_specpilot_row_that_chose_several_budgets_is_charged_their_mixture():
     assert alone["verify"].bytes == at(None)["verify"].bytes
 
 def test_projection_on_kernel_time_leaves_specpilots_lost_switch_kernels_out_of_the_fit(rows):
-    """`--gpu-time` rows projected on their CUPTI kernel time (`reproduce.kernel_projections`): every stage's kernels
+    """`--gpu-time` rows projected on their CUPTI kernel time (`with_kernel_projections`): every stage's kernels
     here take half its wall, so speedups equal the wall projection's at half the step. SpecPilot's verify reads
     0.01 ms, as CUPTI lost its `lax.switch` branch on an H100: it is projected, never fitted, so its step is the
     DDTree step at the budget it picks. A row without every stage's kernel time is not projected on kernels."""
-    from specpilot.costmodel.predict import on_kernel_time
-    from specpilot.costmodel.reproduce import kernel_projections
+    from specpilot.costmodel.predict import on_kernel_time, with_kernel_projections
+
+    def kernel_projections(rows, tau, block):
+        return {(p["label"], p["batch"]): {"t_step_ms": p["t_step_kernels_ms"], "speedup": p["model_speedup_kernels"]}
+                for p in with_kernel_projections(project(rows, tau, block), rows, tau, block)}
 
     def timed(r):
         gpu = {s: ms / 2 for s, ms in r["stage_ms"].items()}
@@ -571,4 +574,4 @@ def test_projection_on_kernel_time_leaves_specpilots_lost_switch_kernels_out_of_
         assert kern[key]["speedup"] == pytest.approx(wall[key]["speedup"])
     [(label, nodes)] = {(k[0], int(k[0].split("budget ")[1].rstrip(")"))) for k in kern if k[0].startswith("spec")}
     assert kern[(label, 8)]["t_step_ms"] == pytest.approx(kern[(f"ddtree@{nodes}", 8)]["t_step_ms"])
-    assert kernel_projections(rows, tau, BLOCK) == {}
+    assert all(v == {"t_step_ms": None, "speedup": None} for v in kernel_projections(rows, tau, BLOCK).values())

@@ -402,3 +402,16 @@ def project(rows: list[dict], tau: TauProfile, block: int, fit_rows: list[dict] 
                     "tau_how": how, "t_step_ms": t_step, "t_ar_ms": t_ar, "speedup": speedup(value, t_ar, t_step),
                     "kind": "projected"})
     return out
+
+
+def with_kernel_projections(projected: list[dict], rows: list[dict], tau: TauProfile, block: int) -> list[dict]:
+    """`projected` (`project(rows, …)`), each entry with `t_step_kernels_ms` and `model_speedup_kernels`: the same
+    projection on the rows' CUPTI kernel times (`on_kernel_time`; None where the rows lack them). `specpilot` rows are
+    projected but not fitted: CUPTI did not report the kernels of their verify's `lax.switch` branch
+    (docs/results/2026-12-07-batched-order-gpu-time-h100/), and on kernel time a switch adds no work beyond its
+    branch, so their verify is the target pass at the budget they would choose."""
+    kernel_rows = on_kernel_time(rows)
+    fit = [r for r in kernel_rows if r["engine_cfg"]["name"] != "specpilot"]
+    on_kernels = {(p["label"], p["batch"]): p for p in project(kernel_rows, tau, block, fit_rows=fit)} if fit else {}
+    return [{**p, "t_step_kernels_ms": on_kernels.get((p["label"], p["batch"]), {}).get("t_step_ms"),
+             "model_speedup_kernels": on_kernels.get((p["label"], p["batch"]), {}).get("speedup")} for p in projected]

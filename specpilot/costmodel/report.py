@@ -163,8 +163,11 @@ def bench_markdown(res: dict) -> str:
         out += [f"## PROJECTED speedup over AR (τ from {res['tau_profile']['source']}; step times measured here)", "",
                 "Projected = τ · t_AR / t_step: the step times are this run's, the acceptance is not this model's.",
                 ""]
-        out += [md_table(["engine", "B", "τ", "τ from", "t_step ms", "t_AR ms", "projected speedup"],
+        kernels = any(p.get("t_step_kernels_ms") is not None for p in proj)  # `--gpu-time`: also on kernel time
+        out += [md_table(["engine", "B", "τ", "τ from", "t_step ms", "t_AR ms", "projected speedup"]
+                         + (["t_step kernels ms", "projected on kernels"] if kernels else []),
                          [[p["label"], p["batch"], p["tau"], p["tau_how"], p["t_step_ms"], p["t_ar_ms"], p["speedup"]]
+                          + ([p.get("t_step_kernels_ms"), p.get("model_speedup_kernels")] if kernels else [])
                           for p in proj]), ""]
     real = res.get("generate") or []
     if real:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from specpilot.argtypes import (existing_dir, existing_file, model_name, non_negative_int, positive_int,
                                 proxy_recipe)
-from specpilot.costmodel.predict import TauProfile, config_label, on_kernel_time, project, speedup
+from specpilot.costmodel.predict import TauProfile, config_label, project, speedup, with_kernel_projections
 
 
 def base_parser(doc: str, batches: list[int]) -> argparse.ArgumentParser:
@@ -209,28 +209,15 @@ def run(args, configs: list[dict], script: str) -> dict:
         rows, skipped = M.sweep(dep, configs, args.batches, context, args.rounds, hw, args.budget_s, log, args.seed,
                                 compile_workers=workers, gpu_time=args.gpu_time)
         ar_round = {r["batch"]: r["round_ms"] for r in rows if r["label"] == "ar"}
-        on_kernels = kernel_projections(rows, tau, dep.block)
-        for p in project(rows, tau, dep.block):
+        for p in with_kernel_projections(project(rows, tau, dep.block), rows, tau, dep.block):
             base = p["label"].split(" (budget")[0]
             row = next(r for r in rows if r["batch"] == p["batch"] and r["label"] == base)
-            k = on_kernels.get((p["label"], p["batch"]), {})
             res["entries"].append({"deployment": dep.name, "kind": "projected", "engine_cfg": row["engine_cfg"],
-                                   "t_ar_ms": ar_round.get(p["batch"]), **p, "t_step_kernels_ms": k.get("t_step_ms"),
-                                   "model_speedup_kernels": k.get("speedup")})
+                                   "t_ar_ms": ar_round.get(p["batch"]), **p})
         res["deployments"].append({**dep.describe(), "kind": "projected", "context": context,
                                    "tau_profile": tau.to_json(), "skipped": skipped,
                                    "wall_s": time.perf_counter() - t0})
     return res
-
-
-def kernel_projections(rows: list[dict], tau, block: int) -> dict[tuple[str, int], dict]:
-    """`project` on the rows' CUPTI kernel times (`--gpu-time`), by (label, batch); empty without them. `specpilot`
-    rows are projected but not fitted: CUPTI did not report the kernels of their verify's `lax.switch` branch
-    (docs/results/2026-12-07-batched-order-gpu-time-h100/), and on kernel time a switch adds no work beyond its
-    branch, so their verify is the target pass at the budget they would choose."""
-    kernel_rows = on_kernel_time(rows)
-    fit = [r for r in kernel_rows if r["engine_cfg"]["name"] != "specpilot"]
-    return {(p["label"], p["batch"]): p for p in project(kernel_rows, tau, block, fit_rows=fit)} if fit else {}
 
 
 def kernel_round_ms(row: dict) -> float | None:

@@ -127,6 +127,9 @@ def test_reproduce_ddtree_comparison_on_the_oracle_pair(tmp_path, cache_env, mon
         assert e["model_speedup_lockstep"] == pytest.approx(e["model_speedup"])
     # on kernel time: AR's round is two stages (2 ms), a tree engine's four (4 ms)
     assert entries["ar"]["t_step_kernels_ms"] == 2.0 and entries["ddtree@8"]["t_step_kernels_ms"] == 4.0
+    assert entries["ddtree@8"]["stage_gpu_ms"] == {s: 1.0 for s in ("draft", "tree", "verify", "commit")}
+    assert entries["ddtree@8"]["stage_gpu_launches"] == {s: 1.0 for s in ("draft", "tree", "verify", "commit")}
+    assert set(entries["ar"]["stage_ms"]) == {"verify", "commit"}
     assert entries["ddtree@8"]["model_speedup_kernels"] == pytest.approx(entries["ddtree@8"]["tau"] * 2.0 / 4.0)
     assert entries["ddtree@8"]["tau"] > 1.0  # a trained pair, deepened without changing its outputs: drafts accepted
     assert sorted(map(int, entries["specpilot[4,8]"]["engine_cfg"]["verify_cost_ms"])) == [4, 8]

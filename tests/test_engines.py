@@ -250,6 +250,8 @@ def test_profile_times_stages_and_reports_the_budgets_specpilot_chose(pair, prom
         for kernels in timed["stage_gpu_kernels"].values():
             ms = list(kernels.values())
             assert ms and all(v > 0 for v in ms) and ms == sorted(ms, reverse=True)
+        assert list(timed["stage_gpu_launches"]) == ["verify", "commit"]
+        assert timed["stage_gpu_launches"]["verify"] >= len(timed["stage_gpu_kernels"]["verify"])
     else:
-        assert "stage_gpu_ms" not in timed and "stage_gpu_kernels" not in timed
+        assert not {"stage_gpu_ms", "stage_gpu_kernels", "stage_gpu_launches"} & set(timed)
         assert "need an NVIDIA GPU" in timed["stage_gpu_error"]

@@ -4,7 +4,7 @@
 # 1. scripts/h200/cupti_switch_probe.py (a switch over 16 matmuls, its branch alone, donated, the small branch) under
 #    three XLA_FLAGS: default, command buffers off, conditionals and loops in command buffers (one process each).
 # 2. the engines themselves: bench.py on the tiny synthetic model, DDTree@64 and SpecPilot[16,64] at batch 8,
-#    `--gpu-time`, default flags and command buffers off: each stage's kernel ms and the verify's kernel count.
+#    `--gpu-time`, default flags and command buffers off: each stage's kernel ms and launches a round.
 # Any Hopper, ~2-3 min, no carry. Writes $OUT/device.txt, $OUT/cupti_switch.log.
 # Usage (repo root): SPECPILOT_COMMIT=<hash> bash scripts/h200/cupti_switch.sh
 set -u
@@ -27,7 +27,8 @@ import json
 for r in json.load(open('/tmp/cs/bench.json'))['rows']:
     k = r.get('stage_gpu_kernels') or {}
     print(r['label'], 'kernel ms', {s: round(v, 4) for s, v in (r.get('stage_gpu_ms') or {}).items()},
-          'wall ms', {s: round(v, 4) for s, v in r['stage_ms'].items()}, 'verify kernels', len(k.get('verify', {})),
-          'budgets', r.get('nodes_mix'), r.get('stage_gpu_error') or '')" >> $log 2>&1
+          'wall ms', {s: round(v, 4) for s, v in r['stage_ms'].items()}, 'launches', r.get('stage_gpu_launches'),
+          'verify kernel names', len(k.get('verify', {})), 'budgets', r.get('nodes_mix'),
+          r.get('stage_gpu_error') or '')" >> $log 2>&1
 done
 grep -E "^(==|rc|\||ddtree|specpilot)" $log

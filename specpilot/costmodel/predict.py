@@ -331,7 +331,8 @@ def measured_row(profile: dict, engine_cfg: dict, block: int, nodes: int | None 
         "stage_ms": dict(profile["stage_ms"]),
         **({"stage_ms_rounds": profile["stage_ms_rounds"]} if "stage_ms_rounds" in profile else {}),
         **({"dispatch_ms": profile["dispatch_ms"]} if "dispatch_ms" in profile else {}),
-        **{k: profile[k] for k in ("stage_gpu_ms", "stage_gpu_kernels", "stage_gpu_error") if k in profile},
+        **{k: profile[k] for k in ("stage_gpu_ms", "stage_gpu_kernels", "stage_gpu_launches", "stage_gpu_error")
+           if k in profile},
         "round_ms": float(profile["round_ms"]),
         "tokens_per_round": float(profile["tokens_per_round"]),
         "points": {k: list(v) for k, v in stage_points(engine_cfg, block, nodes).items()},

@@ -192,6 +192,8 @@ def run(args, configs: list[dict], script: str) -> dict:
                 "t_step_kernels_ms": kernels,
                 "model_speedup_kernels": (speedup(lockstep, ar_kernels[g["batch"]], kernels)
                                           if kernels and ar_kernels[g["batch"]] else None),
+                # the profiled round stage by stage: wall, and with --gpu-time kernel time and launches
+                **{k: row[k] for k in ("stage_ms", "stage_gpu_ms", "stage_gpu_launches") if k in row},
             })
         if tau is None:
             source = f"{dep.name} measured in this run ({len(prompts)} prompts × {args.max_new} tokens)"

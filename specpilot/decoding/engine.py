@@ -153,8 +153,9 @@ class Engine:
         `specpilot` round chose (which a tree with fewer valid nodes than it verifies only in part).
         `eager_prefill` runs the (untimed) prefill op by op instead of compiling it. `gpu_time` adds
         `stage_gpu_ms`: per stage, the summed run time of its kernels in one more call per timed round under CUPTI
-        (`specpilot.costmodel.cupti`; launch gaps and host time excluded), and `stage_gpu_kernels` the same per
-        kernel name (ms a round, its launches summed, the largest first), where CUPTI exists; without it the
+        (`specpilot.costmodel.cupti`; launch gaps and host time excluded), `stage_gpu_kernels` the same per
+        kernel name (ms a round, its launches summed, the largest first) and `stage_gpu_launches` the launches a
+        round (a stage whose kernels CUPTI did not see shows few), where CUPTI exists; without it the
         result says why in `stage_gpu_error`. `loop_layouts` holds the state in the layouts XLA gives the round's
         carry and compiles each stage for them (`specpilot.decoding.layouts`): a stage alone in default layouts
         transposes whole caches at its entry and exit on a GPU, which the loop never does. Off by default: the
@@ -178,6 +179,7 @@ class Engine:
         timed_rounds, committed, nodes, budgets = 0, 0, [], []
         # stage -> kernel name -> ms summed over the timed rounds (each stage is timed once a timed round)
         gpu_kernels = {name: {} for name, _ in stage_fns} if gpu_time else None
+        gpu_launches = {name: 0 for name, _ in stage_fns}  # stage -> launches summed over the timed rounds
         gpu_error = None
         with warnings.catch_warnings():  # a stage forwards some donated buffers unchanged
             warnings.filterwarnings("ignore", "Some donated buffers were not usable")
@@ -210,6 +212,7 @@ class Engine:
                             except RuntimeError as e:  # no CUPTI here
                                 gpu_error = str(e)
                             else:
+                                gpu_launches[name] += len(launches)
                                 for kernel, ms in launches:
                                     gpu_kernels[name][kernel] = gpu_kernels[name].get(kernel, 0.0) + ms
                         if "nodes" in out:
@@ -229,7 +232,8 @@ class Engine:
             kernels = {k: {kernel: ms / n for kernel, ms in sorted(v.items(), key=lambda kv: -kv[1])}
                        for k, v in gpu_kernels.items()}
             gpu = {"stage_gpu_error": gpu_error} if gpu_error else {
-                "stage_gpu_ms": {k: sum(v.values()) for k, v in kernels.items()}, "stage_gpu_kernels": kernels}
+                "stage_gpu_ms": {k: sum(v.values()) for k, v in kernels.items()}, "stage_gpu_kernels": kernels,
+                "stage_gpu_launches": {k: v / n for k, v in gpu_launches.items()}}
         return {
             "engine": self.name,
             "batch": len(prompts),

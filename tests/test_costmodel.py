@@ -575,3 +575,6 @@ def test_projection_on_kernel_time_leaves_specpilots_lost_switch_kernels_out_of_
     [(label, nodes)] = {(k[0], int(k[0].split("budget ")[1].rstrip(")"))) for k in kern if k[0].startswith("spec")}
     assert kern[(label, 8)]["t_step_ms"] == pytest.approx(kern[(f"ddtree@{nodes}", 8)]["t_step_ms"])
     assert all(v == {"t_step_ms": None, "speedup": None} for v in kernel_projections(rows, tau, BLOCK).values())
+    # AR and SpecPilot alone: no curve left for SpecPilot's draft and tree on kernel time, nothing projected on it
+    alone = [r for r in kernel_rows if r["engine_cfg"]["name"] in ("ar", "specpilot")]
+    assert all(v == {"t_step_ms": None, "speedup": None} for v in kernel_projections(alone, tau, BLOCK).values())

@@ -410,9 +410,14 @@ def with_kernel_projections(projected: list[dict], rows: list[dict], tau: TauPro
     projection on the rows' CUPTI kernel times (`on_kernel_time`; None where the rows lack them). `specpilot` rows are
     projected but not fitted: CUPTI did not report the kernels of their verify's `lax.switch` branch
     (docs/results/2026-12-07-batched-order-gpu-time-h100/), and on kernel time a switch adds no work beyond its
-    branch, so their verify is the target pass at the budget they would choose."""
+    branch, so their verify is the target pass at the budget they would choose. Without those rows' curves (no
+    other tree engine measured at a batch: `bench.py --engines ar specpilot --calibration off`) nothing is projected
+    on kernel time."""
     kernel_rows = on_kernel_time(rows)
     fit = [r for r in kernel_rows if r["engine_cfg"]["name"] != "specpilot"]
-    on_kernels = {(p["label"], p["batch"]): p for p in project(kernel_rows, tau, block, fit_rows=fit)} if fit else {}
+    try:
+        on_kernels = {(p["label"], p["batch"]): p for p in project(kernel_rows, tau, block, fit_rows=fit)}
+    except KeyError:  # a curve only the specpilot rows had (`StepTimeModel.curve_ms` names it)
+        on_kernels = {}
     return [{**p, "t_step_kernels_ms": on_kernels.get((p["label"], p["batch"]), {}).get("t_step_ms"),
              "model_speedup_kernels": on_kernels.get((p["label"], p["batch"]), {}).get("speedup")} for p in projected]

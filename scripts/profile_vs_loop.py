@@ -195,26 +195,35 @@ def kernel_table(profiled: dict, full: list, prefill: list, steps: int, top: int
     return dict(ranked[:top])
 
 
-def write(out: Path, args, dep, rows: list, no_kernels) -> None:
-    """profile_vs_loop.json and .md in `out` for the engines measured so far."""
-    from specpilot.costmodel.report import md_table, provenance, provenance_lines, write_json
+def save(out: Path, stem: str, title: str, args, dep, rows: list, body: list[str]) -> None:
+    """OUT/<stem>.json (provenance, deployment, arguments, rows) and OUT/<stem>.md: `title`, the provenance, the
+    shapes, then `body` (markdown lines)."""
+    from specpilot.costmodel.report import provenance, provenance_lines, write_json
 
     res = {"provenance": provenance(), "deployment": dep.describe(), "args": {
         k: v for k, v in vars(args).items() if k != "engines"}, "rows": rows}
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "profile_vs_loop.json", res)
+    write_json(out / f"{stem}.json", res)
+    lines = [f"# {title}", ""] + provenance_lines(res["provenance"]) + [
+        f"- {dep.name}, {args.dtype}, batch {args.batch}, prompts of {args.prompt_len} tokens, {args.max_new} new", "",
+        *body]
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+
+
+def write(out: Path, args, dep, rows: list, no_kernels) -> None:
+    """profile_vs_loop.json and .md in `out` for the engines measured so far."""
+    from specpilot.costmodel.report import md_table
+
     table = [[r["label"], r["batch"], r["profiled_round_ms"], r["profiled_kernels_ms"], r["profiled_issue_ms"],
               r["loop_step_ms"],
               r.get("loop_kernels_ms"), r.get("loop_launches"), r["round_same_ms"], r["round_fresh_ms"],
               r.get("round_kernels_ms"), r["profile_over_loop"], r["pinned_round_ms"], r["pinned_kernels_ms"],
               r["round_pinned_ms"], r.get("round_pinned_kernels_ms"), r["tau"]] for r in rows]
-    lines = ["# A profiled round against the fused loop's step", ""] + provenance_lines(res["provenance"]) + [
-        f"- {dep.name}, {args.dtype}, batch {args.batch}, prompts of {args.prompt_len} tokens, {args.max_new} new", "",
-        md_table(["engine", "batch", "profiled round ms", "profiled kernels ms", "profiled issue ms", "loop step ms",
-                  "loop kernels ms",
-                  "loop launches / step", "round ms, same buffers", "round ms, fresh buffers", "round kernels ms",
-                  "profiled ÷ loop", "profiled round ms, loop layouts", "its kernels ms",
-                  "round ms, loop layouts (same buffers)", "its kernels ms", "τ (random weights)"], table), ""]
+    lines = [md_table(["engine", "batch", "profiled round ms", "profiled kernels ms", "profiled issue ms",
+                       "loop step ms", "loop kernels ms",
+                       "loop launches / step", "round ms, same buffers", "round ms, fresh buffers", "round kernels ms",
+                       "profiled ÷ loop", "profiled round ms, loop layouts", "its kernels ms",
+                       "round ms, loop layouts (same buffers)", "its kernels ms", "τ (random weights)"], table), ""]
     if no_kernels:
         lines.append(f"- kernel columns: {no_kernels}")
     staged = [[r["label"], stage, r["stage_ms"].get(stage), r["profiled_stage_issue_ms"].get(stage),
@@ -225,7 +234,7 @@ def write(out: Path, args, dep, rows: list, no_kernels) -> None:
                   md_table(["engine", "stage", "profiled ms", "profiled issue ms", "profiled kernels ms",
                             "loop kernels ms"], staged), ""]
     lines += [f"- {r['label']}, profile in loop layouts: {r['pinned_error']}" for r in rows if "pinned_error" in r]
-    (out / "profile_vs_loop.md").write_text("\n".join(lines) + "\n")
+    save(out, "profile_vs_loop", "A profiled round against the fused loop's step", args, dep, rows, lines)
 
 
 def loop_only(args, dep, prompts, capacity) -> int:
@@ -235,7 +244,7 @@ def loop_only(args, dep, prompts, capacity) -> int:
 
     from specpilot.costmodel import measure as M
     from specpilot.costmodel.predict import config_label
-    from specpilot.costmodel.report import md_table, provenance, provenance_lines, write_json
+    from specpilot.costmodel.report import md_table
 
     cupti = jax.default_backend() == "gpu"
     rows = []
@@ -247,18 +256,11 @@ def loop_only(args, dep, prompts, capacity) -> int:
         rows.append(row)
         kernels = f", kernels {row['loop_kernels_ms']:.3f}, beyond them {row['beyond_kernels_ms']:.3f}" if cupti else ""
         print(f"{row['label']}: loop step {row['loop_step_ms']:.3f} ms{kernels}", flush=True)
-    res = {"provenance": provenance(), "deployment": dep.describe(),
-           "args": {k: v for k, v in vars(args).items() if k != "engines"}, "rows": rows}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "loop_only.json", res)
     table = [[r["label"], r["batch"], r["loop_step_ms"], r.get("loop_kernels_ms"), r.get("beyond_kernels_ms"),
               r.get("loop_launches"), r["loop_steps"]] for r in rows]
-    lines = ["# The fused loop's step", ""] + provenance_lines(res["provenance"]) + [
-        f"- {dep.name}, {args.dtype}, batch {args.batch}, prompts of {args.prompt_len} tokens, {args.max_new} new", "",
-        md_table(["engine", "batch", "loop step ms", "loop kernels ms", "beyond kernels ms", "launches / step",
-                  "loop steps"], table)]
-    (out / "loop_only.md").write_text("\n".join(lines) + "\n")
+    save(Path(args.out), "loop_only", "The fused loop's step", args, dep, rows,
+         [md_table(["engine", "batch", "loop step ms", "loop kernels ms", "beyond kernels ms", "launches / step",
+                    "loop steps"], table)])
     return 0
 
 

@@ -253,33 +253,41 @@ def _free_device_bytes() -> int | None:
     return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
 
 
-def warm_up(dep: Deployment, configs: Sequence[dict], batch: int, context: int, capacity: int, rounds: int,
-            seed: int = 0, eager_prefill: bool | None = None, workers: int = 1,
-            log: Callable[[str], None] = print) -> None:
-    """Compile every config's stages at `batch` in `workers` threads (XLA compiles with the GIL released),
-    one round each, with the shapes of the timed pass (`rounds` sizes the output buffers). The programs land
-    in jax's persistent compilation cache, so the sequential, timed pass that follows loads them instead of
-    compiling: a sweep's wall time is mostly compilation. Needs the cache enabled (`enable_compile_cache`); a
-    failure here only costs the time it took."""
+def _warm_in_threads(what: str, run: Callable[[dict], Any], configs: Sequence[dict], batch: int, workers: int,
+                     log: Callable[[str], None]) -> None:
+    """`run(cfg)` for every config in `workers` threads (XLA compiles with the GIL released), so its programs land in
+    jax's persistent compilation cache for the sequential, timed pass that follows. Skipped when the cache is off (it
+    would compile everything twice); a failure is only logged (the timed pass reports it properly). The stages'
+    donation hint is silenced around all the threads at once: a warnings filter is process state, and threads setting
+    their own would restore each other's."""
     from concurrent.futures import ThreadPoolExecutor
-
-    def one(cfg):
-        try:
-            measure_row(dep, cfg, batch, context, capacity, 1, None, seed, eager_prefill,
-                        max_new=(rounds + 2) * dep.block)
-        except Exception as e:  # the timed pass reports it properly
-            log(f"  warm-up of {config_label(cfg)} B={batch} failed: {type(e).__name__}: {e}")
 
     import jax
 
     if not jax.config.jax_compilation_cache_dir:
-        log("  warm-up skipped: the persistent compilation cache is off, so it would compile everything twice")
+        log(f"  {what} skipped: the persistent compilation cache is off, so it would compile everything twice")
         return
-    # `Engine.profile` silences the stages' donation hint, but a warnings filter is process state: its threads
-    # here would restore each other's filters, so the warm-up holds one around all of them
+
+    def one(cfg):
+        try:
+            run(cfg)
+        except Exception as e:
+            log(f"  {what} of {config_label(cfg)} B={batch} failed: {type(e).__name__}: {e}")
+
     with warnings.catch_warnings(), ThreadPoolExecutor(max_workers=workers) as pool:
         warnings.filterwarnings("ignore", "Some donated buffers were not usable")
         list(pool.map(one, configs))
+
+
+def warm_up(dep: Deployment, configs: Sequence[dict], batch: int, context: int, capacity: int, rounds: int,
+            seed: int = 0, eager_prefill: bool | None = None, workers: int = 1,
+            log: Callable[[str], None] = print) -> None:
+    """Compile every config's stages at `batch` in `workers` threads (`_warm_in_threads`), one round each, with the
+    shapes of the timed pass (`rounds` sizes the output buffers): a sweep's wall time is mostly compilation. Needs the
+    cache enabled (`enable_compile_cache`)."""
+    _warm_in_threads("warm-up", lambda cfg: measure_row(dep, cfg, batch, context, capacity, 1, None, seed,
+                                                        eager_prefill, max_new=(rounds + 2) * dep.block),
+                     configs, batch, workers, log)
 
 
 def sweep(dep: Deployment, configs: list[dict], batches: Sequence[int], context: int, rounds: int, hw,
@@ -365,27 +373,13 @@ def generate_chunks(engine, prompts: list[list[int]], max_new: int, batch: int, 
 def warm_up_generation(dep: Deployment, configs: Sequence[dict], prompts: list[list[int]], max_new: int, batch: int,
                        capacity: int, seed: int = 0, workers: int = 1, log: Callable[[str], None] = print) -> None:
     """Compile every config's generation programs (prefill, and the fused loop at each batch its chunks shrink to)
-    in `workers` threads, each running its config's chunks once on an engine of its own, into jax's persistent
-    compilation cache: `measure_generate`'s own untimed run then loads them instead of compiling. A batch-8 table on
-    the 36-layer proxy spent ~355 s of a 580 s device call compiling its four engines' loops one after another
-    (docs/results/2026-12-07-batched-order-gpu-time-h100/). Needs the cache enabled (`enable_compile_cache`); a
-    failure here only costs the time it took."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import jax
-
-    if not jax.config.jax_compilation_cache_dir:
-        log("  generation warm-up skipped: the persistent compilation cache is off")
-        return
-
-    def one(cfg):
-        try:
-            generate_chunks(build_engine(dep, cfg, capacity), prompts, max_new, batch, seed)
-        except Exception as e:  # the timed pass reports it properly
-            log(f"  generation warm-up of {config_label(cfg)} B={batch} failed: {type(e).__name__}: {e}")
-
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(one, configs))
+    in `workers` threads (`_warm_in_threads`), each running its config's chunks once on an engine of its own:
+    `measure_generate`'s own untimed run then loads them instead of compiling. A batch-8 table on the 36-layer proxy
+    spent ~355 s of a 580 s device call compiling its four engines' loops one after another
+    (docs/results/2026-12-07-batched-order-gpu-time-h100/). Needs the cache enabled (`enable_compile_cache`)."""
+    _warm_in_threads("generation warm-up",
+                     lambda cfg: generate_chunks(build_engine(dep, cfg, capacity), prompts, max_new, batch, seed),
+                     configs, batch, workers, log)
 
 
 def measure_generate(dep: Deployment, engine_cfg: dict, prompts: list[list[int]], max_new: int, batch: int,

@@ -419,5 +419,8 @@ def with_kernel_projections(projected: list[dict], rows: list[dict], tau: TauPro
         on_kernels = {(p["label"], p["batch"]): p for p in project(kernel_rows, tau, block, fit_rows=fit)}
     except KeyError:  # a curve only the specpilot rows had (`StepTimeModel.curve_ms` names it)
         on_kernels = {}
-    return [{**p, "t_step_kernels_ms": on_kernels.get((p["label"], p["batch"]), {}).get("t_step_ms"),
-             "model_speedup_kernels": on_kernels.get((p["label"], p["batch"]), {}).get("speedup")} for p in projected]
+    out = []
+    for p in projected:
+        k = on_kernels.get((p["label"], p["batch"]), {})
+        out.append({**p, "t_step_kernels_ms": k.get("t_step_ms"), "model_speedup_kernels": k.get("speedup")})
+    return out

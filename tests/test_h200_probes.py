@@ -276,7 +276,8 @@ def test_tree_probe_quick_compares_tree_and_accept_forms(monkeypatch, capsys):
 def test_cupti_switch_probe_switches_pick_their_branch_and_say_why_no_kernel_time(monkeypatch, capsys):
   probe = load_probe("cupti_switch_probe", monkeypatch)
   rows = probe.main(["--layers", "3", "--hidden", "64", "--rows", "4", "--calls", "1", "--iters", "2"])
-  assert [r["program"] for r in rows] == ["branch alone", "switch", "switch, donated", "switch, small branch"]
-  assert all(r["same"] for r in rows), rows  # the small branch's output differs from the big one's
+  assert [r["program"] for r in rows] == ["branch alone", "switch", "switch, donated", "switch, small branch",
+                                          "prefix, branch", "prefix, switch"]
+  assert all(r["same"] for r in rows), rows  # the three outputs (small, big, prefix then big) differ
   assert all(r["kernel_ms"] is None and r["wall_ms"] > 0 for r in rows)  # no CUPTI on a CPU
   assert "CUPTI kernel timings need an NVIDIA GPU" in capsys.readouterr().out

@@ -9,7 +9,14 @@ wall time (median of synchronised calls), with outputs checked equal to the bran
 - ``switch``: ``lax.switch`` picking that branch (index computed on the device, as the engine's ``choose`` does);
 - ``switch, donated``: the same, the branch writing a donated cache in place (``dynamic_update_slice``), as the
   engine's verify writes its KV cache;
-- ``switch, small branch``: the switch picking its one-matmul branch (what the kernel time should fall to).
+- ``switch, small branch``: the switch picking its one-matmul branch (what the kernel time should fall to);
+- ``prefix, branch`` and ``prefix, switch``: the same matmuls run first, then the big branch, alone or picked by a
+  switch whose index comes from the prefix's result, as the engine's ``choose`` reads the tree its draft built. XLA's
+  GPU conditional reads its index on the host, which waits for everything queued before it: the switch's wall time
+  over the branch's is then the drain (the GPU idles while the host launches the branch, which it no longer runs
+  ahead of). A hypothesis for SpecPilot's 2.5-2.7 ms per round over DDTree's verify at batch 1 and 8, nothing at 32
+  (docs/results/2026-11-30-costmodel-h200/): with ``--hidden 1024 --layers 64`` (short kernels, launch-bound as a
+  batch-1 verify's are) the difference should grow with the layers; with long kernels it should stay ~tens of us.
 If ``switch`` shows about the branch's kernel time, CUPTI sees branch kernels and the engine's shortfall lies
 elsewhere; if it shows next to nothing, branch kernels are lost and the ``XLA_FLAGS`` the wrapper varies
 (``cupti_switch_probe.sh``: default, command buffers off, conditionals in command buffers) say which runtime path
@@ -57,6 +64,17 @@ def programs(layers: int) -> dict:
         pick = jnp.where(jnp.isfinite(x[0, 0]), 1, 0).astype(jnp.int32)
         return jax.lax.switch(pick, [small, big], x, ws, cache)
 
+    def prefix(x, ws):  # the work queued before the switch; its result decides the pick
+        for w in ws[:layers]:
+            x = jnp.tanh(x @ w)
+        return x
+
+    def prefix_branch(x, ws, cache):
+        return big(prefix(x, ws), ws, cache)
+
+    def prefix_switch(x, ws, cache):
+        return switch(prefix(x, ws), ws, cache)
+
     def switch_small(x, ws, cache):  # picks the small branch
         pick = jnp.where(jnp.isfinite(x[0, 0]), 0, 1).astype(jnp.int32)
         return jax.lax.switch(pick, [small, big], x, ws, cache)
@@ -66,6 +84,8 @@ def programs(layers: int) -> dict:
         "switch": (jax.jit(switch), False),
         "switch, donated": (jax.jit(switch, donate_argnums=(2,)), True),
         "switch, small branch": (jax.jit(switch_small), False),
+        "prefix, branch": (jax.jit(prefix_branch), False),
+        "prefix, switch": (jax.jit(prefix_switch), False),
     }
 
 
@@ -108,7 +128,8 @@ def main(argv=None) -> list[dict]:
     cache = jnp.zeros((4 * args.rows, args.hidden), dtype)
     big, small = branches(args.layers)
     want = {"big": np.asarray(jax.jit(big)(x, ws, cache)[0], np.float32),
-            "small": np.asarray(jax.jit(small)(x, ws, cache)[0], np.float32)}
+            "small": np.asarray(jax.jit(small)(x, ws, cache)[0], np.float32),
+            "prefix": np.asarray(programs(args.layers)["prefix, branch"][0](x, ws, cache)[0], np.float32)}
     print(f"{jax.devices()[0].device_kind}; {args.layers} matmuls of {args.rows}x{args.hidden} @ "
           f"{args.hidden}x{args.hidden} {jnp.dtype(dtype).name}")
     print("| program | kernel ms | launches | wall ms | output = its branch alone |\n|---|---|---|---|---|")
@@ -116,7 +137,7 @@ def main(argv=None) -> list[dict]:
     for name, (fn, donated) in programs(args.layers).items():
         fresh = (lambda: (x, ws, jnp.array(cache))) if donated else (lambda: (x, ws, cache))
         out = np.asarray(fn(*fresh())[0], np.float32)
-        same = bool(np.array_equal(out, want["small" if "small" in name else "big"]))
+        same = bool(np.array_equal(out, want[next((k for k in ("small", "prefix") if k in name), "big")]))
         wall = wall_ms(fn, fresh, args.iters)
         got = kernel_ms(fn, fresh, args.calls)
         kernels, launches = got if isinstance(got, tuple) else (None, None)

@@ -3,7 +3,7 @@ to end on the tiny model, ``prefetch_probe.py``'s chain lowered for Hopper, ``sw
 ``attention_ablation_probe.py``'s ablations, ``w12_probe.py``'s stand-in decode and bf16 configs,
 ``stream_probe.py``'s layouts, ``grid_barrier_probe.py``'s and ``cluster_merge_probe.py``'s kernels lowered for Hopper,
 ``stall_table.py`` on a recorded Nsight Compute page, ``tree_probe.py``'s CPU smoke run, ``cupti_switch_probe.py``'s
-programs (each switch picks the branch it names)."""
+programs (each switch picks the branch it names), ``loop_copies.py``'s count of cache copies in a compiled loop."""
 
 import importlib.util
 import re
@@ -281,3 +281,32 @@ def test_cupti_switch_probe_switches_pick_their_branch_and_say_why_no_kernel_tim
   assert all(r["same"] for r in rows), rows  # the three outputs (small, big, prefix then big) differ
   assert all(r["kernel_ms"] is None and r["wall_ms"] > 0 for r in rows)  # no CUPTI on a CPU
   assert "CUPTI kernel timings need an NVIDIA GPU" in capsys.readouterr().out
+
+
+def test_loop_copies_finds_a_branchs_cache_copies_and_bills_one_branch_a_round(monkeypatch, capsys):
+  """``loop_copies.py``: a while loop whose ``lax.switch`` branch writes a carried cache twice gets a copy of it
+  (XLA's CPU compile; the probe runs the same count on a GPU), which the count finds inside the loop and bills once a
+  round (the branch that writes once has none); DDTree's loop on the tiny model copies no cache."""
+  probe = load_probe("loop_copies", monkeypatch)
+  cache = jnp.zeros((3, 8, 256, 16))
+
+  def body(carry):
+    i, c = carry
+
+    def twice(c):
+      c = c.at[0, :, i].set(1.0)
+      c = c.at[1, :, i].set(c[0, :, i] + 1.0)
+      return c.at[2, :, i].set(c[1, :, i] + c[0, :, 0])
+
+    return i + 1, jax.lax.switch(i % 2, [lambda c: c.at[0, :, i].set(2.0), twice], c)
+
+  hlo = jax.jit(lambda c: jax.lax.while_loop(lambda s: s[0] < 4, body, (0, c))).lower(cache).compile().as_text()
+  found = probe.cache_copies(hlo, {"cache": cache.size})
+  assert found and all(f["cache"] == "cache" and f["bytes"] == 2 * cache.size * 4 for f in found)
+  (small, big), = probe.branches(probe.computations(hlo))
+  assert all(f["computation"] in big and f["computation"] not in small for f in found)
+  assert probe.bytes_a_round(hlo, found) == sum(f["bytes"] for f in found)  # one branch's, once a round
+  assert probe.cache_copies(hlo, {"other": cache.size + 1}) == []
+  rows = probe.main(["--engines", "ddtree@8", "--attentions", "xla"])
+  assert [(r["engine"], r["copies"], r["bytes_a_round"]) for r in rows] == [("ddtree@8", [], 0)]
+  assert "| ddtree@8 | 0 | 0.00 | - |" in capsys.readouterr().out

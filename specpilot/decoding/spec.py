@@ -143,8 +143,8 @@ class SpecEngine(Engine):
         state = init_loop_state(pick(sub, logits, self.sampling), max_new, self.slack, key, extra,
                                 self.cfg.eos_token_ids, self.reference_loop)
         if self.ahead:  # the first round's tree and budget
-            state = self._stage_next_tree(params, state, self._stage_next_draft(params, state, {"state": state}))
-            state = state["state"]
+            carry = self._stage_next_draft(params, state, {"state": state})
+            state = self._stage_next_tree(params, state, carry)["state"]
         return state
 
     # ---- one round ----------------------------------------------------------------------------------

@@ -158,7 +158,7 @@ def main(argv=None) -> list[dict]:
         for cfg in args.engines:
             engine = M.build_engine(dep, {**cfg, "attention": attention}, capacity)
             state = engine._prefill(engine.params, tokens, lens, 16, jax.random.key(0))
-            caches = {"target k": state.extra.cache.k, "drafter k": state.extra.ctx.k}
+            caches = {"target K/V": state.extra.cache.k, "drafter K/V": state.extra.ctx.k}
             hlo = engine._run.lower(engine.params, state, 0).compile().as_text()
             found = cache_copies(hlo, {k: v.size for k, v in caches.items()})
             label = config_label({**cfg, "attention": attention})

@@ -1,10 +1,11 @@
 """Does a compiled generation loop copy whole caches every round? Counted in XLA's optimized HLO, no run needed.
 
 On the CPU (fifty-second session) SpecPilot's loop under `attention=xla` copies the target's whole K and V caches
-once per round where DDTree@64's copies none: its verify runs as a `lax.switch` branch, and a branch writing a
-parameter buffer layer after layer gets a copy of it after its first write (a switch whose branch writes once, as
-`pallas_tree`'s single scatter after the last layer does, got none in a small test). The CPU's scheduler is not the
-GPU's, so this probe compiles the same loops on the device it runs on and lists, per engine and attention, every
+twice each a round where DDTree@64's copies none: its verify runs as a `lax.switch`, which XLA turns into a
+conditional with one operand tuple per branch, each holding the same cache buffers; the first branch writes them in
+place, the second copies them (after its first layer's write, and into the conditional's output). The CPU's scheduler
+is not the GPU's, so this probe compiles the same loops on the device it runs on and lists, per engine and attention,
+every
 copy inside the while loop (its body and what the body calls: conditional branches, nested loops) whose result has
 as many elements as a cache it carries (the target's K or V, the drafter's context K or V), with the bytes it moves
 a round (read + write). No GPU run: it only compiles.

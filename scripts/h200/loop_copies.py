@@ -5,10 +5,9 @@ twice each a round where DDTree@64's copies none: its verify runs as a `lax.swit
 conditional with one operand tuple per branch, each holding the same cache buffers; the first branch writes them in
 place, the second copies them (after its first layer's write, and into the conditional's output). The CPU's scheduler
 is not the GPU's, so this probe compiles the same loops on the device it runs on and lists, per engine and attention,
-every
-copy inside the while loop (its body and what the body calls: conditional branches, nested loops) whose result has
-as many elements as a cache it carries (the target's K or V, the drafter's context K or V), with the bytes it moves
-a round (read + write). No GPU run: it only compiles.
+every copy inside the while loop (its body and what the body calls: conditional branches, nested loops) whose result
+has as many elements as a cache it carries (the target's K or V, the drafter's context K or V), with the bytes it
+moves a round (read + write). No GPU run: it only compiles.
 
     PYTHONPATH=$PWD python3 scripts/h200/loop_copies.py [--model proxy_h200_deep --layers 4 --batch 8 \
         --engines ddtree@64 specpilot@63,64 --attentions xla pallas_tree --dtype bfloat16]

@@ -10,7 +10,7 @@ import pytest
 
 from specpilot.decoding import make_engine
 from specpilot.models import dflash, target
-from specpilot.models.kv_cache import KVCache
+from specpilot.models.kv_cache import KVCache, write_layer
 from specpilot.models.weights import init_random_target
 from tests import models as tm
 
@@ -28,8 +28,9 @@ def random_tree_mask(b: int, n: int, rng) -> jnp.ndarray:
     return jnp.asarray(mask)
 
 
-def step(cfg, weights, dtype, attention, lengths, n, seed=0, with_cache=False):
-    """One tree-verify forward over a filled cache; returns logits and the hidden of layer 0 (and the cache)."""
+def step(cfg, weights, dtype, attention, lengths, n, seed=0, with_cache=False, defer_kv_write=False):
+    """One tree-verify forward over a filled cache; returns logits and the hidden of layer 0 (and the cache, and with
+    `defer_kv_write` the new K/V)."""
     rng = np.random.default_rng(seed)
     b, cap = len(lengths), 128
     kv = rng.normal(size=(2, cfg.num_layers, b, cap, cfg.num_kv_heads, cfg.head_dim))
@@ -37,7 +38,10 @@ def step(cfg, weights, dtype, attention, lengths, n, seed=0, with_cache=False):
     tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, size=(b, n)), jnp.int32)
     mask = random_tree_mask(b, n, rng)
     depth = jnp.sum(mask, -1) - 1
-    out = target.forward(weights, cfg, tokens, cache.lengths[:, None] + depth, cache, mask, (0,), attention=attention)
+    out = target.forward(weights, cfg, tokens, cache.lengths[:, None] + depth, cache, mask, (0,), attention=attention,
+                         defer_kv_write=defer_kv_write)
+    if defer_kv_write:
+        return out.logits, out.hidden, out.cache, out.new_kv
     return (out.logits, out.hidden, out.cache) if with_cache else (out.logits, out.hidden)
 
 
@@ -72,6 +76,27 @@ def test_pallas_tree_writes_the_same_cache_after_the_last_layer():
         np.testing.assert_array_equal(b[:, ~new], old[:, ~new])
         assert not np.allclose(b[:, new], old[:, new])
     np.testing.assert_array_equal(np.asarray(got.lengths), np.asarray(want.lengths))
+
+
+def test_pallas_tree_defers_its_cache_write_on_request():
+    """`defer_kv_write` (what SpecPilot's switch branches ask for): the same logits, the cache untouched, and the new
+    K/V that, written with every layer at once, give the cache the plain call writes. Only pallas_tree can: XLA's
+    attention reads the new K/V from the cache."""
+    cfg = tm.target_config(vocab=32, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16)
+    w = init_random_target(cfg, 0, jnp.float32)
+    lengths, n = [5, 120, 0], 9
+    logits, hidden, written = step(cfg, w, jnp.float32, "pallas_tree", lengths, n, with_cache=True)
+    d_logits, d_hidden, untouched, (ks, vs) = step(cfg, w, jnp.float32, "pallas_tree", lengths, n, defer_kv_write=True)
+    *_, before = step(cfg, w, jnp.float32, "xla", lengths, 0, with_cache=True)
+    np.testing.assert_array_equal(np.asarray(d_logits), np.asarray(logits))
+    np.testing.assert_array_equal(np.asarray(d_hidden), np.asarray(hidden))
+    assert ks.shape == (cfg.num_layers, len(lengths), n, cfg.num_kv_heads, cfg.head_dim) == vs.shape
+    for got, old, new, want in ((untouched.k, before.k, ks, written.k), (untouched.v, before.v, vs, written.v)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(old))
+        rewritten = write_layer(got, slice(None), new, untouched.lengths)
+        np.testing.assert_array_equal(np.asarray(rewritten), np.asarray(want))
+    with pytest.raises(ValueError, match="defer_kv_write: attention='xla' reads the new K/V from the cache"):
+        step(cfg, w, jnp.float32, "xla", lengths, n, defer_kv_write=True)
 
 
 def test_pallas_tree_kernel_in_interpret_mode_inside_the_model(monkeypatch):
@@ -179,15 +204,22 @@ def test_gpu_attention_choices_equal_xla(attention):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=0.1, rtol=0.05)
 
 
-@pytest.mark.parametrize("name", ["ar", "ddtree"])
+@pytest.mark.parametrize("name", ["ar", "ddtree", "specpilot"])
 def test_engine_with_pallas_tree_attention_equals_ar(name):
+    """Specpilot's switch branches hand their new K/V back (padded to the largest candidate) and one scatter after
+    the switch writes them: the same tokens, with both budgets picked."""
     pair = tm.repeat_pair(tm.target_config(vocab=16), block_size=8, embed_scale=0.6, seed=0)
     tcfg, tw, dcfg, dw = pair
     prompts = tm.prompts(2, 16, lengths=(3, 6), seed=1, exclude=(15,))
     ar = make_engine({"name": "ar"}, tcfg, tw, dcfg, dw, context=64).generate(prompts, 24)
-    eng = make_engine({"name": name, "tree_budget": 12, "attention": "pallas_tree"}, tcfg, tw, dcfg, dw, context=64)
+    cfg = {"name": name, "tree_budget": 12, "attention": "pallas_tree"}
+    if name == "specpilot":
+        cfg.update(budget_candidates=[4, 12], verify_cost_ms={1: 1.0, 12: 1.4}, draft_cost_ms=0.5)
+    eng = make_engine(cfg, tcfg, tw, dcfg, dw, context=64)
     assert eng.attention == "pallas_tree"
     assert eng.generate(prompts, 24).tokens == ar.tokens
+    if name == "specpilot":
+        assert set(eng.profile(prompts, 24, rounds=6, repeats=1)["chosen_budgets"]) == {4, 12}
 
 
 @pytest.mark.gpu

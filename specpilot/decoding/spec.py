@@ -33,7 +33,7 @@ from specpilot.decoding.engine import Engine, LoopState, commit, init_loop_state
 from specpilot.decoding.sampling import Sampling, pick, sample, target_probs
 from specpilot.models import dflash
 from specpilot.models.config import DrafterConfig, ModelConfig
-from specpilot.models.kv_cache import compact
+from specpilot.models.kv_cache import compact, write_layer
 from specpilot.models.target import forward
 from specpilot.models.weights import quantize
 
@@ -185,17 +185,17 @@ class SpecEngine(Engine):
         rank_max = trees.rank_limit(rows.shape[0])  # vmapped, best_first cannot see the batch
         return jax.vmap(lambda lp, lim: trees.best_first(lp, self.n_nodes, lim, rank_max))(logp, depth_limit), None
 
-    def _run_tree(self, weights, last, tree, cache, hidden_layer_ids=()):
+    def _run_tree(self, weights, last, tree, cache, hidden_layer_ids=(), defer_kv_write=False):
         """One target pass over [root, nodes] at positions start + depth under the ancestor-only mask."""
         anc = jax.vmap(lambda t: trees.ancestor_mask(t, self.depth))(tree)
         toks = jnp.concatenate([last[:, None], tree.tokens], axis=1)
         depth = jnp.concatenate([jnp.zeros_like(tree.depth[:, :1]), tree.depth], axis=1)
         out = forward(weights, self.cfg, toks, cache.lengths[:, None] + depth, cache, anc, hidden_layer_ids,
-                      attention=self.attention)
+                      attention=self.attention, defer_kv_write=defer_kv_write)
         return out, anc
 
-    def _verify(self, weights, last, tree, cache):
-        return self._run_tree(weights, last, tree, cache, self.dcfg.target_layer_ids)
+    def _verify(self, weights, last, tree, cache, defer_kv_write=False):
+        return self._run_tree(weights, last, tree, cache, self.dcfg.target_layer_ids, defer_kv_write)
 
     def _accept(self, key, state, tree, anc, q, logits):
         if q is not None:  # sampled chain: speculative sampling against the drafter's distribution
@@ -217,11 +217,16 @@ class SpecEngine(Engine):
         chain = chain._replace(valid=jnp.arange(self.depth)[None, :] < n_valid[:, None])
         return chain, w1.n_accepted
 
-    def _verify_accept(self, params, state, ex: SpecState, tree, q, key):
-        out, anc = self._verify(params["target"], state.last, tree, ex.cache)
+    def _verify_accept(self, params, state, ex: SpecState, tree, q, key, defer_to: int | None = None):
+        """Verify and walk: (walk, cache, accepted path's features, nodes). With `defer_to` (a `pallas_tree` switch
+        branch) the cache is left unwritten and its place holds the new K/V, every layer's, padded to `defer_to`
+        tokens, so every branch returns one shape and the caller writes them after the switch."""
+        out, anc = self._verify(params["target"], state.last, tree, ex.cache, defer_kv_write=defer_to is not None)
         w = self._accept(key, state, tree, anc, q, out.logits)
         feats = jnp.take_along_axis(out.hidden, w.path[:, :, None], axis=1)  # root + accepted path
-        return w, out.cache, feats, jnp.sum(tree.valid, -1).astype(jnp.int32)
+        kv = out.cache if defer_to is None else tuple(
+            jnp.pad(a, ((0, 0), (0, 0), (0, defer_to - a.shape[2]), (0, 0), (0, 0))) for a in out.new_kv)
+        return w, kv, feats, jnp.sum(tree.valid, -1).astype(jnp.int32)
 
     # ---- one round as named stages (the cost model times them one by one; `round` fuses them) ---------
     def stages(self):
@@ -275,14 +280,24 @@ class SpecEngine(Engine):
             out = self._verify_accept(params, state, state.extra, tree, q, k_accept)
         else:  # best-first nodes are sorted by score and parents precede children: a prefix is a tree
             policy = self.budget_for_round
+            # XLA gives each branch its own operand tuple, all holding the same cache: branches that each write it
+            # make all but one copy it whole (on the CPU, twice a round). pallas_tree's pass reads the new K/V from
+            # the step, so its branches return them (padded to the largest candidate's root + nodes) and one
+            # scatter after the switch writes them; the padding lands in scratch slots past the committed prefix.
+            defer_to = max(policy.candidates) + 1 if self.attention == "pallas_tree" else None
             branches = [
                 lambda tr, c=c: self._verify_accept(
-                    params, state, state.extra, jax.tree.map(lambda a: a[:, :c], tr), q, k_accept
+                    params, state, state.extra, jax.tree.map(lambda a: a[:, :c], tr), q, k_accept, defer_to
                 )
                 for c in policy.candidates
             ]
             pick = state.extra.ahead.pick if self.ahead else policy.choose(tree.score, tree.valid, ~state.done)
             out = jax.lax.switch(pick, branches, tree)
+            if defer_to is not None:
+                (ks, vs), cache = out[1], state.extra.cache
+                every = slice(None)
+                out = (out[0], dataclasses.replace(cache, k=write_layer(cache.k, every, ks, cache.lengths),
+                                                   v=write_layer(cache.v, every, vs, cache.lengths)), *out[2:])
             chosen = {"budget": jnp.asarray(policy.candidates, jnp.int32)[pick]}  # what `Engine.profile` records
         return dict(zip(("walk", "cache", "feats", "nodes"), out), n1=carry["n1"], ctx=carry["ctx"], **chosen)
 

@@ -89,8 +89,9 @@ def causal_block_mask(batch: int, t: int) -> np.ndarray:
 
 class StepOutput(NamedTuple):
     logits: jax.Array  # [B, T, V] float32
-    cache: KVCache  # with the new tokens' K/V written, lengths unchanged
+    cache: KVCache  # with the new tokens' K/V written (unless deferred), lengths unchanged
     hidden: jax.Array | None  # [B, T, len(ids) * H]: outputs of the requested layers, concatenated
+    new_kv: tuple[jax.Array, jax.Array] | None = None  # deferred writes: every layer's new K, V [L, B, T, Hkv, D]
 
 
 ATTENTION = ("xla", "cudnn", "pallas_tree")
@@ -160,6 +161,7 @@ def forward(
     block_mask: jax.Array | None = None,
     hidden_layer_ids: tuple[int, ...] = (),
     attention: str = "xla",
+    defer_kv_write: bool = False,
 ) -> StepOutput:
     """Run T new tokens per request through the target.
 
@@ -169,10 +171,16 @@ def forward(
     the residual stream after layer i, except that the last layer's entry is the final-RMSNormed state
     (HF replaces it with `last_hidden_state`; DFlash drafters were trained on exactly that).
     attention: "xla" | "cudnn" | "pallas_tree" (module docstring).
+    defer_kv_write (`pallas_tree` only, whose attention reads the new K/V from the step, not the cache): the cache
+    comes back unwritten and `new_kv` holds every layer's new K/V for the caller to write (`kv_cache.write_layer`
+    with every layer) — outside a `lax.switch` whose branches would otherwise all write the cache.
     """
     b, t = tokens.shape
     if attention not in ATTENTION:
         raise ValueError(f"attention: unknown implementation {attention!r} (choose from {', '.join(ATTENTION)})")
+    if defer_kv_write and attention != "pallas_tree":
+        raise ValueError(f"defer_kv_write: attention={attention!r} reads the new K/V from the cache; only "
+                         "pallas_tree can defer the write")
     if attention == "cudnn" and jax.devices()[0].platform != "gpu":
         raise ValueError(f"attention=cudnn needs an NVIDIA GPU; this backend is {jax.devices()[0].platform!r}")
     if block_mask is None:
@@ -187,24 +195,28 @@ def forward(
         mask = cache_mask(cache.lengths, block_mask, cache.capacity)
     cos, sin = rope_tables(cfg, positions)
     x, update = weights.embed[tokens].astype(cache.k.dtype), None
-    hidden, new_kv = {}, []
+    hidden, layer_kv = {}, []
     for i, lw in enumerate(weights.layers):
         x, h = add_rms_norm(x, update, lw.attn_norm, cfg.rms_norm_eps)  # x: the stream after layer i - 1
         if i - 1 in hidden_layer_ids:
             hidden[i - 1] = x
         x, update, cache, kv = _layer(cfg, lw, i, x, h, cos, sin, cache, mask, tree_bits,
                                       "cudnn" if attention == "cudnn" else None)
-        new_kv.append(kv)
+        layer_kv.append(kv)
+    deferred = None
     if tree_bits is not None:  # the kernel read the new K/V from k, v: write every layer's in one scatter each
         # stacked before the scatter, not inside it: fused in, the 36-way concatenate made each scatter ~13 us
-        ks, vs = jax.lax.optimization_barrier(tuple(jnp.stack(parts)[:, :, :rows] for parts in zip(*new_kv)))
-        every = slice(None)
-        cache = dataclasses.replace(cache, k=write_layer(cache.k, every, ks, cache.lengths),
-                                    v=write_layer(cache.v, every, vs, cache.lengths))
+        ks, vs = jax.lax.optimization_barrier(tuple(jnp.stack(parts)[:, :, :rows] for parts in zip(*layer_kv)))
+        if defer_kv_write:
+            deferred = (ks, vs)
+        else:
+            every = slice(None)
+            cache = dataclasses.replace(cache, k=write_layer(cache.k, every, ks, cache.lengths),
+                                        v=write_layer(cache.v, every, vs, cache.lengths))
     hidden = {i: hid[:, :rows] for i, hid in hidden.items()}  # the padded rows' outputs are dropped here
     x = add_rms_norm(x, update, weights.final_norm, cfg.rms_norm_eps)[1][:, :rows]
     if cfg.num_layers - 1 in hidden_layer_ids:
         hidden[cfg.num_layers - 1] = x
     logits = linear(x, weights.lm_head).astype(jnp.float32)
     hid = jnp.concatenate([hidden[i] for i in hidden_layer_ids], axis=-1) if hidden_layer_ids else None
-    return StepOutput(logits=logits, cache=cache, hidden=hid)
+    return StepOutput(logits=logits, cache=cache, hidden=hid, new_kv=deferred)

@@ -61,22 +61,20 @@ def engine_cfg(label: str) -> dict:
     """ar, stock, ddtree@BUDGET or specpilot@B1,B2,... → an engine config; anything else is a one-line error.
     specpilot's verify cost table is left flat, so a round picks its largest candidate (or, where the last nodes'
     probabilities underflow to a tie, the smaller): `specpilot@63,64` runs ddtree@64's tree and a 64- or 65-token
-    verify through a two-branch `lax.switch`, so its loop step less ddtree@64's is what the switch costs. A `+ahead`
-    suffix picks each budget a round ahead (`budget_choice="ahead"`: the switch opens the loop body)."""
+    verify through a two-branch `lax.switch`, so its loop step less ddtree@64's is what the switch costs
+    (docs/results/2026-12-07-switch-cost-h100/)."""
     if label in ENGINES:
         return ENGINES[label]
-    base, ahead = (label[: -len("+ahead")], True) if label.endswith("+ahead") else (label, False)
-    name, _, budgets = base.partition("@")
+    name, _, budgets = label.partition("@")
     sizes = budgets.split(",")
     if all(b.isdigit() and int(b) > 0 for b in sizes):
-        if name == "ddtree" and len(sizes) == 1 and not ahead:
+        if name == "ddtree" and len(sizes) == 1:
             return {"name": "ddtree", "tree_budget": int(budgets)}
         if name == "specpilot":
             cands = sorted({int(b) for b in sizes})
-            return {"name": "specpilot", "tree_budget": cands[-1], "budget_candidates": cands,
-                    **({"budget_choice": "ahead"} if ahead else {})}
-    raise argparse.ArgumentTypeError(f"engine {label!r}: expected ar, stock, ddtree@BUDGET or specpilot@B1,B2[+ahead] "
-                                     "(e.g. ddtree@64, specpilot@63,64+ahead)")
+            return {"name": "specpilot", "tree_budget": cands[-1], "budget_candidates": cands}
+    raise argparse.ArgumentTypeError(
+        f"engine {label!r}: expected ar, stock, ddtree@BUDGET or specpilot@B1,B2 (e.g. ddtree@64, specpilot@63,64)")
 
 
 def loop_measure(engine, prompts, max_new: int, cupti: bool) -> dict:
@@ -283,7 +281,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32", choices=("bfloat16", "float32"))
     ap.add_argument("--drafter-layers", type=positive_int, default=2, help="the proxy pair's drafter: 2")
     ap.add_argument("--engines", nargs="+", type=engine_cfg, default=[ENGINES["ar"], ENGINES["stock"]],
-                    metavar="ENGINE", help="ar, stock, ddtree@BUDGET, specpilot@B1,B2[+ahead] (default: ar stock)")
+                    metavar="ENGINE", help="ar, stock, ddtree@BUDGET, specpilot@B1,B2 (default: ar stock)")
     ap.add_argument("--batch", type=positive_int, default=8)
     ap.add_argument("--prompt-len", type=positive_int, default=64)
     ap.add_argument("--max-new", type=positive_int, default=64)

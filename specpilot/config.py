@@ -257,9 +257,6 @@ class SpecPilotEngineConfig(_EngineBase):
     budget_candidates: Annotated[list[PosInt], Field(min_length=1)]
     verify_cost_ms: Annotated[dict[PosInt, PosFloat], Field(min_length=1)]
     draft_cost_ms: NonNegFloat
-    # where the round picks its budget: inline (after this round's tree) | ahead (the round rotated: the next
-    # round's tree and budget drafted at the end of this one, so the switch opens the loop body; same tokens)
-    budget_choice: Literal["inline", "ahead"] = "inline"
 
     @model_validator(mode="after")
     def _a_candidate_within_budget(self):

@@ -132,38 +132,6 @@ def test_tree_engines_build_real_trees(spec_batched):
     assert 1 <= nodes["tlv_int8_budget5_lt_depth"] <= BLOCK - 1  # level 2 verifies the chosen chain
 
 
-def test_specpilot_choosing_ahead_commits_what_choosing_inline_does(pair, prompts, spec_batched):
-    """`budget_choice="ahead"` (the round rotated: verify, commit, then the next round's draft, tree and budget, so
-    the verify's switch opens the loop body) commits the same tokens with the same per-round counts and tree sizes as
-    the inline choice, greedy and sampled (in batches that shrink), and its profile times the rotated stages and
-    records the same budgets. It needs a per-round budget and takes no other value."""
-    from specpilot.decoding.sampling import Sampling
-    from specpilot.decoding.spec import SpecEngine
-
-    tcfg, tw, dcfg, dw = pair
-    ahead_cfg = {**SPEC_ENGINES["specpilot"], "budget_choice": "ahead"}
-    ahead = tm.whole_batch(make_engine(ahead_cfg, tcfg, tw, dcfg, dw, context=CONTEXT))
-    tokens, acc, stats = run_batched(ahead, prompts)
-    inline_tokens, inline_acc, inline_stats = spec_batched["specpilot"]
-    assert tokens == inline_tokens and acc == inline_acc
-    assert [s["mean_tree_nodes"] for s in stats] == [s["mean_tree_nodes"] for s in inline_stats]
-    hot = Sampling(temperature=1.0)
-    runs = [make_engine(c, tcfg, tw, dcfg, dw, hot, context=CONTEXT).generate(prompts[:BATCH], 24, seed=3)
-            for c in (SPEC_ENGINES["specpilot"], ahead_cfg)]
-    assert runs[0].tokens == runs[1].tokens and runs[0].acceptance_lengths == runs[1].acceptance_lengths
-    rounds = sorted(len(a) for a in runs[0].acceptance_lengths)
-    assert rounds[BATCH // 2 - 1] < rounds[-1]  # half the rows finished before the last: the loop shrank the batch
-    prof = ahead.profile(prompts[:2], 24, rounds=3, repeats=1)
-    assert list(prof["stage_ms"]) == ["verify", "commit", "draft", "tree"]
-    inline_prof = engine("specpilot", SPEC_ENGINES["specpilot"], tcfg, pair).profile(prompts[:2], 24, rounds=3, repeats=1)
-    assert prof["chosen_budgets"] == inline_prof["chosen_budgets"] and prof["verified_nodes"] == inline_prof[
-        "verified_nodes"]
-    with pytest.raises(ValueError, match="engine.budget_choice: expected inline or ahead, got 'later'"):
-        make_engine({**ahead_cfg, "budget_choice": "later"}, tcfg, tw, dcfg, dw, context=CONTEXT)
-    with pytest.raises(ValueError, match="engine.budget_choice: ahead needs a per-round budget"):
-        SpecEngine("ddtree", tcfg, tw, dcfg, dw, tree="best_first", tree_budget=8, budget_choice="ahead")
-
-
 # ---- EOS ------------------------------------------------------------------------------------------
 
 

@@ -17,4 +17,4 @@ engines=${*:-ar stock ddtree@64}
 timeout 570 python3 scripts/profile_vs_loop.py --out /tmp/pvl --batch 8 --engines $engines > $OUT/pvl.log 2>&1
 echo "rc $? at $SECONDS s" >> $OUT/pvl.log
 cp /tmp/pvl/profile_vs_loop.md /tmp/pvl/profile_vs_loop.json $OUT/ 2> /dev/null
-grep -E "^(ar|stock|ddtree)|^rc" $OUT/pvl.log
+grep -E "^(ar|stock|ddtree|specpilot)|^rc" $OUT/pvl.log

@@ -27,8 +27,7 @@ import numpy as np
 
 
 def config_label(engine_cfg: dict) -> str:
-    """A short unique name: ar, stock, ddtree@64, specpilot[16,64], tlv@128/int8 (+ '+w12', '+pallas_tree', and
-    '+ahead' for a specpilot choosing its budget a round ahead)."""
+    """A short unique name: ar, stock, ddtree@64, specpilot[16,64], tlv@128/int8 (+ '+w12' etc.)."""
     name = engine_cfg["name"]
     if name in ("ddtree",):
         label = f"ddtree@{int(engine_cfg.get('tree_budget', 64))}"
@@ -44,8 +43,7 @@ def config_label(engine_cfg: dict) -> str:
     fmt = engine_cfg.get("weight_format", "bf16")
     label = label if fmt == "bf16" else f"{label}+{fmt}"
     attention = engine_cfg.get("attention", "xla")
-    label = label if attention == "xla" else f"{label}+{attention}"
-    return label + "+ahead" if engine_cfg.get("budget_choice", "inline") == "ahead" else label
+    return label if attention == "xla" else f"{label}+{attention}"
 
 
 def program_variant(engine_cfg: dict) -> str:

@@ -41,5 +41,4 @@ def make_engine(engine_cfg: dict, target_cfg, target_weights, drafter_cfg=None, 
 
     policy = CostAwareBudget.from_config(engine_cfg)
     return SpecEngine("specpilot", target_cfg, target_weights, drafter_cfg, drafter_weights, tree="best_first",
-                      tree_budget=policy.max_budget, budget_for_round=policy,
-                      budget_choice=engine_cfg.get("budget_choice", "inline"), **common)
+                      tree_budget=policy.max_budget, budget_for_round=policy, **common)

@@ -8,13 +8,9 @@
 Lossless by construction: every committed token is the target's own choice (argmax, or a sample from
 `target_probs`) given the committed prefix; the draft only decides how many of them one pass yields.
 
-SpecPilot verifies the budget it picks through a `lax.switch` (one compiled verify per candidate). On a GPU, XLA runs
-a conditional from the host: it copies the branch index back and waits for the queue to drain before launching the
-branch, a host sync inside the round. With `budget_choice="ahead"` the round is rotated, verify → commit → the next
-round's draft → its tree and budget choice, the tree and the choice carried in the loop state (`Ahead`; the prefill
-drafts the first): the switch then opens the loop body, right after the while loop's own readback of its condition,
-when the queue is already empty. The same computations in the same order with the same keys: the tokens,
-acceptance and budgets are the inline form's (tested); the last round drafts one tree it never verifies.
+SpecPilot verifies the budget it picks through a `lax.switch` (one compiled verify per candidate). In the fused loop
+that cost 1.09 ms a round over the same tree's verify without it on an H100 (batch 8, the 36-layer f32 proxy): 0.68 ms
+of it kernel time, 149 more launches a round (docs/results/2026-12-07-switch-cost-h100/).
 """
 
 from __future__ import annotations
@@ -40,15 +36,6 @@ from specpilot.models.weights import quantize
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
-class Ahead:
-    """The next round's tree and budget, drafted at the end of this one (`budget_choice="ahead"`)."""
-
-    tree: Any  # tree.Tree, batch-major
-    pick: jax.Array  # [] int32 index into the policy's candidates
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
 class SpecState:
     cache: Any  # target KVCache
     ctx: Any  # drafter context KVCache, up to the previous round's commit
@@ -57,7 +44,6 @@ class SpecState:
     prompt_lens: jax.Array  # [B]
     nodes: jax.Array  # [B] draft nodes verified so far (for stats)
     level1_right: jax.Array  # [B] TLV rounds where level 2 accepted all level-1 accepted nodes
-    ahead: Ahead | None = None  # budget_choice="ahead": the next round's tree and budget
 
 
 def quantize_target(weights, fmt: str):
@@ -94,7 +80,6 @@ class SpecEngine(Engine):
         budget_for_round=None,
         reference_loop: bool = False,
         attention: str = "xla",
-        budget_choice: str = "inline",
     ):
         if dcfg.layers.hidden_size != cfg.hidden_size:
             raise ValueError(
@@ -112,11 +97,6 @@ class SpecEngine(Engine):
         self.tree = tree
         self.n_nodes = self.depth if tree == "chain" else int(tree_budget or self.depth)
         self.budget_for_round = budget_for_round
-        if budget_choice not in ("inline", "ahead"):
-            raise ValueError(f"engine.budget_choice: expected inline or ahead, got {budget_choice!r}")
-        if budget_choice == "ahead" and budget_for_round is None:
-            raise ValueError("engine.budget_choice: ahead needs a per-round budget (the specpilot engine)")
-        self.ahead = budget_choice == "ahead"
         self.reference_loop = reference_loop
         self.attention = attention  # of the verify (and level-1) passes and the drafter's; the prefill stays on XLA
         self.slack = self.n_nodes + 1  # scratch cache slots one verify writes past the committed prefix
@@ -140,12 +120,8 @@ class SpecEngine(Engine):
         pending = jnp.zeros((b, self.depth + 1, feats.shape[-1]), feats.dtype)
         extra = SpecState(cache=cache, ctx=ctx, pending_feats=pending, pending_n=zeros, prompt_lens=lens, nodes=zeros,
                           level1_right=zeros)
-        state = init_loop_state(pick(sub, logits, self.sampling), max_new, self.slack, key, extra,
-                                self.cfg.eos_token_ids, self.reference_loop)
-        if self.ahead:  # the first round's tree and budget
-            carry = self._stage_next_draft(params, state, {"state": state})
-            state = self._stage_next_tree(params, state, carry)["state"]
-        return state
+        return init_loop_state(pick(sub, logits, self.sampling), max_new, self.slack, key, extra,
+                               self.cfg.eos_token_ids, self.reference_loop)
 
     # ---- one round ----------------------------------------------------------------------------------
     def _draft(self, params, state: LoopState, ex: SpecState):
@@ -230,9 +206,6 @@ class SpecEngine(Engine):
 
     # ---- one round as named stages (the cost model times them one by one; `round` fuses them) ---------
     def stages(self):
-        if self.ahead:  # this round's tree was drafted by the last one; this one drafts the next
-            return [("verify", self._stage_verify), ("commit", self._stage_commit),
-                    ("draft", self._stage_next_draft), ("tree", self._stage_next_tree)]
         st = [("draft", self._stage_draft), ("tree", self._stage_tree)]
         if self.level1:
             st.append(("level1", self._stage_level1))
@@ -254,26 +227,11 @@ class SpecEngine(Engine):
         tree, q = self._build(carry["rows"], carry["depth_limit"], self._keys(state)[1])
         return {"tree": tree, "q": q, "n1": None, "ctx": carry["ctx"]}
 
-    def _stage_next_draft(self, params, state, carry):
-        """`budget_choice="ahead"`: the draft stage on the state this round committed (the next round's start)."""
-        nxt = carry["state"]
-        return {"state": nxt, **self._stage_draft(params, nxt, {})}
-
-    def _stage_next_tree(self, params, state, carry):
-        """The next round's tree and budget, into the state: its key is that round's, as in the inline order."""
-        nxt = carry["state"]
-        tree, _ = self._build(carry["rows"], carry["depth_limit"], self._keys(nxt)[1])  # best-first: no q
-        chosen = self.budget_for_round.choose(tree.score, tree.valid, ~nxt.done)
-        extra = dataclasses.replace(nxt.extra, ctx=carry["ctx"], ahead=Ahead(tree=tree, pick=chosen))
-        return {"state": dataclasses.replace(nxt, extra=extra)}
-
     def _stage_level1(self, params, state, carry):
         chain, n1 = self._select_path(params, state, state.extra, carry["tree"])
         return {**carry, "tree": chain, "n1": n1}
 
     def _stage_verify(self, params, state, carry):
-        if self.ahead:  # drafted last round; the drafter's context already holds this round's ingest
-            carry = {"tree": state.extra.ahead.tree, "q": None, "n1": None, "ctx": state.extra.ctx}
         tree, q, k_accept = carry["tree"], carry["q"], self._keys(state)[2]
         chosen = {}
         if self.budget_for_round is None:
@@ -281,7 +239,8 @@ class SpecEngine(Engine):
         else:  # best-first nodes are sorted by score and parents precede children: a prefix is a tree
             policy = self.budget_for_round
             # XLA gives each branch its own operand tuple, all holding the same cache: branches that each write it
-            # make all but one copy it whole (on the CPU, twice a round). pallas_tree's pass reads the new K/V from
+            # make all but one copy it whole (K and V twice a round, on the CPU and an H100: docs/results/
+            # 2026-12-07-switch-cost-h100/). pallas_tree's pass reads the new K/V from
             # the step, so its branches return them (padded to the largest candidate's root + nodes) and one
             # scatter after the switch writes them; the padding lands in scratch slots past the committed prefix.
             defer_to = max(policy.candidates) + 1 if self.attention == "pallas_tree" else None
@@ -291,7 +250,7 @@ class SpecEngine(Engine):
                 )
                 for c in policy.candidates
             ]
-            pick = state.extra.ahead.pick if self.ahead else policy.choose(tree.score, tree.valid, ~state.done)
+            pick = policy.choose(tree.score, tree.valid, ~state.done)
             out = jax.lax.switch(pick, branches, tree)
             if defer_to is not None:
                 (ks, vs), cache = out[1], state.extra.cache

@@ -78,8 +78,8 @@ class DraftOnMismatch(SpecEngine):
 class SiblingVisible(SpecEngine):
     """Tree verify whose mask lets every node see all nodes up to its own depth (siblings too)."""
 
-    def _verify(self, weights, last, tree, cache):
-        out, anc = super()._verify(weights, last, tree, cache)
+    def _verify(self, weights, last, tree, cache, defer_kv_write=False):
+        out, anc = super()._verify(weights, last, tree, cache, defer_kv_write)
         depth = jnp.concatenate([jnp.zeros_like(tree.depth[:, :1]), tree.depth], axis=1)
         leaky = depth[:, None, :] <= depth[:, :, None]
         toks = jnp.concatenate([last[:, None], tree.tokens], axis=1)

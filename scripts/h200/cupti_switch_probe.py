@@ -14,9 +14,10 @@ wall time (median of synchronised calls), with outputs checked equal to the bran
   switch whose index comes from the prefix's result, as the engine's ``choose`` reads the tree its draft built. XLA's
   GPU conditional reads its index on the host, which waits for everything queued before it: the switch's wall time
   over the branch's is then the drain (the GPU idles while the host launches the branch, which it no longer runs
-  ahead of). A hypothesis for SpecPilot's 2.5-2.7 ms per round over DDTree's verify at batch 1 and 8, nothing at 32
-  (docs/results/2026-11-30-costmodel-h200/): with ``--hidden 1024 --layers 64`` (short kernels, launch-bound as a
-  batch-1 verify's are) the difference should grow with the layers; with long kernels it should stay ~tens of us.
+  ahead of). With ``--hidden 1024 --layers 64`` (short kernels, launch-bound as a batch-1 verify's are) that drain
+  should grow with the layers; with long kernels stay ~tens of us. In the engines' fused loop on an H100 the drain
+  was not the switch's cost: the switch moved to the top of the loop body cost more, and most of the 1.09 ms it adds
+  a round was kernel time (docs/results/2026-12-07-switch-cost-h100/).
 If ``switch`` shows about the branch's kernel time, CUPTI sees branch kernels and the engine's shortfall lies
 elsewhere; if it shows next to nothing, branch kernels are lost and the ``XLA_FLAGS`` the wrapper varies
 (``cupti_switch_probe.sh``: default, command buffers off, conditionals in command buffers) say which runtime path

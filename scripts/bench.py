@@ -236,7 +236,7 @@ def main(argv=None) -> int:
         trees.RANK_TOP_K_MAX = args.tree_rank_max
     from specpilot.costmodel import leave_one_out, load_or_calibrate
     from specpilot.costmodel import measure as M
-    from specpilot.costmodel.predict import StepTimeModel, TauProfile, project, with_kernel_projections
+    from specpilot.costmodel.predict import StepTimeModel, TauProfile, with_kernel_projections
     from specpilot.costmodel.report import provenance, write_json
 
     if args.compile_cache.lower() != "none":
@@ -297,8 +297,7 @@ def main(argv=None) -> int:
         tau = TauProfile.from_json(json.loads(Path(args.tau_profile).read_text()))
     if tau is not None and rows:
         res["tau_profile"] = tau.to_json()
-        res["projected"] = with_kernel_projections(project(rows, tau, dep.block), rows, tau, dep.block) \
-            if dep.synthetic else []
+        res["projected"] = with_kernel_projections(rows, tau, dep.block) if dep.synthetic else []
 
     files = finish(res, out)
     if args.wandb:

@@ -475,7 +475,7 @@ def test_profile_vs_loop_puts_each_engines_profiled_round_beside_its_loop_step(t
                      "--loop-only", "--engines", "ar"]) == 0
     only = json.loads((out / "loop_only.json").read_text())
     assert [(r["label"], r["loop_steps"], r["beyond_kernels_ms"]) for r in only["rows"]] == [("ar", 5, None)]
-    # a flat verify cost table: every round verifies the largest candidate (ddtree@4's tree, through the switch)
+    # specpilot@B1,B2: its candidates sorted, the largest its tree budget (a flat cost table: the defaults)
     assert pvl.engine_cfg("specpilot@4,3") == {"name": "specpilot", "tree_budget": 4, "budget_candidates": [3, 4]}
     assert math.isfinite(only["rows"][0]["loop_step_ms"]) and "xla_flags" in only["provenance"]
     capsys.readouterr()

@@ -554,7 +554,7 @@ def test_projection_on_kernel_time_leaves_specpilots_lost_switch_kernels_out_of_
 
     def kernel_projections(rows, tau, block):
         return {(p["label"], p["batch"]): {"t_step_ms": p["t_step_kernels_ms"], "speedup": p["model_speedup_kernels"]}
-                for p in with_kernel_projections(project(rows, tau, block), rows, tau, block)}
+                for p in with_kernel_projections(rows, tau, block)}
 
     def timed(r):
         gpu = {s: ms / 2 for s, ms in r["stage_ms"].items()}

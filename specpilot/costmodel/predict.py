@@ -405,8 +405,8 @@ def project(rows: list[dict], tau: TauProfile, block: int, fit_rows: list[dict] 
     return out
 
 
-def with_kernel_projections(projected: list[dict], rows: list[dict], tau: TauProfile, block: int) -> list[dict]:
-    """`projected` (`project(rows, …)`), each entry with `t_step_kernels_ms` and `model_speedup_kernels`: the same
+def with_kernel_projections(rows: list[dict], tau: TauProfile, block: int) -> list[dict]:
+    """`project(rows, tau, block)`, each entry with `t_step_kernels_ms` and `model_speedup_kernels`: the same
     projection on the rows' CUPTI kernel times (`on_kernel_time`; None where the rows lack them). `specpilot` rows are
     projected but not fitted: CUPTI did not report the kernels of their verify's `lax.switch` branch
     (docs/results/2026-12-07-batched-order-gpu-time-h100/), and on kernel time a switch adds no work beyond its
@@ -420,7 +420,7 @@ def with_kernel_projections(projected: list[dict], rows: list[dict], tau: TauPro
     except KeyError:  # a curve only the specpilot rows had (`StepTimeModel.curve_ms` names it)
         on_kernels = {}
     out = []
-    for p in projected:
+    for p in project(rows, tau, block):
         k = on_kernels.get((p["label"], p["batch"]), {})
         out.append({**p, "t_step_kernels_ms": k.get("t_step_ms"), "model_speedup_kernels": k.get("speedup")})
     return out

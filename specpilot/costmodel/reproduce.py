@@ -24,7 +24,7 @@ from pathlib import Path
 
 from specpilot.argtypes import (existing_dir, existing_file, model_name, non_negative_int, positive_int,
                                 proxy_recipe)
-from specpilot.costmodel.predict import TauProfile, config_label, project, speedup, with_kernel_projections
+from specpilot.costmodel.predict import TauProfile, config_label, speedup, with_kernel_projections
 
 
 def base_parser(doc: str, batches: list[int]) -> argparse.ArgumentParser:
@@ -211,7 +211,7 @@ def run(args, configs: list[dict], script: str) -> dict:
         rows, skipped = M.sweep(dep, configs, args.batches, context, args.rounds, hw, args.budget_s, log, args.seed,
                                 compile_workers=workers, gpu_time=args.gpu_time)
         ar_round = {r["batch"]: r["round_ms"] for r in rows if r["label"] == "ar"}
-        for p in with_kernel_projections(project(rows, tau, dep.block), rows, tau, dep.block):
+        for p in with_kernel_projections(rows, tau, dep.block):
             base = p["label"].split(" (budget")[0]
             row = next(r for r in rows if r["batch"] == p["batch"] and r["label"] == base)
             res["entries"].append({"deployment": dep.name, "kind": "projected", "engine_cfg": row["engine_cfg"],

@@ -29,7 +29,7 @@ from specpilot.decoding.engine import Engine, LoopState, commit, init_loop_state
 from specpilot.decoding.sampling import Sampling, pick, sample, target_probs
 from specpilot.models import dflash
 from specpilot.models.config import DrafterConfig, ModelConfig
-from specpilot.models.kv_cache import compact, write_layer
+from specpilot.models.kv_cache import compact, write_every_layer
 from specpilot.models.target import forward
 from specpilot.models.weights import quantize
 
@@ -239,10 +239,10 @@ class SpecEngine(Engine):
         else:  # best-first nodes are sorted by score and parents precede children: a prefix is a tree
             policy = self.budget_for_round
             # XLA gives each branch its own operand tuple, all holding the same cache: branches that each write it
-            # make all but one copy it whole (K and V twice a round, on the CPU and an H100: docs/results/
-            # 2026-12-07-switch-cost-h100/). pallas_tree's pass reads the new K/V from
-            # the step, so its branches return them (padded to the largest candidate's root + nodes) and one
-            # scatter after the switch writes them; the padding lands in scratch slots past the committed prefix.
+            # make all but one copy it whole (K and V twice a round, on the CPU and an H100:
+            # docs/results/2026-12-07-switch-cost-h100/). pallas_tree's pass reads the new K/V from the step, so its
+            # branches return them (padded to the largest candidate's root + nodes) and one scatter after the switch
+            # writes them; the padding lands in scratch slots past the committed prefix.
             defer_to = max(policy.candidates) + 1 if self.attention == "pallas_tree" else None
             branches = [
                 lambda tr, c=c: self._verify_accept(
@@ -253,10 +253,7 @@ class SpecEngine(Engine):
             pick = policy.choose(tree.score, tree.valid, ~state.done)
             out = jax.lax.switch(pick, branches, tree)
             if defer_to is not None:
-                (ks, vs), cache = out[1], state.extra.cache
-                every = slice(None)
-                out = (out[0], dataclasses.replace(cache, k=write_layer(cache.k, every, ks, cache.lengths),
-                                                   v=write_layer(cache.v, every, vs, cache.lengths)), *out[2:])
+                out = (out[0], write_every_layer(state.extra.cache, *out[1]), *out[2:])
             chosen = {"budget": jnp.asarray(policy.candidates, jnp.int32)[pick]}  # what `Engine.profile` records
         return dict(zip(("walk", "cache", "feats", "nodes"), out), n1=carry["n1"], ctx=carry["ctx"], **chosen)
 

@@ -50,6 +50,14 @@ def write_layer(buf: jax.Array, layer: int | jax.Array | slice, new: jax.Array, 
     return buf.at[layer, jnp.arange(b)[:, None], slots].set(new.astype(buf.dtype), mode="drop", unique_indices=True)
 
 
+def write_every_layer(cache: KVCache, ks: jax.Array, vs: jax.Array) -> KVCache:
+    """A step's new K and V, every layer's ([L, B, T, Hkv, D] each), written at slots lengths[b] + t in one scatter
+    each (`write_layer` with every layer); lengths unchanged."""
+    every = slice(None)
+    return KVCache(k=write_layer(cache.k, every, ks, cache.lengths), v=write_layer(cache.v, every, vs, cache.lengths),
+                   lengths=cache.lengths)
+
+
 def advance(cache: KVCache, n: jax.Array) -> KVCache:
     """Commit the first `n[b]` freshly written tokens of each request."""
     return dataclasses.replace(cache, lengths=cache.lengths + n.astype(jnp.int32))

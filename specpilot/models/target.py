@@ -12,7 +12,7 @@ Attention implementations (`forward(..., attention=)`, the engines' `attention` 
   tokens' own K/V under the [B, T, T] mask packed as ancestor bits; its Mosaic GPU kernel on an H100/H200
   (16-bit weights, head_dim a multiple of 64; other shapes fall back to its jnp reference with a warning),
   the jnp reference elsewhere. It does not read the new tokens from the cache, so their K/V are written after the
-  last layer, for all layers at once (`kv_cache.write_layer` with every layer: 2 scatters a step, not 2 per layer),
+  last layer, for all layers at once (`kv_cache.write_every_layer`: 2 scatters a step, not 2 per layer),
   so no kernel of the forward writes the prefix it reads (`cache_settled`: under PDL its loads start early).
   Above one new token the kernel reads their q, k and v from one array (`tree_attention_packed`), as
   `qk_norm_rope` writes them: in the H200's DFlash drafter pass (16 rows) that removed three copies a layer
@@ -40,7 +40,7 @@ import numpy as np
 from pallas_kernels.add_rms_norm import add_rms_norm
 from pallas_kernels.tree_attention import dense_to_ancestor_bits, tree_attention, tree_attention_packed, unpack_heads
 from specpilot.models.config import ModelConfig, rope_inv_freq
-from specpilot.models.kv_cache import KVCache, write_layer
+from specpilot.models.kv_cache import KVCache, write_every_layer, write_layer
 from specpilot.models.weights import Layer, TargetWeights, linear, linear_qk_norm_rope, linear_swiglu
 
 NEG_INF = -1e30
@@ -172,8 +172,8 @@ def forward(
     (HF replaces it with `last_hidden_state`; DFlash drafters were trained on exactly that).
     attention: "xla" | "cudnn" | "pallas_tree" (module docstring).
     defer_kv_write (`pallas_tree` only, whose attention reads the new K/V from the step, not the cache): the cache
-    comes back unwritten and `new_kv` holds every layer's new K/V for the caller to write (`kv_cache.write_layer`
-    with every layer) — outside a `lax.switch` whose branches would otherwise all write the cache.
+    comes back unwritten and `new_kv` holds every layer's new K/V for the caller to write
+    (`kv_cache.write_every_layer`) — outside a `lax.switch` whose branches would otherwise all write the cache.
     """
     b, t = tokens.shape
     if attention not in ATTENTION:
@@ -210,9 +210,7 @@ def forward(
         if defer_kv_write:
             deferred = (ks, vs)
         else:
-            every = slice(None)
-            cache = dataclasses.replace(cache, k=write_layer(cache.k, every, ks, cache.lengths),
-                                        v=write_layer(cache.v, every, vs, cache.lengths))
+            cache = write_every_layer(cache, ks, vs)
     hidden = {i: hid[:, :rows] for i, hid in hidden.items()}  # the padded rows' outputs are dropped here
     x = add_rms_norm(x, update, weights.final_norm, cfg.rms_norm_eps)[1][:, :rows]
     if cfg.num_layers - 1 in hidden_layer_ids:

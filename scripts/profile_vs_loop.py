@@ -198,9 +198,8 @@ def kernel_table(profiled: dict, full: list, prefill: list, steps: int, top: int
     for stage in profiled.values():
         for name, ms in stage.items():
             names.setdefault(name, {"profiled": 0.0, "loop": 0.0})["profiled"] += ms
-    for sign, launches in ((1, full), (-1, prefill)):
-        for name, ms in launches:
-            names.setdefault(name, {"profiled": 0.0, "loop": 0.0})["loop"] += sign * ms / steps
+    for name, (_, ms) in kernels_by_name(full, prefill, steps).items():
+        names.setdefault(name, {"profiled": 0.0, "loop": 0.0})["loop"] += ms
     ranked = sorted(names.items(), key=lambda kv: -abs(kv[1]["profiled"] - kv[1]["loop"]))
     return dict(ranked[:top])
 
@@ -247,6 +246,28 @@ def write(out: Path, args, dep, rows: list, no_kernels) -> None:
     save(out, "profile_vs_loop", "A profiled round against the fused loop's step", args, dep, rows, lines)
 
 
+def kernels_by_name(full, prefill, steps: int) -> dict[str, list[float]]:
+    """A loop's kernels a step by name, [launches, ms]: a whole generation's (name, ms) launches less the
+    prefill-only generation's, over its loop steps."""
+    out: dict[str, list[float]] = {}
+    for launches, sign in ((full, 1), (prefill, -1)):
+        for name, ms in launches:
+            entry = out.setdefault(name, [0.0, 0.0])
+            entry[0] += sign / steps
+            entry[1] += sign * ms / steps
+    return out
+
+
+def print_kernel_diff(base: dict, row: dict, top: int = 12) -> None:
+    """The kernel names whose time a step differs most between two loops (`loop_kernel_names`), with their launches."""
+    a, b = base["loop_kernel_names"], row["loop_kernel_names"]
+    diff = sorted(((b.get(n, [0, 0])[1] - a.get(n, [0, 0])[1], b.get(n, [0, 0])[0] - a.get(n, [0, 0])[0], n)
+                   for n in set(a) | set(b)), key=lambda d: -abs(d[0]))
+    print(f"  {row['label']} less {base['label']}, by kernel name (ms a step, launches a step):")
+    for ms, n_launch, name in diff[:top]:
+        print(f"  {ms:+.4f} ms {n_launch:+.1f} launches  {name[:90]}")
+
+
 def loop_only(args, dep, prompts, capacity) -> int:
     """`--loop-only`: per engine the fused loop's step, its kernels and the rest (the step's wall beyond its kernels:
     launch gaps and the host's part), under this process's XLA_FLAGS (in the provenance)."""
@@ -261,11 +282,15 @@ def loop_only(args, dep, prompts, capacity) -> int:
     for cfg in args.engines:
         row = {"label": config_label(cfg), "batch": args.batch,
                **loop_measure(M.build_engine(dep, cfg, capacity), prompts, args.max_new, cupti)}
-        row.pop("launch_lists", None)
+        lists = row.pop("launch_lists", None)
         row["beyond_kernels_ms"] = row["loop_step_ms"] - row["loop_kernels_ms"] if cupti else None
+        if lists:
+            row["loop_kernel_names"] = kernels_by_name(*lists, row["loop_steps"])
         rows.append(row)
         kernels = f", kernels {row['loop_kernels_ms']:.3f}, beyond them {row['beyond_kernels_ms']:.3f}" if cupti else ""
         print(f"{row['label']}: loop step {row['loop_step_ms']:.3f} ms{kernels}", flush=True)
+        if lists and len(rows) > 1:
+            print_kernel_diff(rows[0], row)
     table = [[r["label"], r["batch"], r["loop_step_ms"], r.get("loop_kernels_ms"), r.get("beyond_kernels_ms"),
               r.get("loop_launches"), r["loop_steps"]] for r in rows]
     save(Path(args.out), "loop_only", "The fused loop's step", args, dep, rows,

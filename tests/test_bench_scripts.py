@@ -468,6 +468,15 @@ def test_profile_vs_loop_puts_each_engines_profiled_round_beside_its_loop_step(t
     assert list(table) == ["a", "b", "c"]
     assert table["a"] == {"profiled": 2.0, "loop": 1.0} and table["b"]["loop"] == pytest.approx(0.05)
     assert table["c"] == {"profiled": 0.0, "loop": 0.0}
+    # --loop-only's kernel names a step (launches, ms) and the names two loops differ by most
+    by_name = pvl.kernels_by_name([("a", 1.0), ("a", 1.0), ("b", 0.1), ("c", 3.0)], [("c", 3.0)], 2)
+    assert by_name["a"] == [1.0, 1.0] and by_name["b"] == pytest.approx([0.5, 0.05]) and by_name["c"] == [0.0, 0.0]
+    capsys.readouterr()
+    pvl.print_kernel_diff({"label": "x", "loop_kernel_names": by_name},
+                          {"label": "y", "loop_kernel_names": {"a": [1.0, 1.0], "d": [2.0, 0.4]}})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "  y less x, by kernel name (ms a step, launches a step):"
+    assert lines[1] == "  +0.4000 ms +2.0 launches  d" and lines[2] == "  -0.0500 ms -0.5 launches  b"
     md = (out / "profile_vs_loop.md").read_text()
     assert "| ar | 2 |" in md and "kernel columns: CUPTI kernel timings need an NVIDIA GPU; this backend is 'cpu'" in md
     # --loop-only: the loop's step alone, under this process's XLA_FLAGS (named in the report)

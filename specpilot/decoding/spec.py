@@ -194,8 +194,8 @@ class SpecEngine(Engine):
         return chain, w1.n_accepted
 
     def _verify_accept(self, params, state, ex: SpecState, tree, q, key, defer_to: int | None = None):
-        """Verify and walk: (walk, cache, accepted path's features, nodes). With `defer_to` (a switch branch) the
-        cache is left unwritten and its place holds the new K/V, every layer's, padded to `defer_to`
+        """Verify and walk: (walk, cache, accepted path's features, nodes). With `defer_to` (a `pallas_tree` switch
+        branch) the cache is left unwritten and its place holds the new K/V, every layer's, padded to `defer_to`
         tokens, so every branch returns one shape and the caller writes them after the switch."""
         out, anc = self._verify(params["target"], state.last, tree, ex.cache, defer_kv_write=defer_to is not None)
         w = self._accept(key, state, tree, anc, q, out.logits)
@@ -240,11 +240,10 @@ class SpecEngine(Engine):
             policy = self.budget_for_round
             # XLA gives each branch its own operand tuple, all holding the same cache: branches that each write it
             # make all but one copy it whole (K and V twice a round, on the CPU and an H100:
-            # docs/results/2026-12-07-switch-cost-h100/). So the branches read the cache and return the new K/V
-            # (`forward(defer_kv_write=True)`, padded to the largest candidate's root + nodes) and one scatter after
-            # the switch writes them; the padding lands in scratch slots past the committed prefix. cuDNN's
-            # attention reads the new K/V from the cache: its branches still write it.
-            defer_to = max(policy.candidates) + 1 if self.attention != "cudnn" else None
+            # docs/results/2026-12-07-switch-cost-h100/). pallas_tree's pass reads the new K/V from the step, so its
+            # branches return them (padded to the largest candidate's root + nodes) and one scatter after the switch
+            # writes them; the padding lands in scratch slots past the committed prefix.
+            defer_to = max(policy.candidates) + 1 if self.attention == "pallas_tree" else None
             branches = [
                 lambda tr, c=c: self._verify_accept(
                     params, state, state.extra, jax.tree.map(lambda a: a[:, :c], tr), q, k_accept, defer_to

@@ -68,26 +68,6 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
     return o.reshape(b, t, hq * d).astype(q.dtype)
 
 
-def attention_beside_cache(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array, k_new: jax.Array,
-                           v_new: jax.Array, block_mask: jax.Array) -> jax.Array:
-    """`attention` over each request's committed prefix (cache slots below `lengths`) and the step's own K/V
-    (k_new, v_new [B, T, Hkv, D]) under `block_mask` [B, T, T], without writing them into the cache first: one
-    softmax over the same visible keys as `attention` under `cache_mask`, summed in another order. A new token past
-    the cache's capacity sees itself here (the cache path drops its slot)."""
-    b, t, hq, d = q.shape
-    hkv = k.shape[2]
-    qg = q.reshape(b, t, hkv, hq // hkv, d)
-    scores = [jnp.einsum("btkgd,bskd->bkgts", qg, keys, preferred_element_type=jnp.float32) * (d**-0.5)
-              for keys in (k, k_new)]
-    prefix = jnp.arange(k.shape[1])[None, :] < lengths[:, None]  # [B, S]
-    s = jnp.concatenate([jnp.where(prefix[:, None, None, None], scores[0], NEG_INF),
-                         jnp.where(block_mask[:, None, None], scores[1], NEG_INF)], axis=-1)
-    p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
-    o = sum(jnp.einsum("bkgts,bskd->btkgd", part, vals, preferred_element_type=jnp.float32)
-            for part, vals in ((p[..., : k.shape[1]], v), (p[..., k.shape[1]:], v_new)))
-    return o.reshape(b, t, hq * d).astype(q.dtype)
-
-
 def cache_mask(lengths: jax.Array, block_mask: jax.Array, capacity: int) -> jax.Array:
     """Visibility [B, T, S] over the cache buffer: the committed prefix, plus new tokens per `block_mask`.
 
@@ -145,24 +125,21 @@ def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, i
 
 
 def _layer(cfg: ModelConfig, lw: Layer, i: int, x, h, cos, sin, cache: KVCache, mask, tree_bits=None,
-           fused: str | None = None, beside_mask=None):
+           fused: str | None = None):
     """Layer `i` on the residual stream `x` entering it and `h`, its input-normed form. Returns the stream after
     the attention block, the MLP block's output (the next residual update: the next `add_rms_norm` adds it and
-    norms the sum in one go), the cache and this step's K/V. With `beside_mask` (the [B, T, T] block mask of an XLA
-    step whose write is deferred) the cache is read, not written (`attention_beside_cache`)."""
+    norms the sum in one go), the cache and this step's K/V."""
     b, t, _ = x.shape
     packed = tree_bits is not None and t > 1  # the tree-attention kernel reads the heads as one array
     heads = linear_qk_norm_rope(h, lw.w_qkv, lw.q_norm, lw.k_norm, cos, sin,  # no q_norm: Llama
                                 num_kv_heads=cfg.num_kv_heads, eps=cfg.rms_norm_eps, split=not packed)
     q, k, v = unpack_heads(heads, cfg.num_kv_heads) if packed else heads
-    if tree_bits is None and beside_mask is None:  # XLA / cuDNN attention read the new K/V from the cache
+    if tree_bits is None:  # XLA / cuDNN attention read the new tokens' K/V from the cache: write them first
         cache = dataclasses.replace(
             cache, k=write_layer(cache.k, i, k, cache.lengths), v=write_layer(cache.v, i, v, cache.lengths)
         )
     if fused is not None:
         attn = fused_attention(q, cache.k[i], cache.v[i], mask, fused)
-    elif beside_mask is not None:
-        attn = attention_beside_cache(q, cache.k[i], cache.v[i], cache.lengths, k, v, beside_mask)
     elif tree_bits is None:
         attn = attention(q, cache.k[i], cache.v[i], mask)
     elif t == 1:  # the kernel reads the prefix below `lengths` and the new token's q, k, v (not from the cache)
@@ -194,29 +171,26 @@ def forward(
     the residual stream after layer i, except that the last layer's entry is the final-RMSNormed state
     (HF replaces it with `last_hidden_state`; DFlash drafters were trained on exactly that).
     attention: "xla" | "cudnn" | "pallas_tree" (module docstring).
-    defer_kv_write (`xla` and `pallas_tree`): the cache comes back unwritten and `new_kv` holds every layer's new
-    K/V for the caller to write (`kv_cache.write_every_layer`) — outside a `lax.switch` whose branches would
-    otherwise all write the cache. `pallas_tree` reads the new K/V from the step anyway; `xla` then attends through
-    `attention_beside_cache` (the same softmax, summed in another order); cuDNN's call reads them from the cache.
+    defer_kv_write (`pallas_tree` only, whose attention reads the new K/V from the step, not the cache): the cache
+    comes back unwritten and `new_kv` holds every layer's new K/V for the caller to write
+    (`kv_cache.write_every_layer`) — outside a `lax.switch` whose branches would otherwise all write the cache.
     """
     b, t = tokens.shape
     if attention not in ATTENTION:
         raise ValueError(f"attention: unknown implementation {attention!r} (choose from {', '.join(ATTENTION)})")
-    if defer_kv_write and attention == "cudnn":
-        raise ValueError("defer_kv_write: attention='cudnn' reads the new K/V from the cache; xla and pallas_tree "
-                         "can defer the write")
+    if defer_kv_write and attention != "pallas_tree":
+        raise ValueError(f"defer_kv_write: attention={attention!r} reads the new K/V from the cache; only "
+                         "pallas_tree can defer the write")
     if attention == "cudnn" and jax.devices()[0].platform != "gpu":
         raise ValueError(f"attention=cudnn needs an NVIDIA GPU; this backend is {jax.devices()[0].platform!r}")
     if block_mask is None:
         block_mask = causal_block_mask(b, t)
-    mask = tree_bits = beside_mask = None
+    mask = tree_bits = None
     rows = t  # the real new tokens; with `pallas_tree` the step may run more (`TREE_ROW_TILE`)
     if attention == "pallas_tree" and t > TREE_ROW_TILE and t % TREE_ROW_TILE:
         tokens, positions, block_mask = pad_tree_rows(tokens, positions, block_mask)
     if attention == "pallas_tree":
         tree_bits = dense_to_ancestor_bits(block_mask)
-    elif defer_kv_write:
-        beside_mask = block_mask
     else:
         mask = cache_mask(cache.lengths, block_mask, cache.capacity)
     cos, sin = rope_tables(cfg, positions)
@@ -227,10 +201,10 @@ def forward(
         if i - 1 in hidden_layer_ids:
             hidden[i - 1] = x
         x, update, cache, kv = _layer(cfg, lw, i, x, h, cos, sin, cache, mask, tree_bits,
-                                      "cudnn" if attention == "cudnn" else None, beside_mask)
+                                      "cudnn" if attention == "cudnn" else None)
         layer_kv.append(kv)
     deferred = None
-    if tree_bits is not None or defer_kv_write:  # attention read the new K/V from k, v: one scatter each, all layers
+    if tree_bits is not None:  # the kernel read the new K/V from k, v: write every layer's in one scatter each
         # stacked before the scatter, not inside it: fused in, the 36-way concatenate made each scatter ~13 us
         ks, vs = jax.lax.optimization_barrier(tuple(jnp.stack(parts)[:, :, :rows] for parts in zip(*layer_kv)))
         if defer_kv_write:

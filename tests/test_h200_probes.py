@@ -283,7 +283,7 @@ def test_cupti_switch_probe_switches_pick_their_branch_and_say_why_no_kernel_tim
   assert "CUPTI kernel timings need an NVIDIA GPU" in capsys.readouterr().out
 
 
-def test_loop_copies_finds_a_branchs_cache_copies_and_bills_one_branch_a_round(monkeypatch, capsys):
+def test_loop_copies_finds_a_branchs_cache_copies_and_bills_one_branch_a_round(monkeypatch, capsys, tmp_path):
   """``loop_copies.py``: a while loop whose ``lax.switch`` branch writes a carried cache twice gets a copy of it
   (XLA's CPU compile; the probe runs the same count on a GPU), which the count finds inside the loop and bills once a
   round (the branch that writes once has none); DDTree's loop (XLA attention) and SpecPilot's (pallas_tree, its
@@ -308,9 +308,14 @@ def test_loop_copies_finds_a_branchs_cache_copies_and_bills_one_branch_a_round(m
   assert all(f["computation"] in big and f["computation"] not in small for f in found)
   assert probe.bytes_a_round(hlo, found) == sum(f["bytes"] for f in found)  # one branch's, once a round
   assert probe.cache_copies(hlo, {"other": cache.size + 1}) == []
-  rows = probe.main(["--engines", "ddtree@8", "--attentions", "xla"])
-  assert [(r["engine"], r["copies"], r["bytes_a_round"]) for r in rows] == [("ddtree@8", [], 0)]
-  assert "| ddtree@8 | 0 | 0.00 | - |" in capsys.readouterr().out
+  rows = probe.main(["--engines", "ddtree@8", "--attentions", "xla", "--dump", str(tmp_path)])
+  whole = [f for f in rows[0]["copies"] if "layer" not in f["cache"]]
+  assert rows[0]["engine"] == "ddtree@8" and whole == []
+  # the CPU lays a layer's K and V slice out for its dots: layer-sized transposes, which the dump shows
+  layers = [f for f in rows[0]["copies"] if "layer" in f["cache"]]
+  assert layers and all(f["op"] == "fusion" and "transpose" in f["instruction"] for f in layers)
+  assert all(f["instruction"] in (tmp_path / "ddtree@8.hlo.txt").read_text() for f in layers)
+  assert f"| ddtree@8 | 0 | {len(layers)} |" in capsys.readouterr().out
   # SpecPilot's pallas_tree branches hand their new K/V back and one scatter after the switch writes them: no copy
   rows = probe.main(["--engines", "specpilot@7,8", "--attentions", "pallas_tree"])
   assert [(r["engine"], r["copies"]) for r in rows] == [("specpilot[7,8]+pallas_tree", [])]

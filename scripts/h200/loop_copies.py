@@ -6,16 +6,21 @@ conditional with one operand tuple per branch, each holding the same cache buffe
 place, the second copies them (after its first layer's write, and into the conditional's output). The CPU's scheduler
 is not the GPU's, so this probe compiles the same loops on the device it runs on and lists, per engine and attention,
 every copy inside the while loop (its body and what the body calls: conditional branches, nested loops) whose result
-has as many elements as a cache it carries (the target's K or V, the drafter's context K or V), with the bytes it
-moves a round (read + write). No GPU run: it only compiles.
+has as many elements as a cache it carries (the target's K or V, the drafter's context K or V) or one layer of
+it, with the bytes it moves a round (read + write). No GPU run: it only compiles. A layer-sized match is by element
+count only (the CPU's dot-layout transposes of a layer's slice are such copies; a score tensor may match by chance):
+`--dump` writes each loop's optimized HLO to read them in. On an H100 the switch's branch ran two memcpys and two
+memsets a layer that DDTree@64's loop does not (fifty-third session, docs/results/2026-12-07-switch-kernels-h100/);
+the layer-sized rows and the dump name the HLO behind them.
 
     PYTHONPATH=$PWD python3 scripts/h200/loop_copies.py [--model proxy_h200_deep --layers 4 --batch 8 \
-        --engines ddtree@64 specpilot@63,64 --attentions xla pallas_tree --dtype bfloat16]
+        --engines ddtree@64 specpilot@63,64 --attentions xla pallas_tree --dtype bfloat16 --dump DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import math
 import re
@@ -88,9 +93,13 @@ def branches(comps: dict[str, list[str]]) -> list[list[set[str]]]:
 DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1, "f64": 8, "s64": 8}
 
 
+COPYING_OPS = ("copy", "slice", "dynamic-slice")
+
+
 def cache_copies(hlo: str, cache_elements: dict[str, int]) -> list[dict]:
-    """Copies inside the loop whose result has a cache's element count: a `copy` instruction outside fusions, or a
-    fusion whose name says copy (how a standalone copy is emitted on a GPU)."""
+    """Copies inside the loop whose result has a cache's element count (or a cache layer's, where `cache_elements`
+    names one): a `copy`, `slice` or `dynamic-slice` instruction outside fusions (what a GPU runs as a memcpy), or
+    a fusion whose name says copy or slice (how a standalone copy is emitted as a kernel)."""
     comps = computations(hlo)
     fused = {c for lines in comps.values() for line in lines for c in re.findall(r"calls=%?([\w.\-]+)", line)}
     found = []
@@ -100,12 +109,13 @@ def cache_copies(hlo: str, cache_elements: dict[str, int]) -> list[dict]:
             if not m:
                 continue
             name, dtype, dims, op = m.groups()
-            if op != "copy" and not (op == "fusion" and "copy" in name):
+            sliced = "slice" in name.replace("update-slice", "")  # an update-slice fusion writes in place
+            if op not in COPYING_OPS and not (op == "fusion" and ("copy" in name or sliced)):
                 continue
             n = math.prod(int(d) for d in dims.split(",")) if dims else 1
             which = [k for k, v in cache_elements.items() if v == n]
             if which:
-                found.append({"computation": c, "instruction": name, "shape": f"{dtype}[{dims}]",
+                found.append({"computation": c, "instruction": name, "op": op, "shape": f"{dtype}[{dims}]",
                               "cache": " or ".join(which), "bytes": 2 * n * DTYPE_BYTES.get(dtype, 4)})
     return found
 
@@ -129,6 +139,7 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--dtype", default="float32", choices=("bfloat16", "float32"))
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--engines", nargs="+", type=engine_cfg, default=[engine_cfg("ddtree@8"), engine_cfg("specpilot@7,8")])
+    ap.add_argument("--dump", default=None, help="also write each loop's optimized HLO text into this folder")
     ap.add_argument("--attentions", nargs="+", default=["xla", "pallas_tree"], choices=("xla", "cudnn", "pallas_tree"))
     args = ap.parse_args(argv)
 
@@ -151,21 +162,28 @@ def main(argv=None) -> list[dict]:
     tokens, lens = pad_prompts(prompts)
     print(f"{jax.devices()[0].device_kind}; {args.model}, {dep.target_cfg.num_layers} layers, {args.dtype}, "
           f"batch {args.batch}, {capacity} KV slots")
-    print("| engine | cache-sized copies in the loop (all branches) | MB a round (read + write; one branch) | which |"
-          "\n|---|---|---|---|")
+    print("| engine | whole-cache copies in the loop (all branches) | layer-sized copies | MB a round (read + write; "
+          "one branch) | which |\n|---|---|---|---|---|")
     rows = []
     for attention in args.attentions:
         for cfg in args.engines:
             engine = M.build_engine(dep, {**cfg, "attention": attention}, capacity)
             state = engine._prefill(engine.params, tokens, lens, 16, jax.random.key(0))
             caches = {"target K/V": state.extra.cache.k, "drafter K/V": state.extra.ctx.k}
+            sizes = {**{k: v.size for k, v in caches.items()},
+                     **{f"{k} layer": v.size // v.shape[0] for k, v in caches.items()}}
             hlo = engine._run.lower(engine.params, state, 0).compile().as_text()
-            found = cache_copies(hlo, {k: v.size for k, v in caches.items()})
+            found = cache_copies(hlo, sizes)
             label = config_label({**cfg, "attention": attention})
             rows.append({"engine": label, "copies": found, "bytes_a_round": bytes_a_round(hlo, found)})
-            which = ", ".join(sorted({f["cache"] for f in found})) or "-"
+            if args.dump:
+                Path(args.dump).mkdir(parents=True, exist_ok=True)
+                (Path(args.dump) / f"{label.replace('[', '_').replace(']', '').replace(',', '_')}.hlo.txt").write_text(hlo)
+            kinds = collections.Counter(f"{f['cache']} ({f['op']})" for f in found)
+            which = ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())) or "-"
             mb = rows[-1]["bytes_a_round"] / 1e6
-            print(f"| {label} | {len(found)} | {mb:.2f} | {which} |", flush=True)
+            layers = sum("layer" in f["cache"] for f in found)
+            print(f"| {label} | {len(found) - layers} | {layers} | {mb:.2f} | {which} |", flush=True)
     return rows
 
 

@@ -178,7 +178,8 @@ def main(argv=None) -> list[dict]:
             rows.append({"engine": label, "copies": found, "bytes_a_round": bytes_a_round(hlo, found)})
             if args.dump:
                 Path(args.dump).mkdir(parents=True, exist_ok=True)
-                (Path(args.dump) / f"{label.replace('[', '_').replace(']', '').replace(',', '_')}.hlo.txt").write_text(hlo)
+                stem = label.replace("[", "_").replace("]", "").replace(",", "_")
+                (Path(args.dump) / f"{stem}.hlo.txt").write_text(hlo)
             kinds = collections.Counter(f"{f['cache']} ({f['op']})" for f in found)
             which = ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())) or "-"
             mb = rows[-1]["bytes_a_round"] / 1e6

@@ -46,6 +46,7 @@ Writes OUT/profile_vs_loop.json and .md after each engine.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -258,12 +259,24 @@ def kernels_by_name(full, prefill, steps: int) -> dict[str, list[float]]:
     return out
 
 
+def kernel_kinds(by_name: dict[str, list[float]]) -> dict[str, list[float]]:
+    """`kernels_by_name` summed over names that differ only in a trailing number: XLA numbers its fusions per
+    program, so one loop's `gemm_fusion_dot_955` is another's `gemm_fusion_dot_236`."""
+    out: dict[str, list[float]] = {}
+    for name, (launches, ms) in by_name.items():
+        entry = out.setdefault(re.sub(r"[._]?\d+$", "", name), [0.0, 0.0])
+        entry[0] += launches
+        entry[1] += ms
+    return out
+
+
 def print_kernel_diff(base: dict, row: dict, top: int = 12) -> None:
-    """The kernel names whose time a step differs most between two loops (`loop_kernel_names`), with their launches."""
-    a, b = base["loop_kernel_names"], row["loop_kernel_names"]
+    """The kernel kinds (`kernel_kinds`) whose time a step differs most between two loops (`loop_kernel_names`),
+    with their launches."""
+    a, b = kernel_kinds(base["loop_kernel_names"]), kernel_kinds(row["loop_kernel_names"])
     diff = sorted(((b.get(n, [0, 0])[1] - a.get(n, [0, 0])[1], b.get(n, [0, 0])[0] - a.get(n, [0, 0])[0], n)
                    for n in set(a) | set(b)), key=lambda d: -abs(d[0]))
-    print(f"  {row['label']} less {base['label']}, by kernel name (ms a step, launches a step):")
+    print(f"  {row['label']} less {base['label']}, by kernel kind (ms a step, launches a step):")
     for ms, n_launch, name in diff[:top]:
         print(f"  {ms:+.4f} ms {n_launch:+.1f} launches  {name[:90]}")
 

@@ -468,15 +468,19 @@ def test_profile_vs_loop_puts_each_engines_profiled_round_beside_its_loop_step(t
     assert list(table) == ["a", "b", "c"]
     assert table["a"] == {"profiled": 2.0, "loop": 1.0} and table["b"]["loop"] == pytest.approx(0.05)
     assert table["c"] == {"profiled": 0.0, "loop": 0.0}
-    # --loop-only's kernel names a step (launches, ms) and the names two loops differ by most
-    by_name = pvl.kernels_by_name([("a", 1.0), ("a", 1.0), ("b", 0.1), ("c", 3.0)], [("c", 3.0)], 2)
+    # --loop-only's kernel names a step (launches, ms) and the kinds two loops differ by most: names that differ only
+    # in XLA's per-program fusion number are one kind
+    by_name = pvl.kernels_by_name([("a", 1.0), ("a", 1.0), ("b", 0.1), ("c", 3.0), ("f_7", 0.2)], [("c", 3.0)], 2)
     assert by_name["a"] == [1.0, 1.0] and by_name["b"] == pytest.approx([0.5, 0.05]) and by_name["c"] == [0.0, 0.0]
+    kinds = pvl.kernel_kinds({"f_7": [1.0, 0.1], "f.2": [2.0, 0.2], "memcpy128": [1.0, 0.3]})
+    assert list(kinds) == ["f", "memcpy"] and kinds["f"] == pytest.approx([3.0, 0.3]) and kinds["memcpy"] == [1.0, 0.3]
     capsys.readouterr()
     pvl.print_kernel_diff({"label": "x", "loop_kernel_names": by_name},
-                          {"label": "y", "loop_kernel_names": {"a": [1.0, 1.0], "d": [2.0, 0.4]}})
+                          {"label": "y", "loop_kernel_names": {"a": [1.0, 1.0], "d": [2.0, 0.4], "f_9": [0.5, 0.1]}})
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "  y less x, by kernel name (ms a step, launches a step):"
+    assert lines[0] == "  y less x, by kernel kind (ms a step, launches a step):"
     assert lines[1] == "  +0.4000 ms +2.0 launches  d" and lines[2] == "  -0.0500 ms -0.5 launches  b"
+    assert "  +0.0000 ms +0.0 launches  f" in lines  # f_7 and f_9: one kind, the same launches and time
     md = (out / "profile_vs_loop.md").read_text()
     assert "| ar | 2 |" in md and "kernel columns: CUPTI kernel timings need an NVIDIA GPU; this backend is 'cpu'" in md
     # --loop-only: the loop's step alone, under this process's XLA_FLAGS (named in the report)

@@ -25,7 +25,8 @@ lives, for each engine at one batch:
   the loop program (`loop_stage_kernels_ms`: the loop's CUPTI launches given to stages by
   `specpilot.costmodel.attribution`).
 `--loop-only` measures the loop's step and kernels alone (OUT/loop_only.json, .md), to compare XLA_FLAGS settings one
-process each (`scripts/h200/loop_graphs_ab.sh`).
+process each (`scripts/h200/loop_graphs_ab.sh`); on a GPU each row keeps its kernels a step by name
+(`loop_kernel_names`) and each engine after the first prints the kernel kinds its loop differs from the first's by.
 Profiled kernels ≈ loop kernels with profiled wall ≫ loop wall: the lone stages pay launch gaps or host time the
 loop hides. Profiled kernels ≫ loop kernels: the lone programs run different (slower) kernels than the loop's body.
 The round columns split the first case: one program on the same buffers near the loop's step says the profile's

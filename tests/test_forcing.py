@@ -83,7 +83,8 @@ class SiblingVisible(SpecEngine):
         depth = jnp.concatenate([jnp.zeros_like(tree.depth[:, :1]), tree.depth], axis=1)
         leaky = depth[:, None, :] <= depth[:, :, None]
         toks = jnp.concatenate([last[:, None], tree.tokens], axis=1)
-        out = forward(weights, self.cfg, toks, cache.lengths[:, None] + depth, cache, leaky, self.dcfg.target_layer_ids)
+        out = forward(weights, self.cfg, toks, cache.lengths[:, None] + depth, cache, leaky, self.dcfg.target_layer_ids,
+                      attention=self.attention, defer_kv_write=defer_kv_write)
         return out, anc
 
 

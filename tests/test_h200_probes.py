@@ -286,8 +286,9 @@ def test_cupti_switch_probe_switches_pick_their_branch_and_say_why_no_kernel_tim
 def test_loop_copies_finds_a_branchs_cache_copies_and_bills_one_branch_a_round(monkeypatch, capsys, tmp_path):
   """``loop_copies.py``: a while loop whose ``lax.switch`` branch writes a carried cache twice gets a copy of it
   (XLA's CPU compile; the probe runs the same count on a GPU), which the count finds inside the loop and bills once a
-  round (the branch that writes once has none); DDTree's loop (XLA attention) and SpecPilot's (pallas_tree, its
-  switch branches writing no cache) on the tiny model copy no cache."""
+  round (the branch that writes once has none); DDTree's loop (XLA attention) copies no whole cache, only the CPU's
+  layer-sized dot-layout transposes (in the HLO dump), and SpecPilot's (pallas_tree, its switch branches writing no
+  cache) copies nothing of a cache's or a layer's size."""
   probe = load_probe("loop_copies", monkeypatch)
   cache = jnp.zeros((3, 8, 256, 16))
 

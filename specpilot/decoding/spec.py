@@ -9,8 +9,9 @@ Lossless by construction: every committed token is the target's own choice (argm
 `target_probs`) given the committed prefix; the draft only decides how many of them one pass yields.
 
 SpecPilot verifies the budget it picks through a `lax.switch` (one compiled verify per candidate). In the fused loop
-that cost 1.09 ms a round over the same tree's verify without it on an H100 (batch 8, the 36-layer f32 proxy): 0.68 ms
-of it kernel time, 149 more launches a round (docs/results/2026-12-07-switch-cost-h100/).
+that cost 1.09-2.28 ms a round over the same tree's verify without it on H100s (batch 8, the 36-layer f32 proxy):
+0.68-0.70 ms of it kernel time, under `attention=xla` mostly two memcpys and two memsets a layer (149 more launches a
+round), the rest the host's (docs/results/2026-12-07-switch-cost-h100/, docs/results/2026-12-07-switch-kernels-h100/).
 """
 
 from __future__ import annotations
@@ -242,7 +243,9 @@ class SpecEngine(Engine):
             # make all but one copy it whole (K and V twice a round, on the CPU and an H100:
             # docs/results/2026-12-07-switch-cost-h100/). pallas_tree's pass reads the new K/V from the step, so its
             # branches return them (padded to the largest candidate's root + nodes) and one scatter after the switch
-            # writes them; the padding lands in scratch slots past the committed prefix.
+            # writes them; the padding lands in scratch slots past the committed prefix. Under xla the same needs an
+            # attention beside the cache; one through concatenated prefix and step scores cost 0.65 ms a round more
+            # than these copies on an H100 (docs/results/2026-12-07-switch-kernels-h100/), so xla's branches write.
             defer_to = max(policy.candidates) + 1 if self.attention == "pallas_tree" else None
             branches = [
                 lambda tr, c=c: self._verify_accept(

@@ -144,6 +144,10 @@ class TreeAttentionSuite:
             (1, 1, 4, 1, 64, 128, "chain", [37], ta.TuningConfig(num_splits=2)),
             # 8 nodes in a 16-node row block, unpadded, one split: the kernel's own store is clipped
             (2, 8, 8, 2, 64, 128, "random", [100, 5], ta.TuningConfig(num_splits=1)),
+            # G = 3 (padded to 4 query heads a KV head), split and combined
+            (1, 9, 6, 2, 64, 128, "random", [50], ta.TuningConfig(num_splits=2)),
+            # G = 5 (Qwen3-14B's; padded to 8), one split
+            (2, 3, 5, 1, 64, 128, "chain", [70, 128], ta.TuningConfig(num_splits=1)),
         ],
     )
     def test_matches_oracle(self, b, n, hq, hkv, d, s, kind, lengths, config):
@@ -219,7 +223,7 @@ class TestMosaicGpuInterpret(TreeAttentionSuite):
         "hq,hkv,d,s,config,match",
         [
             (4, 1, 48, 128, ta.TuningConfig(), "head_dim"),
-            (3, 1, 64, 128, ta.TuningConfig(), "whole multiple of 8 nodes"),
+            (16, 1, 64, 128, ta.TuningConfig(), "whole multiple of 8 nodes"),  # 64 rows hold 4 nodes of 16 heads
             (4, 1, 64, 96, ta.TuningConfig(), "capacity"),
             (4, 1, 128, 256, ta.TuningConfig(block_kv=256, max_concurrent_steps=4), "shared memory"),
         ],
@@ -314,6 +318,33 @@ def test_packed_kernel_lowers_for_cuda(b, n):
     assert "mosaic_gpu" in run.trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
 
 
+def test_padded_group_is_the_smallest_that_tiles():
+    """G heads a KV head, 64 rows a block: a group tiles when 64 / G is a multiple of 8 nodes (1, 2, 4, 8)."""
+    config = ta.TuningConfig()
+    pads = {g: ta_mosaic_gpu.padded_group(jnp.zeros((1, 1, 2 * g, 64)), jnp.zeros((1, 64, 2, 64)), config)
+            for g in range(1, 10)}
+    assert pads == {1: None, 2: None, 3: 4, 4: None, 5: 8, 6: 8, 7: 8, 8: None, 9: None}
+    assert ta_mosaic_gpu.padded_group(jnp.zeros((1, 1, 9, 64)), jnp.zeros((1, 64, 1, 64)),
+                                      ta.TuningConfig(block_m=128)) == 16
+
+
+@pytest.mark.parametrize(
+    "b,n,config",
+    [
+        (1, 1, ta.TuningConfig()),  # Qwen3-14B's heads (G = 5, padded to 8): an AR step
+        (1, 64, ta.TuningConfig()),  # and a 64-node tree
+    ],
+)
+def test_padded_group_lowers_for_cuda_at_qwen3_14b_heads(b, n, config):
+    """40 query heads over 8 KV heads, packed as the model hands them over: the GPU path lowers on the CPU."""
+    sds = jax.ShapeDtypeStruct
+    kv = sds((b, 2048, 8, 128), jnp.bfloat16)
+    bits = sds((b, n, ta.num_words(n)), jnp.uint32)
+    shapes = (sds((b, n, 56, 128), jnp.bfloat16), kv, kv, sds((b,), jnp.int32), bits)
+    run = jax.jit(lambda *a: ta_mosaic_gpu.tree_attention_packed(*a, config=config, interpretable=False))
+    assert "mosaic_gpu" in run.trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+
+
 @pytest.mark.parametrize(
     "b,n,config",
     [
@@ -373,10 +404,11 @@ class TestMosaicGpu(TreeAttentionSuite):
     def run(self, args, config):
         return jax.jit(lambda *a: ta.tree_attention(*a, implementation="pallas", config=config))(*args)
 
-    @pytest.mark.parametrize("b,n", [(1, 16), (1, 64), (8, 256)])
-    def test_qwen3_8b_shapes(self, b, n):
+    @pytest.mark.parametrize("b,n,hq", [(1, 16, 32), (1, 64, 32), (8, 256, 32), (1, 1, 40), (1, 64, 40)])
+    def test_qwen3_8b_shapes(self, b, n, hq):
+        """Qwen3-8B's heads (32 over 8); with hq = 40 Qwen3-14B's (G = 5, padded to 8)."""
         lengths = [2048 - 37 * i for i in range(b)]
-        args, visible = make_inputs(b, n, 32, 8, 128, 2048, "random", lengths, seed=b + n)
+        args, visible = make_inputs(b, n, hq, 8, 128, 2048, "random", lengths, seed=b + n)
         out = self.run(args, None)
         err = np.abs(np.asarray(out, np.float64) - oracle(*args[:-1], visible))
         assert err.max() < 2e-2 and err.mean() < 2e-3, (err.max(), err.mean())

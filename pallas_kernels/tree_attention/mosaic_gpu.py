@@ -82,6 +82,7 @@ from pallas_kernels.split_k import exit_wait
 from pallas_kernels.tma import pad_for_tma
 from pallas_kernels.tree_attention.ancestors import WORD_BITS, num_words
 from pallas_kernels.tree_attention.config import TuningConfig
+from pallas_kernels.tree_attention.ops import unpack_heads
 
 _LOG2E = math.log2(math.e)
 _SUPPORTED_DTYPES = (jnp.bfloat16, jnp.float16)
@@ -124,7 +125,8 @@ def check_supported(q, k_cache, v_cache, k_tree, v_tree, ancestor_bits, config: 
         raise NotImplementedError(f"head_dim={d} is not a multiple of 64")
     g = hq // hkv
     if config.block_m % g or (config.block_m // g) % 8:
-        raise NotImplementedError(f"block_m={config.block_m} / G={g} must be a whole multiple of 8 nodes")
+        raise NotImplementedError(f"block_m={config.block_m} / G={g} must be a whole multiple of 8 nodes, and no "
+                                  "padded group tiles it (padded_group)")
     if s % config.block_kv:
         raise NotImplementedError(f"cache capacity S={s} is not a multiple of block_kv={config.block_kv}")
 
@@ -506,12 +508,40 @@ def tree_attention(
     Unsupported shapes raise NotImplementedError so ``ops.tree_attention`` can fall back.
     """
     config = config or TuningConfig()
+    hq, hkv = q.shape[-2], k_cache.shape[-2]
+    group = padded_group(q, k_cache, config)
+    if group:  # extra query heads of zeros: each KV head's rows fill whole 8-node tiles; their outputs are dropped
+        q = _pad_group(q, hkv, group)
     check_supported(q, k_cache, v_cache, k_tree, v_tree, ancestor_bits, config)
     # q, k_tree and v_tree go in unpadded where TMA can tile them (a one-node AR step, any n a multiple of 8):
     # the boxes past their nodes read zeros (hidden by the ancestor bits) and store nothing
     q, k_tree, v_tree = (pad_for_tma(x, _NODE_TILES) for x in (q, k_tree, v_tree))
-    return _attend(q, k_tree, v_tree, (0, 0, 0), q.shape[2], k_cache, v_cache, lengths, ancestor_bits, config,
-                   interpret, interpretable, cache_settled)
+    out = _attend(q, k_tree, v_tree, (0, 0, 0), q.shape[2], k_cache, v_cache, lengths, ancestor_bits, config,
+                  interpret, interpretable, cache_settled)
+    if group:
+        b, n, _, d = out.shape
+        out = out.reshape(b, n, hkv, group, d)[:, :, :, : hq // hkv].reshape(b, n, hq, d)
+    return out
+
+
+def padded_group(q, k_cache, config: TuningConfig) -> int | None:
+    """The query heads a KV head's row block holds in place of ``G = Hq / Hkv`` where ``block_m / G`` is not a whole
+    multiple of 8 nodes (G = 3, 5, 6 or 7 at ``block_m`` 64: Qwen3-14B's 40 heads over 8 make G = 5): the smallest count
+    above G that tiles, the heads past G zeros whose rows are dropped (G = 5 computes 8 rows a node, 3 of them
+    wasted; the kernel reads K and V once either way, which is what it is bound by). None where G tiles as it is,
+    or nothing does (``check_supported`` then says so), or the shapes are not a tree attention's."""
+    if q.ndim != 4 or k_cache.ndim != 4 or q.shape[2] % k_cache.shape[2]:
+        return None
+    g, m = q.shape[2] // k_cache.shape[2], config.block_m
+    fits = [h for h in range(g, m // 8 + 1) if m % h == 0 and (m // h) % 8 == 0]
+    return fits[0] if fits and fits[0] != g else None
+
+
+def _pad_group(q, hkv: int, group: int):
+    """q ``[B, n, Hq, D]`` with each KV head's query heads padded with zero heads to ``group``."""
+    b, n, hq, d = q.shape
+    q = q.reshape(b, n, hkv, hq // hkv, d)
+    return jnp.pad(q, ((0, 0), (0, 0), (0, 0), (0, group - hq // hkv), (0, 0))).reshape(b, n, hkv * group, d)
 
 
 def tree_attention_packed(
@@ -538,6 +568,10 @@ def tree_attention_packed(
         raise ValueError(f"tree attention: qkv has {heads} heads; packed q, k, v need Hq + 2 Hkv with Hq >= Hkv = "
                          f"{hkv} (the cache's), so at least {3 * hkv}")
     q_view, kv_view = (jax.ShapeDtypeStruct((b, n, h, d), qkv.dtype) for h in (hq, hkv))
+    if padded_group(q_view, k_cache, config):  # q is copied out to be padded anyway, and k and v with it
+        q, k_tree, v_tree = unpack_heads(qkv, hkv)
+        return tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, ancestor_bits, config=config,
+                              interpret=interpret, interpretable=interpretable, cache_settled=cache_settled)
     check_supported(q_view, k_cache, v_cache, kv_view, kv_view, ancestor_bits, config)
     qkv = pad_for_tma(qkv, _NODE_TILES)
     return _attend(qkv, qkv, qkv, (0, hq, hq + hkv), hq, k_cache, v_cache, lengths, ancestor_bits, config, interpret,

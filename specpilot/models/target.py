@@ -10,7 +10,8 @@ Attention implementations (`forward(..., attention=)`, the engines' `attention` 
   mask; NVIDIA GPUs with 16-bit activations only;
 - `pallas_tree`: `pallas_kernels.tree_attention` — the prefix read up to each request's length plus the new
   tokens' own K/V under the [B, T, T] mask packed as ancestor bits; its Mosaic GPU kernel on an H100/H200
-  (16-bit weights, head_dim a multiple of 64; other shapes fall back to its jnp reference with a warning),
+  (16-bit weights, head_dim a multiple of 64, any GQA group up to 8: 3, 5, 6 and 7 run padded to the next
+  that tiles, `mosaic_gpu.padded_group`; other shapes fall back to its jnp reference with a warning),
   the jnp reference elsewhere. It does not read the new tokens from the cache, so their K/V are written after the
   last layer, for all layers at once (`kv_cache.write_every_layer`: 2 scatters a step, not 2 per layer),
   so no kernel of the forward writes the prefix it reads (`cache_settled`: under PDL its loads start early).

@@ -326,6 +326,7 @@ def test_padded_group_is_the_smallest_that_tiles():
     assert pads == {1: None, 2: None, 3: 4, 4: None, 5: 8, 6: 8, 7: 8, 8: None, 9: None}
     assert ta_mosaic_gpu.padded_group(jnp.zeros((1, 1, 9, 64)), jnp.zeros((1, 64, 1, 64)),
                                       ta.TuningConfig(block_m=128)) == 16
+    assert [ta.TuningConfig(block_m=128).tiled_group(g) for g in (3, 16, 17)] == [4, 16, None]
 
 
 @pytest.mark.parametrize(
@@ -499,3 +500,17 @@ def test_split_ranges_cover_every_block_once_and_give_a_short_tree_its_own_split
                 assert all(t_hi == t_lo for _, _, t_lo, t_hi in ranges[:-1])
             most = max(share, -(-(prefix_blocks + tree_blocks) // splits))
             assert max(p_hi - p_lo + t_hi - t_lo for p_lo, p_hi, t_lo, t_hi in ranges) <= most
+
+
+def test_bench_shape_runs_other_heads_in_interpret_mode():
+    """The benchmark at Qwen3-14B's group (G = 5: 10 query heads over 2 here), kernel interpreted: every method runs,
+    the kernel matches the reference, and its split count is the padded group's (8 heads a KV head, 8 nodes a block)."""
+    from pallas_kernels.tree_attention import bench
+
+    config = ta.TuningConfig(num_sms=8)  # fill 8 SMs: 4 CTAs a split at G = 8 (2 splits), 2 at G = 5 (4 splits)
+    rows = bench.bench_shape(1, 12, 512, 1, (config,), interpret=True, calls=1, max_copies=2, heads=(10, 2, 64))
+    assert [r["method"] for r in rows] == ["xla_einsum", "xla_dpa", "kernel[0]"]
+    assert all("error" not in r and r["heads"] == [10, 2, 64] for r in rows), rows
+    kernel = rows[-1]
+    assert kernel["max_abs_err"] < 2e-2
+    assert kernel["splits"] == 2

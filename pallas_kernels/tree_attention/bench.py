@@ -75,11 +75,12 @@ def random_tree_bits(b, n, rng):
     return ancestors.parents_to_ancestor_bits(jnp.asarray(parents, jnp.int32))
 
 
-def make_copy(b, n, prefix, bits, rng):
+def make_copy(b, n, prefix, bits, rng, heads=(HQ, HKV, HEAD_DIM)):
     """One independent set of inputs: kernel arguments and the dense-mask arguments."""
+    hq, hkv, d = heads
     normal = lambda *shape: jnp.asarray(rng.standard_normal(shape, np.float32), jnp.bfloat16)
-    q, k_cache, v_cache = normal(b, n, HQ, HEAD_DIM), normal(b, prefix, HKV, HEAD_DIM), normal(b, prefix, HKV, HEAD_DIM)
-    k_tree, v_tree = normal(b, n, HKV, HEAD_DIM), normal(b, n, HKV, HEAD_DIM)
+    q, k_cache, v_cache = normal(b, n, hq, d), normal(b, prefix, hkv, d), normal(b, prefix, hkv, d)
+    k_tree, v_tree = normal(b, n, hkv, d), normal(b, n, hkv, d)
     lengths = jnp.full((b,), prefix, jnp.int32)
     kernel_args = (q, k_cache, v_cache, lengths, k_tree, v_tree, bits)
     mask = jnp.concatenate([jnp.ones((b, n, prefix), bool), ancestors.ancestor_bits_to_dense(bits, n)], axis=-1)
@@ -117,17 +118,18 @@ def device_time_per_call(fn, arg_sets, repeats=5):
     return statistics.median(times_ms) * 1e3 / len(arg_sets)
 
 
-def bench_shape(b, n, prefix, trials, sweep, *, interpret=False, calls=32, max_copies=32):
-    """Rows for one (B, n): the XLA methods and one kernel row per config of ``sweep``.
+def bench_shape(b, n, prefix, trials, sweep, *, interpret=False, calls=32, max_copies=32, heads=(HQ, HKV, HEAD_DIM)):
+    """Rows for one (B, n): the XLA methods and one kernel row per config of ``sweep``, at ``heads`` (Hq, Hkv, D).
 
     ``interpret=True`` runs the kernel rows in Pallas GPU-interpret mode (CPU smoke runs:
     their timings mean nothing) and skips the CUPTI device time; ``calls`` and
     ``max_copies`` shrink the timing loop for such runs."""
     rng = np.random.default_rng(b * 1000 + n)
     bits = random_tree_bits(b, n, rng)
-    kv_bytes = 2 * b * (prefix + n) * HKV * HEAD_DIM * 2  # K and V, bf16: the floor of any implementation
+    hq, hkv, d = heads
+    kv_bytes = 2 * b * (prefix + n) * hkv * d * 2  # K and V, bf16: the floor of any implementation
     copies = max(2, min(max_copies, math.ceil(2 * L2_BYTES / kv_bytes)))
-    sets = [make_copy(b, n, prefix, bits, rng) for _ in range(copies)]
+    sets = [make_copy(b, n, prefix, bits, rng, heads) for _ in range(copies)]
     kernel_sets = [s[0] for s in sets]
     dense_sets = [s[1] for s in sets]
     expected = np.asarray(jax.jit(tree_attention_reference)(*kernel_sets[0]), np.float32)
@@ -146,12 +148,13 @@ def bench_shape(b, n, prefix, trials, sweep, *, interpret=False, calls=32, max_c
 
     rows = []
     for name, (fn, arg_sets) in methods.items():
-        row = dict(method=name, batch=b, nodes=n, prefix=prefix, copies=copies)
+        row = dict(method=name, batch=b, nodes=n, prefix=prefix, copies=copies, heads=list(heads))
         if name.startswith("kernel"):
             config = sweep[int(name[7:-1])]
+            group = config.tiled_group(hq // hkv) or hq // hkv  # as the kernel runs it, padded where it must be
             row["config"] = dataclasses.asdict(config)
             row["splits"] = config.splits(
-                b * HKV * math.ceil(n / (config.block_m // (HQ // HKV))),
+                b * hkv * math.ceil(n / (config.block_m // group)),
                 prefix // config.block_kv + math.ceil(n / config.block_kv),
             )
         try:
@@ -195,6 +198,8 @@ def main(argv=None):
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--nodes", type=int, nargs="+", default=[16, 64, 256])
     parser.add_argument("--trials", type=int, default=50)
+    parser.add_argument("--heads", type=int, nargs=3, default=[HQ, HKV, HEAD_DIM], metavar=("HQ", "HKV", "D"),
+                        help="query heads, KV heads, head dim (default Qwen3-8B's; 40 8 128 is Qwen3-14B's)")
     parser.add_argument("--no-sweep", action="store_true", help="only the default TuningConfig")
     parser.add_argument("--splits", type=int, nargs="+", default=None,
                         help="sweep these KV splits instead of SWEEP (0: the auto split), crossed with --steps")
@@ -215,7 +220,7 @@ def main(argv=None):
     rows = []
     for b in args.batches:
         for n in args.nodes:
-            shape_rows = bench_shape(b, n, args.prefix, args.trials, sweep)
+            shape_rows = bench_shape(b, n, args.prefix, args.trials, sweep, heads=tuple(args.heads))
             print_table(shape_rows)
             rows += shape_rows
 
@@ -226,7 +231,7 @@ def main(argv=None):
         jax=jax.__version__,
         host=platform.node(),
         date=time.strftime("%Y-%m-%d %H:%M:%S"),
-        heads=(HQ, HKV, HEAD_DIM),
+        heads=args.heads,
         rows=rows,
     )
     if args.out:

@@ -43,6 +43,13 @@ class TuningConfig:
         if self.num_sms < 1 or self.min_blocks_per_split < 1:
             raise ValueError("num_sms and min_blocks_per_split must be >= 1")
 
+    def tiled_group(self, group: int) -> int | None:
+        """The query heads a KV head's row block holds for ``group`` (G = Hq / Hkv): G where ``block_m / G`` is a
+        whole multiple of 8 nodes, else the smallest count above G that is (the kernel pads the rest with zero heads
+        and drops their rows: ``mosaic_gpu.padded_group``); None where none is (G > ``block_m / 8``)."""
+        m = self.block_m
+        return next((h for h in range(group, m // 8 + 1) if m % h == 0 and (m // h) % 8 == 0), None)
+
     def splits(self, ctas_without_split: int, kv_blocks: int) -> int:
         """KV splits for a grid of ``ctas_without_split`` row blocks over ``kv_blocks`` KV blocks."""
         if self.num_splits is not None:

@@ -526,15 +526,16 @@ def tree_attention(
 
 def padded_group(q, k_cache, config: TuningConfig) -> int | None:
     """The query heads a KV head's row block holds in place of ``G = Hq / Hkv`` where ``block_m / G`` is not a whole
-    multiple of 8 nodes (G = 3, 5, 6 or 7 at ``block_m`` 64: Qwen3-14B's 40 heads over 8 make G = 5): the smallest count
-    above G that tiles, the heads past G zeros whose rows are dropped (G = 5 computes 8 rows a node, 3 of them
-    wasted; the kernel reads K and V once either way, which is what it is bound by). None where G tiles as it is,
-    or nothing does (``check_supported`` then says so), or the shapes are not a tree attention's."""
+    multiple of 8 nodes (G = 3, 5, 6 or 7 at ``block_m`` 64: Qwen3-14B's 40 heads over 8 make G = 5): the smallest
+    count above G that tiles (``TuningConfig.tiled_group``), the heads past G zeros whose rows are dropped (G = 5
+    computes 8 rows a node, 3 of them wasted; the kernel reads K and V once either way, which is what bounds it).
+    None where G tiles as it is, or nothing does (``check_supported`` then says so), or the shapes are not a tree
+    attention's."""
     if q.ndim != 4 or k_cache.ndim != 4 or q.shape[2] % k_cache.shape[2]:
         return None
-    g, m = q.shape[2] // k_cache.shape[2], config.block_m
-    fits = [h for h in range(g, m // 8 + 1) if m % h == 0 and (m // h) % 8 == 0]
-    return fits[0] if fits and fits[0] != g else None
+    g = q.shape[2] // k_cache.shape[2]
+    tiled = config.tiled_group(g)
+    return tiled if tiled != g else None
 
 
 def _pad_group(q, hkv: int, group: int):

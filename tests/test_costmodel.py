@@ -318,11 +318,13 @@ def test_shapes_without_hydra_match_the_config_layer(monkeypatch):
             raise ImportError(name)
         return real_import(name, *a, **kw)
 
-    parsed = {m: measure.model_config(m) for m in ("tiny", "qwen3_4b", "qwen3_8b", "llama31_8b")}
+    parsed = {m: measure.model_config(m) for m in ("tiny", "qwen3_4b", "qwen3_8b", "qwen3_14b", "llama31_8b")}
     monkeypatch.setattr(builtins, "__import__", no_yaml)
     assert {m: measure.model_config(m) for m in parsed} == parsed
     d = measure.synthetic_drafter_config(parsed["qwen3_8b"])
     assert (d.layers.num_layers, d.block_size, d.target_layer_ids) == (5, 16, (1, 9, 17, 25, 33))
+    big = parsed["qwen3_14b"]  # GQA group 5: the tree-attention kernel pads it to 8 heads a KV head
+    assert (big.num_layers, big.num_heads // big.num_kv_heads, big.hidden_size) == (40, 5, 5120)
 
 
 def test_the_h200_bench_is_predicted_within_10_percent():

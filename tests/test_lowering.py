@@ -49,6 +49,15 @@ def test_the_forward_lowers_as_many_kernels_at_three_layers_as_at_two(tokens):
   assert three == two
 
 
+def test_qwen3_14b_lowers_the_same_kernels_as_qwen3_8b_in_an_ar_step(caplog):
+  """Qwen3-14B's shapes (GQA group 5: the tree-attention kernel pads it to 8 heads a KV head) take every kernel
+  Qwen3-8B's AR step takes, none falling back to a reference."""
+  with caplog.at_level("WARNING"), lowering_time.fast_kernels_as_if_on_hopper():
+    counts = [lowering_time.lower_forward(model, 2, 1)["kernels"] for model in ("qwen3_8b", "qwen3_14b")]
+  assert counts[0] >= 5 and counts[1] == counts[0]
+  assert "falls back" not in caplog.text
+
+
 def test_the_lowering_time_script_reports_and_restores(capsys):
   """``scripts/lowering_time.py`` prints its JSON line and leaves the kernel choices and device checks as they were."""
   from pallas_kernels import choices

@@ -406,7 +406,7 @@ class TestMosaicGpu(TreeAttentionSuite):
         return jax.jit(lambda *a: ta.tree_attention(*a, implementation="pallas", config=config))(*args)
 
     @pytest.mark.parametrize("b,n,hq", [(1, 16, 32), (1, 64, 32), (8, 256, 32), (1, 1, 40), (1, 64, 40)])
-    def test_qwen3_8b_shapes(self, b, n, hq):
+    def test_qwen3_shapes(self, b, n, hq):
         """Qwen3-8B's heads (32 over 8); with hq = 40 Qwen3-14B's (G = 5, padded to 8)."""
         lengths = [2048 - 37 * i for i in range(b)]
         args, visible = make_inputs(b, n, hq, 8, 128, 2048, "random", lengths, seed=b + n)
@@ -507,7 +507,7 @@ def test_bench_shape_runs_other_heads_in_interpret_mode():
     the kernel matches the reference, and its split count is the padded group's (8 heads a KV head, 8 nodes a block)."""
     from pallas_kernels.tree_attention import bench
 
-    config = ta.TuningConfig(num_sms=8)  # fill 8 SMs: 4 CTAs a split at G = 8 (2 splits), 2 at G = 5 (4 splits)
+    config = ta.TuningConfig(num_sms=8)  # 8 SMs over 4 row-block CTAs at G padded to 8 (2 splits); unpadded, 2 (4)
     rows = bench.bench_shape(1, 12, 512, 1, (config,), interpret=True, calls=1, max_copies=2, heads=(10, 2, 64))
     assert [r["method"] for r in rows] == ["xla_einsum", "xla_dpa", "kernel[0]"]
     assert all("error" not in r and r["heads"] == [10, 2, 64] for r in rows), rows

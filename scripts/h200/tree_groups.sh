@@ -14,7 +14,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 log=$OUT/tree_groups.log
 echo "commit ${SPECPILOT_COMMIT:-unknown}" > $log
 timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_tree_attention.py 2>&1 | tail -n 8 >> $log
-echo "tests rc $? at $SECONDS s" >> $log
+echo "tests rc ${PIPESTATUS[0]} at $SECONDS s" >> $log
 for heads in "32 8 128" "40 8 128"; do
   echo "== bench --heads $heads" >> $log
   timeout 120 python3 -m pallas_kernels.tree_attention.bench --out $OUT/tree_bench_${heads// /_}.json --heads $heads \

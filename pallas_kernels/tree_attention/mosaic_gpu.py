@@ -126,7 +126,8 @@ def check_supported(q, k_cache, v_cache, k_tree, v_tree, ancestor_bits, config: 
     g = hq // hkv
     if config.block_m % g or (config.block_m // g) % 8:
         raise NotImplementedError(f"block_m={config.block_m} / G={g} must be a whole multiple of 8 nodes, and no "
-                                  "padded group tiles it (padded_group)")
+                                  f"padded group tiles it (padded_group): G > {config.block_m // 8} needs a larger "
+                                  "TuningConfig.block_m")
     if s % config.block_kv:
         raise NotImplementedError(f"cache capacity S={s} is not a multiple of block_kv={config.block_kv}")
 

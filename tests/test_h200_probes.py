@@ -2,8 +2,9 @@
 to end on the tiny model, ``prefetch_probe.py``'s chain lowered for Hopper, ``swiglu_matmul_probe.py``'s configs,
 ``attention_ablation_probe.py``'s ablations, ``w12_probe.py``'s stand-in decode and bf16 configs,
 ``stream_probe.py``'s layouts, ``grid_barrier_probe.py``'s and ``cluster_merge_probe.py``'s kernels lowered for Hopper,
-``stall_table.py`` on a recorded Nsight Compute page, ``tree_probe.py``'s CPU smoke run, ``cupti_switch_probe.py``'s
-programs (each switch picks the branch it names), ``loop_copies.py``'s count of cache copies in a compiled loop."""
+``stall_table.py`` on a recorded Nsight Compute page, ``rope_prologue_probe.py``'s attention heads,
+``tree_probe.py``'s CPU smoke run, ``cupti_switch_probe.py``'s programs (each switch picks the branch it names),
+``loop_copies.py``'s count of cache copies in a compiled loop."""
 
 import importlib.util
 import re
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -320,3 +322,29 @@ def test_loop_copies_finds_a_branchs_cache_copies_and_bills_one_branch_a_round(m
   # SpecPilot's pallas_tree branches hand their new K/V back and one scatter after the switch writes them: no copy
   rows = probe.main(["--engines", "specpilot@7,8", "--attentions", "pallas_tree"])
   assert [(r["engine"], r["copies"]) for r in rows] == [("specpilot[7,8]+pallas_tree", [])]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_rope_prologue_probe_norms_and_rotates_q_as_the_reference_does(monkeypatch, seed):
+  """The probe's attention head that norms and rotates its own Q tile from the q|k|v projection's unsummed K splits
+  gives the scores of the head that loads the reference's roped q (interpret mode; a sign or half swapped would be
+  off by the scores' own size), and both lower for sm_90 as one Mosaic GPU kernel; off a GPU the probe stops."""
+  probe = load_probe("rope_prologue_probe", monkeypatch)
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  parts, q_norm, k_norm, cos, sin, k = probe.example(seed)
+  q = probe.roped_q(parts, q_norm, k_norm, cos, sin)
+  interpret = plgpu.InterpretGPUParams()
+  plain = np.asarray(probe.plain_q(q, k, interpret=interpret))
+  fused = np.asarray(probe.rope_prologue(parts, q_norm, cos, sin, k, interpret=interpret))
+  rows = np.s_[:, ::probe.NODES]
+  np.testing.assert_allclose(plain[rows], probe.reference_scores(q, k), rtol=1e-5, atol=1e-4)
+  np.testing.assert_allclose(fused[rows], plain[rows], rtol=0, atol=0.05)
+  assert np.abs(plain[rows]).max() > 5
+  assert not np.delete(plain, rows[1], axis=1).any()  # the rows past the one node read zeros
+  if seed == 0:
+    for fn, args in ((probe.plain_q, (q, k)), (probe.rope_prologue, (parts, q_norm, cos, sin, k))):
+      text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+      assert text.count("custom_call @mosaic_gpu") == 1, fn.__name__
+    with pytest.raises(SystemExit, match="needs a Hopper GPU; this backend is 'cpu'"):
+      probe.main([])

@@ -3,7 +3,8 @@ the attention kernel", proposed in the fifty-fifth session): the number that dec
 36 q/k norm + rope launches (59 us a step) pays.
 
 Each kernel is one AR step's attention head for Qwen3-8B's heads (one block per KV head, its G query heads as rows
-``g * 16`` of a ``[64, D]`` Q tile, the other rows zero), up to its first wgmma (``Q K^T`` of one ``[64, D]`` K block):
+``g * 16`` of a ``[64, D]`` Q tile, the rows between them the tree's absent nodes), up to its first wgmma (``Q K^T``
+of one ``[64, D]`` K block):
 - ``plain_q``: Q's rows TMA-loaded from the roped q heads, as the attention kernel loads them now;
 - ``rope_prologue``: the q|k|v projection's two unsummed K splits (``SplitKPartials``' uint16 halves) TMA-loaded
   instead, then summed, rounded, RMS-normed, scaled by ``q_norm`` and rotated in registers, each half of D a

@@ -11,9 +11,10 @@ of one ``[64, D]`` K block):
   tile-aligned slice of the SMEM tiles (so the rotation's partner half needs no shuffle), and stored into the Q tile;
 - ``qk_norm_rope``: the kernel that norms and rotates every head today (``pallas_kernels.qk_norm_rope``), alone.
 The prologue pays if ``rope_prologue - plain_q`` is well under ``qk_norm_rope``'s time (predicted: 0.3-0.5 against
-1.6 us). Learned building it on the CPU: a 1-D vector loaded from GMEM does not broadcast along a WGMMA tile's rows
-in Mosaic GPU ("Only optimized transfers to SMEM supported" at lowering), so ``q_norm`` and the rope tables go
-through SMEM by TMA.
+1.6 us; measured on an H100: 2.17 against 1.57 us, so it does not pay and was not built:
+docs/results/2026-12-07-rope-prologue-probe-h100/). Learned building it on the CPU: a 1-D vector loaded from GMEM
+does not broadcast along a WGMMA tile's rows in Mosaic GPU ("Only optimized transfers to SMEM supported" at
+lowering), so ``q_norm`` and the rope tables go through SMEM by TMA.
 
     PYTHONPATH=$PWD python3 scripts/h200/rope_prologue_probe.py > $OUT/rope_prologue.txt
 """

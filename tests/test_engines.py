@@ -215,6 +215,33 @@ def test_an_engine_is_freed_with_its_last_reference(pair):
     assert ref() is None
 
 
+def test_cupti_times_specpilots_switch_stage_from_a_compile_without_command_buffers(pair, prompts):
+    """`engine.cupti_program`: the stage holding SpecPilot's `lax.switch` (its verify) gets a program compiled
+    without XLA's command buffers, whose result is the stage's own; its other stages, and a function with no
+    conditional or one that is not jitted, keep their program."""
+    from specpilot.decoding import layouts
+    from specpilot.decoding.common import pad_prompts
+    from specpilot.decoding.engine import cupti_program
+
+    eng = engine("specpilot", SPEC_ENGINES["specpilot"], pair[0], pair)
+    tokens, lens = pad_prompts(prompts[:2])
+    state = jax.jit(eng.prefill, static_argnums=(3,))(eng.params, tokens, lens, 24, jax.random.key(0))
+    carry, switched = {}, []
+    for name, fn in eng.stages():
+        stage = jax.jit(fn)
+        program = cupti_program(stage, (eng.params, state, carry))
+        if program is not stage:
+            switched.append(name)
+            assert isinstance(program, jax.stages.Compiled)
+            np.testing.assert_array_equal(program(eng.params, state, carry)["walk"].new_tokens,
+                                          stage(eng.params, state, carry)["walk"].new_tokens)
+        carry = stage(eng.params, *layouts.fresh_copies((state, carry)))
+    assert switched == ["verify"]
+    plain = jax.jit(lambda x: x * 2)
+    assert cupti_program(plain, (np.ones(3, np.float32),)) is plain
+    assert cupti_program(fn, ()) is fn  # not jitted: nothing to lower
+
+
 def test_profile_times_stages_and_reports_the_budgets_specpilot_chose(pair, prompts):
     """`Engine.profile`: every stage timed (the smaller of a synchronised and a pipelined estimate, less the
     host's dispatch cost) in every round, the round is their sum, and a cost-aware engine's verified node

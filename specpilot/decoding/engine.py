@@ -22,6 +22,21 @@ from specpilot.decoding.common import (GenerateResult, append_tokens, check_prom
                                       pow2_at_least)
 
 
+def cupti_program(fn, args: tuple):
+    """The program a stage's CUPTI call runs: `fn` itself, or, where the stage holds a conditional (a `lax.switch`),
+    `fn` compiled for `args` without XLA's command buffers. Why: under command buffers CUPTI loses the durations of a
+    conditional's kernels when other work precedes it in the program, so SpecPilot's verify stage showed 0.052 ms
+    of kernels where 0.114 ran, DDTree@64's 0.108 (docs/results/2026-12-07-cupti-switch-h100/). The flag leaves
+    kernel durations as they are (a switch run alone: 0.327 ms of kernels with command buffers, 0.329 without), so
+    the stages stay comparable. A stage that is not a jitted function (`layouts.pinned_stage`) is timed as it is."""
+    if not hasattr(fn, "lower"):
+        return fn
+    lowered = fn.lower(*args)
+    if "stablehlo.case" not in lowered.as_text():
+        return fn
+    return lowered.compile(compiler_options={"xla_gpu_enable_command_buffer": ""})
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class LoopState:
@@ -156,7 +171,8 @@ class Engine:
         (`specpilot.costmodel.cupti`; launch gaps and host time excluded), `stage_gpu_kernels` the same per
         kernel name (ms a round, its launches summed, the largest first) and `stage_gpu_launches` the launches a
         round (a stage whose kernels CUPTI did not see shows few), where CUPTI exists; without it the
-        result says why in `stage_gpu_error`. `loop_layouts` holds the state in the layouts XLA gives the round's
+        result says why in `stage_gpu_error`. A stage holding a conditional (SpecPilot's `lax.switch`) is timed
+        under CUPTI from a compile without command buffers (`cupti_program`). `loop_layouts` holds the state in the layouts XLA gives the round's
         carry and compiles each stage for them (`specpilot.decoding.layouts`): a stage alone in default layouts
         transposes whole caches at its entry and exit on a GPU, which the loop never does. Off by default: the
         speculative engines' stages then copy caches instead, and their kernel time did not move on an H100."""
@@ -180,6 +196,7 @@ class Engine:
         # stage -> kernel name -> ms summed over the timed rounds (each stage is timed once a timed round)
         gpu_kernels = {name: {} for name, _ in stage_fns} if gpu_time else None
         gpu_launches = {name: 0 for name, _ in stage_fns}  # stage -> launches summed over the timed rounds
+        cupti_fns = {}  # stage -> the program its CUPTI call runs (`cupti_program`)
         gpu_error = None
         with warnings.catch_warnings():  # a stage forwards some donated buffers unchanged
             warnings.filterwarnings("ignore", "Some donated buffers were not usable")
@@ -207,8 +224,10 @@ class Engine:
                             from specpilot.costmodel.cupti import kernel_timings
 
                             inputs = layouts.fresh_copies((state, carry))
+                            if name not in cupti_fns:
+                                cupti_fns[name] = cupti_program(fn, (self.params, *inputs))
                             try:
-                                launches = kernel_timings(lambda: fn(self.params, *inputs))
+                                launches = kernel_timings(lambda: cupti_fns[name](self.params, *inputs))
                             except RuntimeError as e:  # no CUPTI here
                                 gpu_error = str(e)
                             else:

@@ -173,9 +173,10 @@ class Engine:
         round (a stage whose kernels CUPTI did not see shows few), where CUPTI exists; without it the
         result says why in `stage_gpu_error`. A stage holding a conditional (SpecPilot's `lax.switch`) is timed
         under CUPTI from a compile without command buffers (`cupti_program`). `loop_layouts` holds the state in the
-        layouts XLA gives the round's carry and compiles each stage for them (`specpilot.decoding.layouts`): a stage alone in default layouts
-        transposes whole caches at its entry and exit on a GPU, which the loop never does. Off by default: the
-        speculative engines' stages then copy caches instead, and their kernel time did not move on an H100."""
+        layouts XLA gives the round's carry and compiles each stage for them (`specpilot.decoding.layouts`): a stage
+        alone in default layouts transposes whole caches at its entry and exit on a GPU, which the loop never does.
+        Off by default: the speculative engines' stages then copy caches instead, and their kernel time did not move
+        on an H100."""
         import time
         import warnings
 

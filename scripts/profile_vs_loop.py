@@ -146,11 +146,13 @@ def loop_stages(engine, prompts, max_new: int) -> dict:
 def round_measure(engine, prompts, max_new: int, cupti: bool, calls: int = 10) -> dict:
     """The round as one program on the prefilled state (no round of it committed): ms a call issued back to back on
     the same buffers and on fresh donated copies (the fastest of three bursts of `calls` each), and with `cupti` one
-    call's kernel time and launches."""
+    call's kernel time and launches (a round holding a conditional, SpecPilot's, from a compile without command
+    buffers: `engine.cupti_program`)."""
     import jax
 
     from specpilot.costmodel.cupti import kernel_timings
     from specpilot.decoding import layouts
+    from specpilot.decoding.engine import CUPTI_COMPILER_OPTIONS, cupti_program, holds_conditional
 
     state = prefilled(engine, prompts, max_new)
     same, donated = jax.jit(engine.round), jax.jit(engine.round, donate_argnums=(1,))
@@ -170,19 +172,22 @@ def round_measure(engine, prompts, max_new: int, cupti: bool, calls: int = 10) -
 
     formats = layouts.loop_formats(engine.round, engine.params, state)
     pinned_state = jax.device_put(state, formats)
-    pinned, pinned_donated = (jax.jit(engine.round, in_shardings=(None, formats), out_shardings=formats,
-                                      donate_argnums=donate).lower(engine.params, pinned_state).compile()
-                              for donate in ((), (1,)))
+    pinned_lowered = [jax.jit(engine.round, in_shardings=(None, formats), out_shardings=formats,
+                              donate_argnums=donate).lower(engine.params, pinned_state) for donate in ((), (1,))]
+    pinned, pinned_donated = (lowered.compile() for lowered in pinned_lowered)
     out = {"round_same_ms": burst(same, lambda: [state] * calls),
            "round_fresh_ms": burst(donated, lambda: [layouts.fresh_copies(state) for _ in range(calls)]),
            "round_pinned_ms": burst(pinned, lambda: [pinned_state] * calls)}
     if cupti:
         copy = layouts.fresh_copies(state)
-        launches = kernel_timings(lambda: donated(engine.params, copy))
+        timed = cupti_program(donated, (engine.params, copy))
+        launches = kernel_timings(lambda: timed(engine.params, copy))
         out["round_kernels_ms"] = sum(ms for _, ms in launches)
         out["round_launches"] = len(launches)
         copy = layouts.fresh_copies(pinned_state)
-        pinned_launches = kernel_timings(lambda: pinned_donated(engine.params, copy))
+        timed = (pinned_lowered[1].compile(compiler_options=CUPTI_COMPILER_OPTIONS)
+                 if holds_conditional(pinned_lowered[1]) else pinned_donated)
+        pinned_launches = kernel_timings(lambda: timed(engine.params, copy))
         out["round_pinned_kernels_ms"] = sum(ms for _, ms in pinned_launches)
         # per kernel name, one call's ms in default and in loop layouts (a table as `kernel_table`'s)
         out["round_kernels"] = {}

@@ -218,10 +218,11 @@ def test_an_engine_is_freed_with_its_last_reference(pair):
 def test_cupti_times_specpilots_switch_stage_from_a_compile_without_command_buffers(pair, prompts):
     """`engine.cupti_program`: the stage holding SpecPilot's `lax.switch` (its verify) gets a program compiled
     without XLA's command buffers, whose result is the stage's own; its other stages, and a function with no
-    conditional or one that is not jitted, keep their program."""
+    conditional or one that is not jitted, keep their program. The whole round holds the conditional too
+    (`profile_vs_loop.round_measure` times it so)."""
     from specpilot.decoding import layouts
     from specpilot.decoding.common import pad_prompts
-    from specpilot.decoding.engine import cupti_program
+    from specpilot.decoding.engine import cupti_program, holds_conditional
 
     eng = engine("specpilot", SPEC_ENGINES["specpilot"], pair[0], pair)
     tokens, lens = pad_prompts(prompts[:2])
@@ -237,6 +238,7 @@ def test_cupti_times_specpilots_switch_stage_from_a_compile_without_command_buff
                                           stage(eng.params, state, carry)["walk"].new_tokens)
         carry = stage(eng.params, *layouts.fresh_copies((state, carry)))
     assert switched == ["verify"]
+    assert holds_conditional(jax.jit(eng.round).lower(eng.params, state))  # the round profile_vs_loop times whole
     plain = jax.jit(lambda x: x * 2)
     assert cupti_program(plain, (np.ones(3, np.float32),)) is plain
     assert cupti_program(fn, ()) is fn  # not jitted: nothing to lower

@@ -22,6 +22,16 @@ from specpilot.decoding.common import (GenerateResult, append_tokens, check_prom
                                       pow2_at_least)
 
 
+CUPTI_COMPILER_OPTIONS = {"xla_gpu_enable_command_buffer": ""}
+"""A program timed under CUPTI that holds a conditional is compiled with these: no XLA command buffers
+(`cupti_program`)."""
+
+
+def holds_conditional(lowered) -> bool:
+    """Whether a lowered program holds a conditional (`lax.switch` / `lax.cond`)."""
+    return "stablehlo.case" in lowered.as_text()
+
+
 def cupti_program(fn, args: tuple):
     """The program a stage's CUPTI call runs: `fn` itself, or, where the stage holds a conditional (a `lax.switch`),
     `fn` compiled for `args` without XLA's command buffers. Why: under command buffers CUPTI loses the durations of a
@@ -32,9 +42,7 @@ def cupti_program(fn, args: tuple):
     if not hasattr(fn, "lower"):
         return fn
     lowered = fn.lower(*args)
-    if "stablehlo.case" not in lowered.as_text():
-        return fn
-    return lowered.compile(compiler_options={"xla_gpu_enable_command_buffer": ""})
+    return lowered.compile(compiler_options=CUPTI_COMPILER_OPTIONS) if holds_conditional(lowered) else fn
 
 
 @jax.tree_util.register_dataclass

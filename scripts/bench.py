@@ -36,11 +36,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specpilot.argtypes import non_negative_int, positive_int  # noqa: E402
+from specpilot.decoding.engine import COMMAND_BUFFER_FLAGS, use_command_buffers  # noqa: E402
 
 ENGINES = ("ar", "stock", "ddtree", "tlv", "specpilot")
-
-
-COMMAND_BUFFER_FLAGS = "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"
 
 
 def parse_args(argv=None):
@@ -223,7 +221,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     if args.command_buffers:  # read when the backend starts, i.e. at the first jax.devices() below
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {COMMAND_BUFFER_FLAGS}".strip()
+        use_command_buffers()
     import jax
 
     from pallas_kernels import choices

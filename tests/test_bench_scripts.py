@@ -415,6 +415,29 @@ def test_reproduce_rejects_real_pair_flags_that_contradict_each_other(argv, mess
     assert not (tmp_path / "out").exists()
 
 
+def test_command_buffers_come_before_the_backend_starts_or_fail_in_one_line(tmp_path, monkeypatch):
+    """`reproduce_table2.py --command-buffers` in a process whose backend runs already (this one) would time
+    programs compiled without the flags it records: it exits in one line before any work. Where the flags are
+    there already, nothing is added (bench.py's subprocess test shows them taking effect before the backend)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import reproduce_table2
+
+    import jax
+
+    from specpilot.decoding.engine import COMMAND_BUFFER_FLAGS, use_command_buffers
+
+    jax.devices()
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+    with pytest.raises(SystemExit) as e:
+        reproduce_table2.main(["--out", str(tmp_path / "out"), "--no-real", "--command-buffers"])
+    assert str(e.value.code) == ("--command-buffers: XLA's backend has started in this process already; set "
+                                 f"XLA_FLAGS={COMMAND_BUFFER_FLAGS} before it starts")
+    assert os.environ["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false" and not (tmp_path / "out").exists()
+    monkeypatch.setenv("XLA_FLAGS", f"--xla_cpu_enable_fast_math=false {COMMAND_BUFFER_FLAGS}")
+    use_command_buffers()
+    assert os.environ["XLA_FLAGS"] == f"--xla_cpu_enable_fast_math=false {COMMAND_BUFFER_FLAGS}"
+
+
 @pytest.mark.parametrize("script,argv,message", [
     ("bench_roofline", ["--model", "qwen3_9b"], "argument --model: invalid choice: 'qwen3_9b'"),
     ("bench_roofline", ["--dtype", "float16"], "argument --dtype: invalid choice: 'float16'"),

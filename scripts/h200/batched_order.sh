@@ -16,8 +16,12 @@
 # Batch 8 with --gpu-time after `train` took 580 s on an H100 (docs/results/2026-12-07-batched-order-gpu-time-h100/),
 # ~355 s of it compiling the four engines' generation loops one after another; since the fifty-first session they
 # compile in 4 threads first (`measure.warm_up_generation`): expected ~150 s for them, ~380 s for the call.
-# No carry. Writes $OUT/device.txt, $OUT/order.log, $OUT/table2_<batch>.md / .json.
-# Usage (repo root): SPECPILOT_COMMIT=<hash> bash scripts/h200/batched_order.sh [train | BATCH ...]  (default: 8)
+# `cmdbuf` first: every engine runs with while loops and conditionals in XLA's command buffers
+# (`reproduce_table2.py --command-buffers`; SpecPilot's switch cost 0.45 ms a round with them at batch 8 on an H100,
+# 1.09 without: docs/results/2026-12-07-switch-conditional-graphs-h100/), its tables named table2_<batch>_cmdbuf.
+# No carry. Writes $OUT/device.txt, $OUT/order.log, $OUT/table2_<batch>[_cmdbuf].md / .json.
+# Usage (repo root): SPECPILOT_COMMIT=<hash> bash scripts/h200/batched_order.sh [train | [cmdbuf] BATCH ...]
+# (default: 8)
 set -u
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/device.txt
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 SPECPILOT_CACHE=/tmp/spc
@@ -26,14 +30,18 @@ timeout 585 python3 -c "from specpilot.training.proxy import ensure_proxy; print
   >> $OUT/order.log 2>&1
 echo "rc $? at $SECONDS s" >> $OUT/order.log
 batches=${*:-8}
-for b in ${batches#train}; do
+batches=${batches#train}
+flag= suffix=
+case " $batches " in *" cmdbuf "*) flag=--command-buffers suffix=_cmdbuf batches=${batches/cmdbuf/} ;; esac
+for b in $batches; do
   left=$((585 - SECONDS))
-  echo "== batch $b ($left s left)" >> $OUT/order.log
+  echo "== batch $b $flag ($left s left)" >> $OUT/order.log
   [ $left -lt 60 ] && { echo "skipped: under 60 s left" >> $OUT/order.log; continue; }
-  JAX_DEFAULT_MATMUL_PRECISION=highest timeout $left python3 scripts/reproduce_table2.py --out /tmp/t2_$b \
+  JAX_DEFAULT_MATMUL_PRECISION=highest timeout $left python3 scripts/reproduce_table2.py --out /tmp/t2_$b$suffix \
     --proxy proxy_h200 --models --batches $b --target-passthrough-layers 24 --num-prompts 32 --max-new 64 \
-    --specpilot-candidates 16 64 --tlv-budgets --compile-cache /tmp/jc --gpu-time >> $OUT/order.log 2>&1
+    --specpilot-candidates 16 64 --tlv-budgets --compile-cache /tmp/jc --gpu-time $flag >> $OUT/order.log 2>&1
   echo "rc $? at $SECONDS s" >> $OUT/order.log
-  cp /tmp/t2_$b/table2.md $OUT/table2_$b.md 2> /dev/null; cp /tmp/t2_$b/table2.json $OUT/table2_$b.json 2> /dev/null
+  cp /tmp/t2_$b$suffix/table2.md $OUT/table2_$b$suffix.md 2> /dev/null
+  cp /tmp/t2_$b$suffix/table2.json $OUT/table2_$b$suffix.json 2> /dev/null
 done
 grep -E "^generate|^rc|^==|^skipped|^\(" $OUT/order.log

@@ -68,6 +68,9 @@ def base_parser(doc: str, batches: list[int]) -> argparse.ArgumentParser:
                     help="also profile each stage's kernels under CUPTI: measured rows get the model on kernel time, "
                          "projected rows the projection on it (profiled rounds' wall is largely the host's: "
                          "docs/results/2026-12-07-profile-vs-loop-stages-h100/)")
+    ap.add_argument("--command-buffers", action="store_true",
+                    help="run every engine with while loops and conditionals in XLA's command buffers "
+                         "(specpilot.decoding.engine.COMMAND_BUFFER_FLAGS, recorded in the provenance's XLA_FLAGS)")
     ap.add_argument("--seed", type=int, default=0)
     return ap
 
@@ -133,6 +136,10 @@ def run(args, configs: list[dict], script: str) -> dict:
     """Measure `configs` (AR is added) on every deployment; returns {"provenance", "deployments",
     "entries"}: one entry per (deployment, config, batch) with τ, speedup and kind (measured/projected)."""
     check_pair_args(args)
+    if args.command_buffers:
+        from specpilot.decoding.engine import use_command_buffers
+
+        use_command_buffers()  # before the backend starts: jax.devices() below
     import jax
 
     from specpilot.costmodel import load_or_calibrate

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Any, Callable, Sequence
 
 import jax
@@ -20,6 +21,28 @@ import numpy as np
 from specpilot.decoding import layouts
 from specpilot.decoding.common import (GenerateResult, append_tokens, check_prompts, first_eos, pad_prompts,
                                       pow2_at_least)
+
+
+COMMAND_BUFFER_FLAGS = "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"
+"""XLA_FLAGS that put while loops and conditionals inside XLA's command buffers (CUDA graphs) as well: the host then
+no longer reads a `lax.switch`'s branch index back between launches. SpecPilot's switch cost +0.45 ms a round over
+DDTree@64's step with them, +1.09 without (batch 8, H100: docs/results/2026-12-07-switch-conditional-graphs-h100/);
+AR's and stock's loops moved −0.02 to +0.01 ms (docs/results/2026-12-07-loop-graphs-ab3-h100/). Not a default: the
+benchmarks take them with `--command-buffers` (`use_command_buffers`), and say so in their provenance."""
+
+
+def use_command_buffers() -> None:
+    """Add `COMMAND_BUFFER_FLAGS` to XLA_FLAGS. XLA reads them once, when the backend starts: a process whose backend
+    has started already gets a one-line error rather than flags that change nothing."""
+    from jax._src import xla_bridge
+
+    flags = os.environ.get("XLA_FLAGS", "")
+    if COMMAND_BUFFER_FLAGS in flags.split():
+        return
+    if xla_bridge.backends_are_initialized():
+        raise SystemExit("--command-buffers: XLA's backend has started in this process already; set XLA_FLAGS="
+                         f"{COMMAND_BUFFER_FLAGS} before it starts")
+    os.environ["XLA_FLAGS"] = f"{flags} {COMMAND_BUFFER_FLAGS}".strip()
 
 
 CUPTI_COMPILER_OPTIONS = {"xla_gpu_enable_command_buffer": ""}

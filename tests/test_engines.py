@@ -10,7 +10,10 @@ rounds often commit several tokens and often reject. Engines compile once per mo
 
 from __future__ import annotations
 
+import functools
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -215,14 +218,38 @@ def test_an_engine_is_freed_with_its_last_reference(pair):
     assert ref() is None
 
 
+@pytest.mark.parametrize("index", [-1, 0, 1, 2, 3])
+def test_switch_in_place_runs_the_branch_lax_switch_runs(index):
+    """`spec.switch_in_place` (SpecPilot's verify under xla): the picked branch's state and output, as
+    `lax.switch` gives them, an index out of range clamped; the branches write the state at different places and
+    return different values, so running none, another or two of them would show."""
+    from specpilot.decoding.spec import switch_in_place
+
+    rng = np.random.default_rng(index + 1)
+    state = {"k": jnp.asarray(rng.standard_normal((4, 32, 8), np.float32)), "n": jnp.int32(3)}
+    operand = jnp.asarray(rng.standard_normal((4, 8), np.float32))
+
+    def branch(c, st, x):
+        k = jax.lax.dynamic_update_slice(st["k"], (x * c)[:, None], (0, st["n"] + c, 0))
+        return {"k": k, "n": st["n"] + c}, (jnp.sum(k[:, : c + 4] ** 2), k[:, st["n"]] * c)
+
+    branches = [functools.partial(branch, c) for c in (1, 2, 5)]
+    got = jax.jit(lambda i, st, x: switch_in_place(i, branches, st, x))(jnp.int32(index), state, operand)
+    want = jax.lax.switch(index, branches, state, operand)
+    jax.tree.map(np.testing.assert_array_equal, got, want)
+
+
 def test_cupti_times_specpilots_switch_stage_from_a_compile_without_command_buffers(pair, prompts):
-    """`engine.cupti_program`: the stage holding SpecPilot's `lax.switch` (its verify) gets a program compiled
-    without XLA's command buffers, whose result is the stage's own; its other stages, and a function with no
-    conditional or one that is not jitted, keep their program. The whole round holds the conditional too
-    (`profile_vs_loop.round_measure` times it so)."""
+    """`engine.cupti_program`: the stages holding control flow (SpecPilot's verify, its `switch_in_place`; the
+    commit, its key split) get a program compiled without XLA's command buffers, whose result is the stage's own;
+    its other stages, and a function with neither or one that is not jitted, keep their program. The whole round
+    holds the control flow too (`profile_vs_loop.round_measure` times it so)."""
     from specpilot.decoding import layouts
     from specpilot.decoding.common import pad_prompts
-    from specpilot.decoding.engine import cupti_program, holds_conditional
+    from specpilot.decoding.engine import cupti_program, holds_control_flow
+
+    def plain(a):  # a typed PRNG key as its words
+        return jax.random.key_data(a) if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key) else a
 
     eng = engine("specpilot", SPEC_ENGINES["specpilot"], pair[0], pair)
     tokens, lens = pad_prompts(prompts[:2])
@@ -234,11 +261,11 @@ def test_cupti_times_specpilots_switch_stage_from_a_compile_without_command_buff
         if program is not stage:
             switched.append(name)
             assert isinstance(program, jax.stages.Compiled)
-            np.testing.assert_array_equal(program(eng.params, state, carry)["walk"].new_tokens,
-                                          stage(eng.params, state, carry)["walk"].new_tokens)
+            jax.tree.map(lambda a, b: np.testing.assert_array_equal(*map(plain, (a, b))),
+                         program(eng.params, state, carry), stage(eng.params, state, carry))
         carry = stage(eng.params, *layouts.fresh_copies((state, carry)))
-    assert switched == ["verify"]
-    assert holds_conditional(jax.jit(eng.round).lower(eng.params, state))  # the round profile_vs_loop times whole
+    assert switched == ["verify", "commit"]  # the commit's: jax.random's threefry hash, a while loop in StableHLO
+    assert holds_control_flow(jax.jit(eng.round).lower(eng.params, state))  # the round profile_vs_loop times whole
     plain = jax.jit(lambda x: x * 2)
     assert cupti_program(plain, (np.ones(3, np.float32),)) is plain
     assert cupti_program(fn, ()) is fn  # not jitted: nothing to lower

@@ -289,8 +289,8 @@ def test_loop_copies_finds_a_branchs_cache_copies_and_bills_one_branch_a_round(m
   """``loop_copies.py``: a while loop whose ``lax.switch`` branch writes a carried cache twice gets a copy of it
   (XLA's CPU compile; the probe runs the same count on a GPU), which the count finds inside the loop and bills once a
   round (the branch that writes once has none); DDTree's loop (XLA attention) copies no whole cache, only the CPU's
-  layer-sized dot-layout transposes (in the HLO dump), and SpecPilot's (pallas_tree, its switch branches writing no
-  cache) copies nothing of a cache's or a layer's size."""
+  layer-sized dot-layout transposes (in the HLO dump); SpecPilot's (pallas_tree, its switch branches writing no
+  cache) copies nothing of a cache's or a layer's size, and under xla (one while loop a branch) no whole cache."""
   probe = load_probe("loop_copies", monkeypatch)
   cache = jnp.zeros((3, 8, 256, 16))
 
@@ -322,6 +322,9 @@ def test_loop_copies_finds_a_branchs_cache_copies_and_bills_one_branch_a_round(m
   # SpecPilot's pallas_tree branches hand their new K/V back and one scatter after the switch writes them: no copy
   rows = probe.main(["--engines", "specpilot@7,8", "--attentions", "pallas_tree"])
   assert [(r["engine"], r["copies"]) for r in rows] == [("specpilot[7,8]+pallas_tree", [])]
+  # under xla its branches write the cache where it lies (`spec.switch_in_place`; as a `lax.switch`: 4 copies)
+  rows = probe.main(["--engines", "specpilot@7,8", "--attentions", "xla"])
+  assert rows[0]["engine"] == "specpilot[7,8]" and [f for f in rows[0]["copies"] if "layer" not in f["cache"]] == []
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -50,14 +50,17 @@ CUPTI_COMPILER_OPTIONS = {"xla_gpu_enable_command_buffer": ""}
 (`cupti_program`)."""
 
 
-def holds_conditional(lowered) -> bool:
-    """Whether a lowered program holds a conditional (`lax.switch` / `lax.cond`)."""
-    return "stablehlo.case" in lowered.as_text()
+def holds_control_flow(lowered) -> bool:
+    """Whether a lowered program holds a conditional (`lax.switch` / `lax.cond`) or a while loop (SpecPilot's
+    `switch_in_place`; also jax.random's threefry hash, which XLA may unroll): under `COMMAND_BUFFER_FLAGS` XLA's
+    command buffers run both as CUDA-graph conditional nodes."""
+    text = lowered.as_text()
+    return "stablehlo.case" in text or "stablehlo.while" in text
 
 
 def cupti_program(fn, args: tuple):
-    """The program a stage's CUPTI call runs: `fn` itself, or, where the stage holds a conditional (a `lax.switch`),
-    `fn` compiled for `args` without XLA's command buffers. Why: under command buffers CUPTI loses the durations of a
+    """The program a stage's CUPTI call runs: `fn` itself, or, where the stage holds control flow
+    (`holds_control_flow`: SpecPilot's verify), `fn` compiled for `args` without XLA's command buffers. Why: under command buffers CUPTI loses the durations of a
     conditional's kernels when other work precedes it in the program, so SpecPilot's verify stage showed 0.052 ms
     of kernels where 0.114 ran, DDTree@64's 0.108 (docs/results/2026-12-07-cupti-switch-h100/). The flag leaves
     kernel durations as they are (a switch run alone: 0.327 ms of kernels with command buffers, 0.329 without), so
@@ -65,7 +68,7 @@ def cupti_program(fn, args: tuple):
     if not hasattr(fn, "lower"):
         return fn
     lowered = fn.lower(*args)
-    return lowered.compile(compiler_options=CUPTI_COMPILER_OPTIONS) if holds_conditional(lowered) else fn
+    return lowered.compile(compiler_options=CUPTI_COMPILER_OPTIONS) if holds_control_flow(lowered) else fn
 
 
 @jax.tree_util.register_dataclass

@@ -8,15 +8,18 @@
 Lossless by construction: every committed token is the target's own choice (argmax, or a sample from
 `target_probs`) given the committed prefix; the draft only decides how many of them one pass yields.
 
-SpecPilot verifies the budget it picks through a `lax.switch` (one compiled verify per candidate). In the fused loop
-that cost 1.09-2.28 ms a round over the same tree's verify without it on H100s (batch 8, the 36-layer f32 proxy):
-0.68-0.70 ms of it kernel time, under `attention=xla` mostly two memcpys and two memsets a layer (149 more launches a
-round), the rest the host's (docs/results/2026-12-07-switch-cost-h100/, docs/results/2026-12-07-switch-kernels-h100/).
+SpecPilot verifies the budget it picks with one compiled verify per candidate. As a `lax.switch` that cost 1.09-2.28
+ms a round over the same tree's verify without it on H100s (batch 8, the 36-layer f32 proxy): under `attention=xla`
+mostly copies of the whole KV cache, the rest the host's reading the branch index back
+(docs/results/2026-12-07-switch-cost-h100/, docs/results/2026-12-07-switch-conditional-graphs-h100/). So under xla
+the candidates run as one while loop each, which writes the cache where it lies (`switch_in_place`); under
+`pallas_tree` the switch's branches return their new K/V and write no cache.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -45,6 +48,24 @@ class SpecState:
     prompt_lens: jax.Array  # [B]
     nodes: jax.Array  # [B] draft nodes verified so far (for stats)
     level1_right: jax.Array  # [B] TLV rounds where level 2 accepted all level-1 accepted nodes
+
+
+def switch_in_place(index, branches, state, operand):
+    """`lax.switch(index, branches, state, operand)` for branches `(state, operand) -> (state, out)` that update a
+    large `state` (the KV cache) where it lies: one `lax.while_loop` a branch, run once when picked and not at all
+    otherwise. A while loop updates its carry in place; a conditional's branch writes into the conditional's own
+    output, so XLA copied the whole cache there, and once more after it (K and V twice a round under attention=xla:
+    docs/results/2026-12-07-switch-conditional-graphs-h100/). Every branch returns `out` of one shape; an index out of
+    range is clamped, as `lax.switch` does."""
+    index = jnp.clip(index, 0, len(branches) - 1)
+    out = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(branches[-1], state, operand)[1])
+    for i, branch in enumerate(branches):
+        def body(carry, branch=branch):
+            state, out = branch(carry[1], operand)
+            return jnp.zeros((), bool), state, out
+
+        _, state, out = jax.lax.while_loop(lambda carry: carry[0], body, (index == i, state, out))
+    return state, out
 
 
 def quantize_target(weights, fmt: str):
@@ -239,24 +260,32 @@ class SpecEngine(Engine):
             out = self._verify_accept(params, state, state.extra, tree, q, k_accept)
         else:  # best-first nodes are sorted by score and parents precede children: a prefix is a tree
             policy = self.budget_for_round
-            # XLA gives each branch its own operand tuple, all holding the same cache: branches that each write it
-            # make all but one copy it whole (K and V twice a round, on the CPU and an H100:
-            # docs/results/2026-12-07-switch-cost-h100/). pallas_tree's pass reads the new K/V from the step, so its
-            # branches return them (padded to the largest candidate's root + nodes) and one scatter after the switch
-            # writes them; the padding lands in scratch slots past the committed prefix. Under xla the same needs an
-            # attention beside the cache; one through concatenated prefix and step scores cost 0.65 ms a round more
-            # than these copies on an H100 (docs/results/2026-12-07-switch-kernels-h100/), so xla's branches write.
-            defer_to = max(policy.candidates) + 1 if self.attention == "pallas_tree" else None
-            branches = [
-                lambda tr, c=c: self._verify_accept(
-                    params, state, state.extra, jax.tree.map(lambda a: a[:, :c], tr), q, k_accept, defer_to
-                )
-                for c in policy.candidates
-            ]
             pick = policy.choose(tree.score, tree.valid, ~state.done)
-            out = jax.lax.switch(pick, branches, tree)
-            if defer_to is not None:
+            prefix = lambda tr, c: jax.tree.map(lambda a: a[:, :c], tr)  # noqa: E731
+            if self.attention == "pallas_tree":
+                # its pass reads the new K/V from the step: the branches return them (padded to the largest
+                # candidate's root + nodes) and one scatter after the switch writes them; the padding lands in
+                # scratch slots past the committed prefix. So no branch writes the cache (on the CPU the in-place
+                # form below copied it whole twice a round here, where this form copies none).
+                defer_to = max(policy.candidates) + 1
+                out = jax.lax.switch(pick, [
+                    lambda tr, c=c: self._verify_accept(params, state, state.extra, prefix(tr, c), q, k_accept,
+                                                        defer_to)
+                    for c in policy.candidates], tree)
                 out = (out[0], write_every_layer(state.extra.cache, *out[1]), *out[2:])
+            else:
+                # XLA's attention reads the new K/V from the cache, so each branch writes it: in a `lax.switch` XLA
+                # copied the whole cache into the conditional's output and once more after it (K and V twice a round,
+                # 0.40 ms at batch 8 on an H100: docs/results/2026-12-07-switch-conditional-graphs-h100/); an
+                # attention beside the cache instead cost more (docs/results/2026-12-07-switch-kernels-h100/).
+                def branch(c, cache, tr):
+                    ex = dataclasses.replace(state.extra, cache=cache)
+                    w, cache, feats, nodes = self._verify_accept(params, state, ex, prefix(tr, c), q, k_accept)
+                    return cache, (w, feats, nodes)
+
+                cache, (w, feats, nodes) = switch_in_place(
+                    pick, [functools.partial(branch, c) for c in policy.candidates], state.extra.cache, tree)
+                out = (w, cache, feats, nodes)
             chosen = {"budget": jnp.asarray(policy.candidates, jnp.int32)[pick]}  # what `Engine.profile` records
         return dict(zip(("walk", "cache", "feats", "nodes"), out), n1=carry["n1"], ctx=carry["ctx"], **chosen)
 

@@ -61,7 +61,7 @@ def stage_points(engine_cfg: dict, block: int, nodes: int | None = None) -> dict
     predictions pass the budget its policy picks (`choose_budget`) or the mix it was seen to pick.
 
     The target pass (verify) is one curve for AR, stock and DDTree: the same forward over x tokens.
-    SpecPilot runs that forward as one branch of a `lax.switch` over its candidates (`switch_verify`):
+    SpecPilot runs that forward as one of its candidates' verifies (`switch_verify`; `spec.switch_in_place`):
     the target pass plus a fixed cost per round, which measured 2.5-2.7 ms at batch 1 and 8 on the H200
     (docs/results/2026-11-30-costmodel-h200), so its rounds never feed the plain target-pass curve.
     Draft and commit are separate programs per engine kind (chain, tree, tlv) and measured
@@ -216,7 +216,7 @@ class StepTimeModel:
         return cls({k: sorted((x, float(np.mean(v))) for x, v in d.items()) for k, d in acc.items()}, switch)
 
     def switch_overhead_ms(self, variant: str, batch: int) -> float:
-        """What running the verify as a `lax.switch` branch adds per round: the measured specpilot verify
+        """What running the verify as one of its candidates' adds per round: the measured specpilot verify
         minus the target pass at the budgets it chose, averaged per batch and interpolated in B. 0 until
         a specpilot round has been measured; KeyError when one has, but no target pass of its variant."""
         if any(v == variant for v, _ in self.switch) and not self.has(f"target_pass/{variant}"):

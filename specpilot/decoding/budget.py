@@ -9,7 +9,8 @@ sorted by score, so E is a prefix sum. Step time t(n) = t_draft + t_verify(n), t
 is the first time, above its last it follows the last segment's slope (never downward), so a candidate larger than
 every measured size does not look as cheap as the largest measured one. A one-point table is flat. The batch shares
 one verify shape, so the budget maximising Σ_b E_b(n) / t(n) is chosen, and only that size's verify
-runs (`lax.switch` over one compiled verify per candidate).
+runs (one compiled verify per candidate: `spec.switch_in_place` under xla attention, a `lax.switch` under
+pallas_tree).
 """
 
 from __future__ import annotations

@@ -205,7 +205,7 @@ class Engine:
         (`specpilot.costmodel.cupti`; launch gaps and host time excluded), `stage_gpu_kernels` the same per
         kernel name (ms a round, its launches summed, the largest first) and `stage_gpu_launches` the launches a
         round (a stage whose kernels CUPTI did not see shows few), where CUPTI exists; without it the
-        result says why in `stage_gpu_error`. A stage holding a conditional (SpecPilot's `lax.switch`) is timed
+        result says why in `stage_gpu_error`. A stage holding control flow (SpecPilot's verify) is timed
         under CUPTI from a compile without command buffers (`cupti_program`). `loop_layouts` holds the state in the
         layouts XLA gives the round's carry and compiles each stage for them (`specpilot.decoding.layouts`): a stage
         alone in default layouts transposes whole caches at its entry and exit on a GPU, which the loop never does.

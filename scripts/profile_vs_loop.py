@@ -92,14 +92,16 @@ def loop_measure(engine, prompts, max_new: int, cupti: bool) -> dict:
         best = float("inf")
         for _ in range(repeats):
             t0 = time.perf_counter()
-            engine.generate(prompts, n)
+            again = engine.generate(prompts, n)
             best = min(best, time.perf_counter() - t0)
+            if n == max_new and again.tokens != res.tokens:  # a program that races gives other tokens some runs
+                raise SystemExit(f"{engine.name}: a rerun of the loop gave other tokens than its first run")
         return best
 
     res = engine.generate(prompts, max_new)
     steps = loop_iterations(res)
     rounds = [a for row in res.acceptance_lengths for a in row]
-    out = {"loop_steps": steps, "tau": sum(rounds) / max(len(rounds), 1)}
+    out = {"loop_steps": steps, "tau": sum(rounds) / max(len(rounds), 1), "tokens": res.tokens}
     out["loop_step_ms"] = 1e3 * (wall(max_new) - wall(1)) / steps
     if cupti:
         full, prefill = (kernel_timings(lambda n=n: engine.generate(prompts, n)) for n in (max_new, 1))
@@ -297,17 +299,22 @@ def loop_only(args, dep, prompts, capacity) -> int:
     from specpilot.costmodel.report import md_table
 
     cupti = jax.default_backend() == "gpu"
-    rows = []
+    rows, first = [], None
     for cfg in args.engines:
         row = {"label": config_label(cfg), "batch": args.batch,
                **loop_measure(M.build_engine(dep, cfg, capacity), prompts, args.max_new, cupti)}
         lists = row.pop("launch_lists", None)
+        tokens = row.pop("tokens")
+        first = tokens if first is None else first  # greedy: every engine's tokens are AR's
+        row["same_tokens_as_first"] = tokens == first
         row["beyond_kernels_ms"] = row["loop_step_ms"] - row["loop_kernels_ms"] if cupti else None
         if lists:
             row["loop_kernel_names"] = kernels_by_name(*lists, row["loop_steps"])
         rows.append(row)
         kernels = f", kernels {row['loop_kernels_ms']:.3f}, beyond them {row['beyond_kernels_ms']:.3f}" if cupti else ""
-        print(f"{row['label']}: loop step {row['loop_step_ms']:.3f} ms{kernels}", flush=True)
+        same = "" if len(rows) == 1 else f", tokens {'the same as' if row['same_tokens_as_first'] else 'OTHER than'} " \
+            f"{rows[0]['label']}'s"
+        print(f"{row['label']}: loop step {row['loop_step_ms']:.3f} ms{kernels}{same}", flush=True)
         if lists and len(rows) > 1:
             print_kernel_diff(rows[0], row)
     table = [[r["label"], r["batch"], r["loop_step_ms"], r.get("loop_kernels_ms"), r.get("beyond_kernels_ms"),

@@ -239,6 +239,31 @@ def test_switch_in_place_runs_the_branch_lax_switch_runs(index):
     jax.tree.map(np.testing.assert_array_equal, got, want)
 
 
+@pytest.mark.parametrize("flags,on", [
+    ("", False), ("--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL", True),
+    ("--xla_gpu_enable_command_buffer=+CONDITIONAL", False), ("--xla_gpu_enable_command_buffer=FUSION,WHILE", True),
+    ("--xla_gpu_enable_command_buffer=+WHILE --xla_gpu_enable_command_buffer=-WHILE", False),
+    ("--xla_gpu_enable_command_buffer= --xla_dump_to=/tmp/x", False),
+])
+def test_specpilot_verifies_through_lax_switch_where_while_loops_run_in_command_buffers(flags, on, pair, monkeypatch):
+    """`engine.while_loops_in_command_buffers` reads XLA_FLAGS as XLA does (the last flag counts, +/- items change
+    the default set); where it says yes, SpecPilot's verify under xla traces a `lax.switch` (stablehlo.case), since
+    `switch_in_place` gave wrong results there on an H100; elsewhere its while loops, no conditional."""
+    from specpilot.decoding.engine import while_loops_in_command_buffers
+
+    monkeypatch.setenv("XLA_FLAGS", flags)
+    assert while_loops_in_command_buffers() is on
+    if flags not in ("", "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"):
+        return
+    eng = engine("specpilot", SPEC_ENGINES["specpilot"], pair[0], pair)
+    verify = dict(eng.stages())["verify"]
+    tokens = jnp.zeros((2, 4), jnp.int32)
+    state = jax.eval_shape(lambda: eng.prefill(eng.params, tokens, jnp.array([4, 4]), 8, jax.random.key(0)))
+    carry = jax.eval_shape(lambda st: eng._stage_tree(eng.params, st, eng._stage_draft(eng.params, st, {})), state)
+    text = jax.jit(verify).lower(eng.params, state, carry).as_text()
+    assert ("stablehlo.case" in text) is on
+
+
 def test_cupti_times_specpilots_switch_stage_from_a_compile_without_command_buffers(pair, prompts):
     """`engine.cupti_program`: the stages holding control flow (SpecPilot's verify, its `switch_in_place`; the
     commit, its key split) get a program compiled without XLA's command buffers, whose result is the stage's own;

@@ -45,6 +45,26 @@ def use_command_buffers() -> None:
     os.environ["XLA_FLAGS"] = f"{flags} {COMMAND_BUFFER_FLAGS}".strip()
 
 
+def while_loops_in_command_buffers() -> bool:
+    """Whether this process's XLA_FLAGS put while loops inside XLA's command buffers (`COMMAND_BUFFER_FLAGS`; the
+    last `--xla_gpu_enable_command_buffer` counts: `+X` / `-X` items change XLA's default set, which holds no WHILE,
+    bare items replace it). SpecPilot's `spec.switch_in_place` gave wrong results there on an H100 (a rerun of its
+    fused loop returned negative acceptance lengths: docs/results/2026-12-07-switch-in-place-h100/), so its verify
+    goes through `lax.switch` then."""
+    on = False
+    for flag in os.environ.get("XLA_FLAGS", "").split():
+        name, _, value = flag.partition("=")
+        if name != "--xla_gpu_enable_command_buffer":
+            continue
+        items = [v for v in value.split(",") if v]
+        if all(v[0] in "+-" for v in items):
+            for v in items:
+                on = (v[0] == "+") if v[1:] == "WHILE" else on
+        else:
+            on = "WHILE" in items
+    return on
+
+
 CUPTI_COMPILER_OPTIONS = {"xla_gpu_enable_command_buffer": ""}
 """A program timed under CUPTI that holds a conditional is compiled with these: no XLA command buffers
 (`cupti_program`)."""

@@ -29,7 +29,7 @@ import numpy as np
 from specpilot.decoding import tree as trees
 from specpilot.decoding.chain import speculative_accept
 from specpilot.decoding.common import new_cache, prefill
-from specpilot.decoding.engine import Engine, LoopState, commit, init_loop_state
+from specpilot.decoding.engine import Engine, LoopState, commit, init_loop_state, while_loops_in_command_buffers
 from specpilot.decoding.sampling import Sampling, pick, sample, target_probs
 from specpilot.models import dflash
 from specpilot.models.config import DrafterConfig, ModelConfig
@@ -56,7 +56,8 @@ def switch_in_place(index, branches, state, operand):
     otherwise. A while loop updates its carry in place; a conditional's branch writes into the conditional's own
     output, so XLA copied the whole cache there, and once more after it (K and V twice a round under attention=xla:
     docs/results/2026-12-07-switch-conditional-graphs-h100/). Every branch returns `out` of one shape; an index out of
-    range is clamped, as `lax.switch` does."""
+    range is clamped, as `lax.switch` does. Not for a process whose while loops run in XLA's command buffers
+    (`engine.while_loops_in_command_buffers`): there it gave wrong results on an H100."""
     index = jnp.clip(index, 0, len(branches) - 1)
     out = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(branches[-1], state, operand)[1])
     for i, branch in enumerate(branches):
@@ -262,17 +263,19 @@ class SpecEngine(Engine):
             policy = self.budget_for_round
             pick = policy.choose(tree.score, tree.valid, ~state.done)
             prefix = lambda tr, c: jax.tree.map(lambda a: a[:, :c], tr)  # noqa: E731
-            if self.attention == "pallas_tree":
-                # its pass reads the new K/V from the step: the branches return them (padded to the largest
-                # candidate's root + nodes) and one scatter after the switch writes them; the padding lands in
-                # scratch slots past the committed prefix. So no branch writes the cache (on the CPU the in-place
-                # form below copied it whole twice a round here, where this form copies none).
-                defer_to = max(policy.candidates) + 1
+            if self.attention == "pallas_tree" or while_loops_in_command_buffers():
+                # pallas_tree's pass reads the new K/V from the step: the branches return them (padded to the
+                # largest candidate's root + nodes) and one scatter after the switch writes them; the padding lands
+                # in scratch slots past the committed prefix. So no branch writes the cache (on the CPU the in-place
+                # form below copied it whole twice a round here, where this form copies none). Under xla with while
+                # loops in command buffers the in-place form gave wrong results on an H100: there the branches write.
+                defer_to = max(policy.candidates) + 1 if self.attention == "pallas_tree" else None
                 out = jax.lax.switch(pick, [
                     lambda tr, c=c: self._verify_accept(params, state, state.extra, prefix(tr, c), q, k_accept,
                                                         defer_to)
                     for c in policy.candidates], tree)
-                out = (out[0], write_every_layer(state.extra.cache, *out[1]), *out[2:])
+                if defer_to is not None:
+                    out = (out[0], write_every_layer(state.extra.cache, *out[1]), *out[2:])
             else:
                 # XLA's attention reads the new K/V from the cache, so each branch writes it: in a `lax.switch` XLA
                 # copied the whole cache into the conditional's output and once more after it (K and V twice a round,

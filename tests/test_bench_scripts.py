@@ -510,12 +510,12 @@ def test_profile_vs_loop_puts_each_engines_profiled_round_beside_its_loop_step(t
     # engine's greedy tokens are the first's
     capsys.readouterr()
     assert pvl.main(["--out", str(out), "--model", "tiny", "--batch", "2", "--prompt-len", "8", "--max-new", "6",
-                     "--loop-only", "--engines", "ar", "specpilot@3,4"]) == 0
+                     "--loop-only", "--engines", "ar", "stock"]) == 0
     only = json.loads((out / "loop_only.json").read_text())
     assert [(r["label"], r["loop_steps"], r["beyond_kernels_ms"], r["same_tokens_as_first"]) for r in only["rows"]] \
-        == [("ar", 5, None, True), ("specpilot[3,4]", only["rows"][1]["loop_steps"], None, True)]
+        == [("ar", 5, None, True), ("stock", only["rows"][1]["loop_steps"], None, True)]
     last = capsys.readouterr().out.splitlines()[-1]
-    assert last.startswith("specpilot[3,4]: loop step ") and last.endswith(" ms, tokens the same as ar's")
+    assert last.startswith("stock: loop step ") and last.endswith(" ms, tokens the same as ar's")
     # specpilot@B1,B2: its candidates sorted, the largest its tree budget (a flat cost table: the defaults)
     assert pvl.engine_cfg("specpilot@4,3") == {"name": "specpilot", "tree_budget": 4, "budget_candidates": [3, 4]}
     assert math.isfinite(only["rows"][0]["loop_step_ms"]) and "xla_flags" in only["provenance"]

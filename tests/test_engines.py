@@ -243,7 +243,7 @@ def test_switch_in_place_runs_the_branch_lax_switch_runs(index):
     ("", False), ("--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL", True),
     ("--xla_gpu_enable_command_buffer=+CONDITIONAL", False), ("--xla_gpu_enable_command_buffer=FUSION,WHILE", True),
     ("--xla_gpu_enable_command_buffer=+WHILE --xla_gpu_enable_command_buffer=-WHILE", False),
-    ("--xla_gpu_enable_command_buffer= --xla_dump_to=/tmp/x", False),
+    ("--xla_gpu_enable_command_buffer=+WHILE --xla_gpu_enable_command_buffer= --xla_dump_to=/tmp/x", False),
 ])
 def test_specpilot_verifies_through_lax_switch_where_while_loops_run_in_command_buffers(flags, on, pair, monkeypatch):
     """`engine.while_loops_in_command_buffers` reads XLA_FLAGS as XLA does (the last flag counts, +/- items change

@@ -57,7 +57,7 @@ def while_loops_in_command_buffers() -> bool:
         if name != "--xla_gpu_enable_command_buffer":
             continue
         items = [v for v in value.split(",") if v]
-        if all(v[0] in "+-" for v in items):
+        if items and all(v[0] in "+-" for v in items):
             for v in items:
                 on = (v[0] == "+") if v[1:] == "WHILE" else on
         else:
@@ -66,7 +66,7 @@ def while_loops_in_command_buffers() -> bool:
 
 
 CUPTI_COMPILER_OPTIONS = {"xla_gpu_enable_command_buffer": ""}
-"""A program timed under CUPTI that holds a conditional is compiled with these: no XLA command buffers
+"""A program timed under CUPTI that holds control flow is compiled with these: no XLA command buffers
 (`cupti_program`)."""
 
 
@@ -80,11 +80,11 @@ def holds_control_flow(lowered) -> bool:
 
 def cupti_program(fn, args: tuple):
     """The program a stage's CUPTI call runs: `fn` itself, or, where the stage holds control flow
-    (`holds_control_flow`: SpecPilot's verify), `fn` compiled for `args` without XLA's command buffers. Why: under command buffers CUPTI loses the durations of a
-    conditional's kernels when other work precedes it in the program, so SpecPilot's verify stage showed 0.052 ms
-    of kernels where 0.114 ran, DDTree@64's 0.108 (docs/results/2026-12-07-cupti-switch-h100/). The flag leaves
-    kernel durations as they are (a switch run alone: 0.327 ms of kernels with command buffers, 0.329 without), so
-    the stages stay comparable. A stage that is not a jitted function (`layouts.pinned_stage`) is timed as it is."""
+    (`holds_control_flow`: SpecPilot's verify), `fn` compiled for `args` without XLA's command buffers. Why: under
+    command buffers CUPTI loses the durations of a conditional's kernels when other work precedes it in the program,
+    so SpecPilot's verify stage showed 0.052 ms of kernels where 0.114 ran, DDTree@64's 0.108
+    (docs/results/2026-12-07-cupti-switch-h100/). The flag leaves kernel durations as they are (a switch run alone:
+    0.327 ms of kernels with command buffers, 0.329 without), so the stages stay comparable. A stage that is not a jitted function (`layouts.pinned_stage`) is timed as it is."""
     if not hasattr(fn, "lower"):
         return fn
     lowered = fn.lower(*args)

@@ -12,8 +12,8 @@ SpecPilot verifies the budget it picks with one compiled verify per candidate. A
 ms a round over the same tree's verify without it on H100s (batch 8, the 36-layer f32 proxy): under `attention=xla`
 mostly copies of the whole KV cache, the rest the host's reading the branch index back
 (docs/results/2026-12-07-switch-cost-h100/, docs/results/2026-12-07-switch-conditional-graphs-h100/). So under xla
-the candidates run as one while loop each, which writes the cache where it lies (`switch_in_place`); under
-`pallas_tree` the switch's branches return their new K/V and write no cache.
+with plain XLA flags the candidates run as one while loop each, which writes the cache where it lies
+(`switch_in_place`); under `pallas_tree` the switch's branches return their new K/V and write no cache.
 """
 
 from __future__ import annotations

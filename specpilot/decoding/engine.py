@@ -84,7 +84,8 @@ def cupti_program(fn, args: tuple):
     command buffers CUPTI loses the durations of a conditional's kernels when other work precedes it in the program,
     so SpecPilot's verify stage showed 0.052 ms of kernels where 0.114 ran, DDTree@64's 0.108
     (docs/results/2026-12-07-cupti-switch-h100/). The flag leaves kernel durations as they are (a switch run alone:
-    0.327 ms of kernels with command buffers, 0.329 without), so the stages stay comparable. A stage that is not a jitted function (`layouts.pinned_stage`) is timed as it is."""
+    0.327 ms of kernels with command buffers, 0.329 without), so the stages stay comparable. A stage that is not a
+    jitted function (`layouts.pinned_stage`) is timed as it is."""
     if not hasattr(fn, "lower"):
         return fn
     lowered = fn.lower(*args)

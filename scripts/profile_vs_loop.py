@@ -154,7 +154,7 @@ def round_measure(engine, prompts, max_new: int, cupti: bool, calls: int = 10) -
 
     from specpilot.costmodel.cupti import kernel_timings
     from specpilot.decoding import layouts
-    from specpilot.decoding.engine import CUPTI_COMPILER_OPTIONS, cupti_program, holds_control_flow
+    from specpilot.decoding.engine import cupti_compiled, cupti_program
 
     state = prefilled(engine, prompts, max_new)
     same, donated = jax.jit(engine.round), jax.jit(engine.round, donate_argnums=(1,))
@@ -187,8 +187,7 @@ def round_measure(engine, prompts, max_new: int, cupti: bool, calls: int = 10) -
         out["round_kernels_ms"] = sum(ms for _, ms in launches)
         out["round_launches"] = len(launches)
         copy = layouts.fresh_copies(pinned_state)
-        timed = (pinned_lowered[1].compile(compiler_options=CUPTI_COMPILER_OPTIONS)
-                 if holds_control_flow(pinned_lowered[1]) else pinned_donated)
+        timed = cupti_compiled(pinned_lowered[1], pinned_donated)
         pinned_launches = kernel_timings(lambda: timed(engine.params, copy))
         out["round_pinned_kernels_ms"] = sum(ms for _, ms in pinned_launches)
         # per kernel name, one call's ms in default and in loop layouts (a table as `kernel_table`'s)

@@ -271,9 +271,9 @@ def test_cupti_times_specpilots_switch_stage_from_a_compile_without_command_buff
     holds the control flow too (`profile_vs_loop.round_measure` times it so)."""
     from specpilot.decoding import layouts
     from specpilot.decoding.common import pad_prompts
-    from specpilot.decoding.engine import cupti_program, holds_control_flow
+    from specpilot.decoding.engine import cupti_compiled, cupti_program, holds_control_flow
 
-    def plain(a):  # a typed PRNG key as its words
+    def words(a):  # a typed PRNG key as its words
         return jax.random.key_data(a) if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key) else a
 
     eng = engine("specpilot", SPEC_ENGINES["specpilot"], pair[0], pair)
@@ -286,13 +286,14 @@ def test_cupti_times_specpilots_switch_stage_from_a_compile_without_command_buff
         if program is not stage:
             switched.append(name)
             assert isinstance(program, jax.stages.Compiled)
-            jax.tree.map(lambda a, b: np.testing.assert_array_equal(*map(plain, (a, b))),
+            jax.tree.map(lambda a, b: np.testing.assert_array_equal(*map(words, (a, b))),
                          program(eng.params, state, carry), stage(eng.params, state, carry))
         carry = stage(eng.params, *layouts.fresh_copies((state, carry)))
     assert switched == ["verify", "commit"]  # the commit's: jax.random's threefry hash, a while loop in StableHLO
     assert holds_control_flow(jax.jit(eng.round).lower(eng.params, state))  # the round profile_vs_loop times whole
     plain = jax.jit(lambda x: x * 2)
     assert cupti_program(plain, (np.ones(3, np.float32),)) is plain
+    assert cupti_compiled(plain.lower(np.ones(3, np.float32)), plain) is plain  # its pinned round's form
     assert cupti_program(fn, ()) is fn  # not jitted: nothing to lower
 
 

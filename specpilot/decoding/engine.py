@@ -86,10 +86,13 @@ def cupti_program(fn, args: tuple):
     (docs/results/2026-12-07-cupti-switch-h100/). The flag leaves kernel durations as they are (a switch run alone:
     0.327 ms of kernels with command buffers, 0.329 without), so the stages stay comparable. A stage that is not a
     jitted function (`layouts.pinned_stage`) is timed as it is."""
-    if not hasattr(fn, "lower"):
-        return fn
-    lowered = fn.lower(*args)
-    return lowered.compile(compiler_options=CUPTI_COMPILER_OPTIONS) if holds_control_flow(lowered) else fn
+    return cupti_compiled(fn.lower(*args), fn) if hasattr(fn, "lower") else fn
+
+
+def cupti_compiled(lowered, program):
+    """`cupti_program` for a program already lowered (`lowered`; `program` is its usual compile): the compile without
+    command buffers where it holds control flow, else `program`."""
+    return lowered.compile(compiler_options=CUPTI_COMPILER_OPTIONS) if holds_control_flow(lowered) else program
 
 
 @jax.tree_util.register_dataclass

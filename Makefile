@@ -36,7 +36,7 @@ search: venv
 # Versions as pinned in .venv at the time of writing; antlr4 4.9.3 exists only as a source package.
 WHEELS := hydra-core==1.3.8 omegaconf==2.3.1 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
 	typing-inspection==0.4.5 typing-extensions==4.16.0 PyYAML==6.0.4 packaging==26.4 pytest==9.2.0 pluggy==1.7.0 \
-	iniconfig==2.3.1
+	iniconfig==2.3.1 pytest-xdist==3.8.0 execnet==2.1.2
 wheels: venv
 	$(VENV)/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d .whl $(WHEELS)

@@ -504,7 +504,8 @@ def test_profile_vs_loop_puts_each_engines_profiled_round_beside_its_loop_step(t
     assert lines[1] == "  +0.4000 ms +2.0 launches  d" and lines[2] == "  -0.0500 ms -0.5 launches  b"
     assert "  +0.0000 ms +0.0 launches  f" in lines  # f_7 and f_9: one kind, the same launches and time
     md = (out / "profile_vs_loop.md").read_text()
-    assert "| ddtree@4 | 2 |" in md and "kernel columns: CUPTI kernel timings need an NVIDIA GPU; this backend is 'cpu'" in md
+    assert "| ddtree@4 | 2 |" in md
+    assert "kernel columns: CUPTI kernel timings need an NVIDIA GPU; this backend is 'cpu'" in md
     # --loop-only: the loop's step alone, under this process's XLA_FLAGS (named in the report), and whether each
     # engine's greedy tokens are the first's
     capsys.readouterr()

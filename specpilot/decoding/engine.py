@@ -80,12 +80,12 @@ def holds_control_flow(lowered) -> bool:
 
 def cupti_program(fn, args: tuple):
     """The program a stage's CUPTI call runs: `fn` itself, or, where the stage holds control flow
-    (`holds_control_flow`: SpecPilot's verify), `fn` compiled for `args` without XLA's command buffers. Why: under
-    command buffers CUPTI loses the durations of a conditional's kernels when other work precedes it in the program,
-    so SpecPilot's verify stage showed 0.052 ms of kernels where 0.114 ran, DDTree@64's 0.108
-    (docs/results/2026-12-07-cupti-switch-h100/). The flag leaves kernel durations as they are (a switch run alone:
-    0.327 ms of kernels with command buffers, 0.329 without), so the stages stay comparable. A stage that is not a
-    jitted function (`layouts.pinned_stage`) is timed as it is."""
+    (`holds_control_flow`: SpecPilot's verify, every engine's commit), `fn` compiled for `args` without XLA's
+    command buffers. Why: under command buffers CUPTI loses the durations of a conditional's kernels when other work
+    precedes it in the program, so SpecPilot's verify stage showed 0.052 ms of kernels where 0.114 ran, DDTree@64's
+    0.108 (docs/results/2026-12-07-cupti-switch-h100/). The flag leaves kernel durations as they are (a switch run
+    alone: 0.327 ms of kernels with command buffers, 0.329 without), so the stages stay comparable. A stage that is
+    not a jitted function (`layouts.pinned_stage`) is timed as it is."""
     return cupti_compiled(fn.lower(*args), fn) if hasattr(fn, "lower") else fn
 
 
@@ -229,7 +229,7 @@ class Engine:
         (`specpilot.costmodel.cupti`; launch gaps and host time excluded), `stage_gpu_kernels` the same per
         kernel name (ms a round, its launches summed, the largest first) and `stage_gpu_launches` the launches a
         round (a stage whose kernels CUPTI did not see shows few), where CUPTI exists; without it the
-        result says why in `stage_gpu_error`. A stage holding control flow (SpecPilot's verify) is timed
+        result says why in `stage_gpu_error`. A stage holding control flow (SpecPilot's verify, the commit) is timed
         under CUPTI from a compile without command buffers (`cupti_program`). `loop_layouts` holds the state in the
         layouts XLA gives the round's carry and compiles each stage for them (`specpilot.decoding.layouts`): a stage
         alone in default layouts transposes whole caches at its entry and exit on a GPU, which the loop never does.

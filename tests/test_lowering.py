@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pallas_kernels import pdl
 from pallas_kernels.lowering import lowered_once
 from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
 from pallas_kernels.tree_attention import mosaic_gpu as tree_mosaic_gpu
@@ -71,16 +72,16 @@ def test_the_lowering_time_script_reports_and_restores(capsys):
 
 
 def test_a_setting_passed_in_reaches_an_already_traced_kernel(monkeypatch):
-  """The tree-attention kernel's ablation switches are read at trace time: a second trace with one set lowers a
-  kernel of its own (the store left out), not the first trace's."""
+  """``pallas_kernels.pdl.ENABLED`` is read at trace time: a second trace with it on lowers a kernel of its own (the
+  grid-dependency wait after the prefix pipeline's first loads, ``early_cache``), not the first trace's."""
   def attend(*args):  # a new function each trace: jit's cache of the outer program is not the question here
-    return tree_mosaic_gpu.tree_attention(*args, interpretable=False)
+    return tree_mosaic_gpu.tree_attention(*args, interpretable=False, cache_settled=True)
 
   kv, tree_kv = sds((1, 2048, 8, 128), BF16), sds((1, 16, 8, 128), BF16)
   args = (sds((1, 16, 32, 128), BF16), kv, kv, sds((1,), jnp.int32), tree_kv, tree_kv,
           sds((1, 16, num_words(16)), jnp.uint32))
   plain = cuda_text(lambda *a: attend(*a), *args)
-  monkeypatch.setattr(tree_mosaic_gpu, "ABLATE", {"no_store": True})
+  monkeypatch.setattr(pdl, "ENABLED", True)
   assert cuda_text(lambda *a: attend(*a), *args) != plain
 
 

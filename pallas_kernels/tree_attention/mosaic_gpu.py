@@ -147,7 +147,7 @@ def smem_bytes(d: int, row_words: int, config: TuningConfig, *, final: bool, int
 
 
 @lowered_once("groups", "head0", "config", "n_pad", "splits", "tree_blocks", "interpretable", "interpret",
-              "early_cache", "lse_apart", "ablate")
+              "early_cache", "lse_apart")
 def _kernel_call(
     q,
     k_cache,
@@ -167,7 +167,6 @@ def _kernel_call(
     interpret,
     early_cache: bool,
     lse_apart: bool,
-    ablate: tuple = (),
 ):
     """The ``(B, Hkv, row blocks, splits)`` grid over ``n_pad`` nodes (``q`` may hold fewer: TMA reads zeros past
     them and stores nothing there); returns the output ``[B, n, Hkv, G, D]``, plus lse when ``splits > 1``.
@@ -178,8 +177,7 @@ def _kernel_call(
 
     ``early_cache``: the PDL grid-dependency wait (``pdl.begin_kernel``) comes after the prefix pipeline's first loads
     and before anything else is read (q, the ancestor words, the tree's K/V), instead of first thing. ``lse_apart``
-    (split only): the lse tile goes through a buffer of its own, so its store does not wait for the output's.
-    ``ablate``: ``ABLATE``'s items."""
+    (split only): the lse tile goes through a buffer of its own, so its store does not wait for the output's."""
     b, n_q, _, d = q.shape
     capacity, hkv, g = k_cache.shape[1], k_cache.shape[2], groups
     q0, k0, v0 = head0
@@ -193,7 +191,6 @@ def _kernel_call(
     score_scale = d**-0.5 * _LOG2E  # scores in log2 units: exp2 is the native instruction
     kv_transforms = _smem_transforms(d, dtype)
     kv_spec = lambda first: plgpu.BlockSpec((block_kv, d), lambda i: (first + i, 0), transforms=kv_transforms)
-    ablate = dict(ablate)
 
     def tree_attention_body(q_ref, k_cache_ref, v_cache_ref, lengths_ref, k_tree_ref, v_tree_ref, bits_ref,
                               *refs):  # its name in profiles (CUPTI)
@@ -205,8 +202,6 @@ def _kernel_call(
         node0 = row_block * nodes
 
         def load_q():
-            if ablate.get("no_q"):
-                return
             for gi in range(g):
                 plgpu.copy_gmem_to_smem(
                     q_ref.at[bi, pl.ds(node0, nodes), q0 + hi * g + gi], q_smem.at[pl.ds(gi * nodes, nodes)],
@@ -218,10 +213,7 @@ def _kernel_call(
             pdl.begin_kernel(interpret)
             load_q()  # awaited in the first step that uses it (``wait_for_q``): the first K/V loads go out alongside
 
-        if "length" in ablate:
-            length = jnp.int32(ablate["length"])
-        else:
-            length = jnp.clip(lengths_ref[bi], 0, capacity)  # here, not in XLA: a launch less a step
+        length = jnp.clip(lengths_ref[bi], 0, capacity)  # here, not in XLA: a launch less a step
         prefix_blocks = (length + block_kv - 1) // block_kv
         prefix_lo, prefix_hi, tree_lo, tree_hi = split_ranges(prefix_blocks, tree_blocks, split, splits)
 
@@ -230,8 +222,6 @@ def _kernel_call(
 
         def attend(carry, k_smem, v_smem, visible):
             """One online-softmax step over a ``[block_kv, D]`` block of keys and values."""
-            if ablate.get("no_compute"):
-                return carry
             acc, row_max, row_sum = carry
 
             def scores_of(acc_ref):
@@ -274,8 +264,7 @@ def _kernel_call(
                 if early_cache:
                     pdl.begin_kernel(interpret)
                     load_q()
-                if not ablate.get("no_q"):
-                    plgpu.barrier_wait(load_barrier)
+                plgpu.barrier_wait(load_barrier)
 
             pl.when(when)(ready)
 
@@ -326,8 +315,6 @@ def _kernel_call(
         out = acc / lax.broadcast_in_dim(jnp.where(seen, row_sum, 1.0), acc.shape, [0])
 
         def store(tile, smem, dst):
-            if ablate.get("no_store"):
-                return
             smem[...] = tile
             plgpu.commit_smem()
             for gi in range(g):
@@ -338,7 +325,7 @@ def _kernel_call(
         lse = jnp.where(seen, row_max + jnp.log(row_sum) * _LOG2E, _EMPTY_LSE)
         store(out.astype(out_dtype), out_smem, out_ref)
         # the lse along D: from a tile of its own, both stores in flight at once, or after the output's
-        if not final and not ablate.get("no_lse"):
+        if not final:
             if lse_smem is None:
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             store(lax.broadcast_in_dim(lse, (block_m, d), [0]), out_smem if lse_smem is None else lse_smem, lse_ref)
@@ -440,14 +427,6 @@ def _merge_splits(lses, parts):
         total = weight if total is None else total + weight
         acc = weight * part if acc is None else acc + weight * part
     return acc / total
-
-
-ABLATE: dict = {}
-"""Parts of the kernel to leave out, for ``scripts/h200/attention_ablation_probe.py`` only (its outputs are then
-wrong): ``length`` (an int: a constant instead of the lengths' load), ``no_q`` (no q / ancestor-word loads),
-``no_compute`` (no softmax or wgmma), ``no_store`` (no output or lse store), ``no_lse`` (no lse store), ``lse_shared``
-(the lse tile reuses the output's buffer: less shared memory, same results). Read at trace time; empty everywhere
-else."""
 
 
 COMBINE_KERNEL = False
@@ -596,7 +575,7 @@ def _attend(q_src, k_src, v_src, head0, hq, k_cache, v_cache, lengths, ancestor_
     smem = smem_bytes(d, row_words, config, final=splits == 1, interpretable=interpretable)
     n_q = q_src.shape[1]
     # the lse tile apart when it fits: one store round trip less at the end of every split
-    lse_apart = (splits > 1 and not ABLATE.get("lse_shared") and smem_bytes(
+    lse_apart = (splits > 1 and smem_bytes(
         d, row_words, config, final=False, interpretable=interpretable, lse_apart=True) + _SMEM_RESERVED <= _SMEM_LIMIT)
     if smem + _SMEM_RESERVED > _SMEM_LIMIT:
         raise NotImplementedError(
@@ -622,7 +601,6 @@ def _attend(q_src, k_src, v_src, head0, hq, k_cache, v_cache, lengths, ancestor_
         interpret=interpret,
         early_cache=cache_settled and pdl.ENABLED,
         lse_apart=lse_apart,
-        ablate=tuple(sorted(ABLATE.items())),
     )
     if splits == 1:
         out = result

@@ -62,7 +62,8 @@ at most this long; 0: always sort. Both give the same result bit for bit. A bito
 runs ~45 dependent compare-exchange rounds (6.6 µs a depth on the H200); a rank count is two reductions with none,
 but n² comparisons: counting one screen level's 2,374 maxima and 4,096 candidates a row took 120 µs where their two
 sorts took 56. So ``VOCAB_TOPK_CHUNKS`` screens in levels that leave ≤ ~2,000 elements to count. Measured with
-``scripts/h200/tree_probe.py`` (docs/results/2026-12-06-tree-probe-h200/), the whole tree stage at batch 1, µs,
+``scripts/h200/tree_probe.py`` (docs/results/2026-12-06-tree-probe-h200/; the probe was deleted after ``a1b13e9``,
+rerun it from there), the whole tree stage at batch 1, µs,
 sorted -> counted up to 4,096:
 64 nodes 209.8 -> 133.8 (with ``(16, 16)`` screening; 1,024 gives 133.5), 256 nodes 355.8 -> 208.0 (``(32, 8)``).
 On an H100 (docs/results/2026-12-06-tree-probe-small-h100/, (16, 16) screening): 8 nodes 121.1 -> 104.2,
@@ -142,8 +143,8 @@ VOCAB_TOPK_CHUNKS: dict[int, int | tuple[int, ...]] = {128: (16, 16), 256: (32, 
 """``vocab_top_k``'s slice width (or widths, one a screening level) in ``best_first`` by top-k size: the entry of
 the smallest key >= k, and ``VOCAB_TOPK_CHUNK_LARGE`` above the largest key.
 
-The entries are the fastest forms of ``scripts/h200/tree_probe.py``'s sweeps with the small top-k's counted
-(``RANK_TOP_K_MAX``), the whole tree stage at batch 1, µs:
+The entries are the fastest forms of ``tree_probe.py``'s sweeps (deleted after ``a1b13e9``) with the small top-k's
+counted (``RANK_TOP_K_MAX``), the whole tree stage at batch 1, µs:
 - 64 and 256 nodes on the H200 (docs/results/2026-12-06-tree-probe-h200/; one level of 64, (16, 16), (32, 8),
   (8, 8, 8)): (16, 16) 133.8 at 64 nodes, (32, 8) 208.0 at 256.
 - 8, 16 and 128 nodes on an H100 (docs/results/2026-12-06-tree-probe-small-h100/): (16, 16) took 104.2 where the
@@ -271,7 +272,7 @@ def _depths_by_top_k(score, top_lp, allowed, survivor, child_rank, n, top_k):
 
 def _depths_chained(score, top_lp, allowed, survivor, child_rank, n):
     """``_depths_by_top_k`` with ``rank_top_k``, bit for bit, in three launches a depth where that takes four
-    (``scripts/h200/tree_probe.py``'s HLO dump, docs/results/2026-12-06-tree-chain-h100/): the pairs' places
+    (the deleted ``tree_probe.py``'s HLO dump, docs/results/2026-12-06-tree-chain-h100/): the pairs' places
     (``places``), the next depth's pairs picked by place straight from this depth's (P² compares for P pairs,
     where a top-k's values and indices take n·P and a gather and a sum after them), and a small kernel turning
     the pick back into floats, adding the next log-probs and taking their keys. The chain carries ``order_key``s,
@@ -292,7 +293,7 @@ def ancestor_mask(tree: Tree, max_depth: int) -> jax.Array:
     """[N+1, N+1] bool: row i sees verify index j iff j is i's ancestor or i itself. Invalid nodes see
     only themselves and no one sees them. `max_depth` parent steps suffice (depth ≤ block − 1), unrolled: a
     chain of row gathers XLA may fuse, where a ``fori_loop`` launches at least a kernel a step (the two forms are
-    timed against each other by ``scripts/h200/tree_probe.py``)."""
+    timed against each other by ``tree_probe.py``, deleted after ``a1b13e9``)."""
     n = tree.tokens.shape[0]
     parent_full = jnp.concatenate([jnp.zeros((1,), jnp.int32), tree.parent])
     valid_full = jnp.concatenate([jnp.ones((1,), bool), tree.valid])

@@ -48,11 +48,11 @@ def run_quick(tmp: Path, *args: str) -> tuple[dict, str, str, Path]:
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     # every variant but the PDL / kernel-chain rows and the loops that differ from another only in what the CPU
-    # ignores (PDL, a kernel split, GPU XLA flags): test_chain_rows_carry_their_kernels_to_their_jobs and
-    # test_flag_only_loops_carry_their_settings_to_their_jobs check what reaches their jobs, and
-    # test_every_xla_flag_set_parses_in_this_jaxlib that XLA takes their flags
+    # ignores (the add + norm, rope and PDL kernels, a kernel split, GPU XLA flags: off a Hopper each runs the skinny
+    # job's program in a process of its own, ~3.5 s): test_kernel_loops_carry_their_kernels_to_their_jobs,
+    # test_chain_rows_carry_their_kernels_to_their_jobs and test_flag_only_loops_carry_their_settings_to_their_jobs
+    # check what reaches their jobs, and test_every_xla_flag_set_parses_in_this_jaxlib that XLA takes their flags
     args = ["--variants", "xla_forward", "xla_decode_loop", "skinny_forward", "skinny_decode_loop",
-            "fused_norm_decode_loop", "split_decode_loop", "rope_decode_loop",
             "xla_forward_w12",
             "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "w12_kernel_decode_loop", "verify_nodes",
             "verify_loop", "drafter"]
@@ -69,8 +69,7 @@ def test_every_variant_has_a_time_or_an_error_and_a_roofline(quick):
                 "xla_forward_w12_kernel", "w12_kernel_decode_loop", "w12_kernel_decode_loop, two-step swiglu",
                 "verify_nodes@4", "verify_nodes@8", "verify_loop@4",
                 "verify_loop@8", "drafter_b16", "drafter_b16_tree", "drafter_round_b16_tree", "drafter_fused_b16_tree",
-                "skinny_forward", "skinny_decode_loop", "fused_norm_decode_loop", "split_decode_loop",
-                "rope_decode_loop"}
+                "skinny_forward", "skinny_decode_loop"}
     if HAS_TORCH_PYTHON:
         expected |= {"torch_peer_eager", "torch_peer_compile", "torch_peer_cudagraphs"}
     assert set(names) == expected
@@ -100,8 +99,7 @@ def test_jax_variants_ran_and_agree(quick):
             assert r.get("ms", 0) > 0 and not r.get("error"), r
     ref = by["xla_forward"]["tokens"]
     assert len(ref) == rep["settings"]["check_steps"]
-    for name in ("xla_decode_loop", "skinny_forward", "skinny_decode_loop", "fused_norm_decode_loop",
-                 "split_decode_loop", "rope_decode_loop"):
+    for name in ("xla_decode_loop", "skinny_forward", "skinny_decode_loop"):
         assert by[name]["tokens"] == ref and by[name]["tokens_match"] is True, name
     # the drafter pass with the tree-attention op (its jnp reference on the CPU) drafts what XLA attention drafts
     draft, tree = by["drafter_b16"], by["drafter_b16_tree"]
@@ -113,15 +111,8 @@ def test_jax_variants_ran_and_agree(quick):
     assert two["roofline"]["weights_bytes"] == one["roofline"]["weights_bytes"] > tree["roofline"]["weights_bytes"]
     skinny_job = next(j for j in rep["jobs"] if j["job"] == "skinny")
     assert sorted(skinny_job["rows"]) == ["skinny_decode_loop", "skinny_forward"]
-    fused = json.loads((quick[3] / "jobs" / "fused_norm.spec.json").read_text())
-    assert (fused["matmul"], fused["norm"], fused["pdl"]) == ("mosaic_gpu", "mosaic_gpu", False)
-    split = json.loads((quick[3] / "jobs" / "split.spec.json").read_text())
-    assert split["skinny_splits"] == {"256x512": 2, "64x64": 1} and split["norm"] == "mosaic_gpu"
-    assert json.loads((quick[3] / "jobs" / "split.json").read_text())["skinny_splits"] == split["skinny_splits"]
-    assert json.loads((quick[3] / "jobs" / "fused_norm.json").read_text())["skinny_splits"] == {}
-    assert json.loads((quick[3] / "jobs" / "fused_norm.json").read_text())["pdl"] is False
-    assert json.loads((quick[3] / "jobs" / "rope.json").read_text())["rope"] == "mosaic_gpu"
-    assert json.loads((quick[3] / "jobs" / "fused_norm.json").read_text())["rope"] == "default"
+    skinny = json.loads((quick[3] / "jobs" / "skinny.json").read_text())  # what the worker set and reports
+    assert skinny["matmul"] == "mosaic_gpu" and skinny["norm"] == "default" and skinny["skinny_splits"] == {}
     for name in ("xla_forward_w12", "xla_forward_w12_xla_decode", "xla_forward_w12_kernel", "w12_kernel_decode_loop",
                  "w12_kernel_decode_loop, two-step swiglu"):
         w = by[name]
@@ -360,6 +351,32 @@ def test_skinny_config_reaches_every_jax_job(tmp_path):
             br.parse_args(["--quick", "--skinny-config", bad])
         with pytest.raises(ValueError, match=named):
             br.skinny_config_fields(bad)
+
+
+def test_kernel_loops_carry_their_kernels_to_their_jobs(tmp_path):
+    """The add + norm, split and rope loops each get a job whose spec names its kernels and K splits, and a worker
+    given the split job's spec sets the splits (restored here) and reports them."""
+    from pallas_kernels import choices
+    from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
+
+    br = _load_script()
+    rows = ["fused_norm_decode_loop", "split_decode_loop", "rope_decode_loop"]
+    args = br.parse_args(["--quick", "--variants", *rows, "--skinny-splits", "256x512=2", "64x64=1"])
+    jobs, _ = br.plan_jobs(args, br.settings(args), tmp_path, br.selected_variants(args))
+    by_row = {r: j.spec for j in jobs for r in j.rows}
+    fused, split, rope = (by_row[r] for r in rows)
+    assert (fused["matmul"], fused["norm"], fused["pdl"]) == ("mosaic_gpu", "mosaic_gpu", False)
+    assert not fused.get("skinny_splits") and not fused.get("rope") and rope["rope"] == "mosaic_gpu"
+    assert split["skinny_splits"] == {"256x512": 2, "64x64": 1} and split["norm"] == "mosaic_gpu"
+    before, splits_before = choices.current(), dict(skinny_mosaic_gpu.SPLIT_K_BY_SHAPE)
+    try:
+        res = br.apply_kernel_settings(split)
+        assert res["skinny_splits"] == split["skinny_splits"] and res["norm"] == "mosaic_gpu" and res["pdl"] is False
+        assert skinny_mosaic_gpu.SPLIT_K_BY_SHAPE[(256, 512)] == 2 and skinny_mosaic_gpu.SPLIT_K_BY_SHAPE[(64, 64)] == 1
+    finally:
+        choices.use(**before)
+        skinny_mosaic_gpu.SPLIT_K_BY_SHAPE.clear()
+        skinny_mosaic_gpu.SPLIT_K_BY_SHAPE.update(splits_before)
 
 
 def test_flag_only_loops_carry_their_settings_to_their_jobs(tmp_path):

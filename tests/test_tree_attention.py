@@ -69,19 +69,22 @@ def oracle(q, k_cache, v_cache, lengths, k_tree, v_tree, visible_tree):
 
 
 def make_inputs(b, n, hq, hkv, d, s, kind, lengths, seed, dtype=jnp.bfloat16):
+    """Built in numpy and only then put on the device: jnp ops here would compile at every new shape (~0.7 s a case
+    on a 2-core CPU). The bits pack the brute-force walk; ``parents_to_ancestor_bits`` is checked against the same
+    walk above."""
     rng = np.random.default_rng(seed)
-    normal = lambda *shape: jnp.asarray(rng.normal(size=shape), dtype)
+    normal = lambda *shape: jnp.asarray(rng.normal(size=shape).astype(dtype))
     parents = np.stack([tree_parents(kind, n, rng) for _ in range(b)])
-    bits = ta.parents_to_ancestor_bits(jnp.asarray(parents, jnp.int32))
     visible = np.stack([ancestor_walk(p) for p in parents])
+    bits = ta.dense_to_ancestor_bits(visible)
     args = (
         normal(b, n, hq, d),
         normal(b, s, hkv, d),
         normal(b, s, hkv, d),
-        jnp.asarray(lengths, jnp.int32),
+        jnp.asarray(np.asarray(lengths, np.int32)),
         normal(b, n, hkv, d),
         normal(b, n, hkv, d),
-        bits,
+        jnp.asarray(bits),
     )
     return args, visible
 
@@ -160,8 +163,8 @@ class TreeAttentionSuite:
 
 
 class TestReference(TreeAttentionSuite):
-    def run(self, args, config):
-        return ta.tree_attention(*args, implementation="reference")
+    def run(self, args, config):  # jitted, as the model calls it: one compile a case, not one per op
+        return jax.jit(ta.tree_attention, static_argnames="implementation")(*args, implementation="reference")
 
     def test_matches_the_model_attention(self):
         """The reference equals ``target.attention`` under the dense cache mask the engine builds (f32)."""
@@ -281,12 +284,14 @@ def test_combine_kernel_equals_the_xla_combine():
 def pack(args):
     """The suite's inputs with the nodes' q, k and v packed head-wise: ``tree_attention_packed``'s arguments."""
     q, k_cache, v_cache, lengths, k_tree, v_tree, bits = args
-    return jnp.concatenate([q, k_tree, v_tree], axis=2), k_cache, v_cache, lengths, bits
+    packed = jnp.asarray(np.concatenate([np.asarray(x) for x in (q, k_tree, v_tree)], axis=2))  # numpy: no compile
+    return packed, k_cache, v_cache, lengths, bits
 
 
 class TestPackedReference(TreeAttentionSuite):
     def run(self, args, config):
-        return ta.tree_attention_packed(*pack(args), implementation="reference")
+        packed_reference = jax.jit(ta.tree_attention_packed, static_argnames="implementation")
+        return packed_reference(*pack(args), implementation="reference")
 
     def test_unpack_heads_inverts_pack(self):
         args, _ = make_inputs(2, 5, 8, 2, 64, 64, "random", [3, 9], seed=4)

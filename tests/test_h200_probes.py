@@ -1,11 +1,11 @@
-"""The H200 probes run here, so a broken script fails on the CPU, not in device minutes: ``prefetch_probe.py``'s chain
-lowered for Hopper, ``swiglu_matmul_probe.py``'s configs, ``w12_probe.py``'s stand-in decode and bf16 configs,
-``stream_probe.py``'s layouts, ``grid_barrier_probe.py``'s and ``cluster_merge_probe.py``'s kernels lowered for Hopper,
-``stall_table.py`` on a recorded Nsight Compute page, ``rope_prologue_probe.py``'s attention heads,
-``cupti_switch_probe.py``'s programs (each switch picks the branch it names), ``loop_copies.py``'s count of cache
-copies in a compiled loop. Probes whose question is settled are deleted with their tests; their results name the
-commit to rerun them from (``tree_probe.py``, ``attention_ablation_probe.py`` and ``fusion_flag_probe.py`` are at
-``a1b13e9``)."""
+"""The GPU probes run here, so a broken script fails on the CPU, not in device minutes: ``swiglu_matmul_probe.py``'s
+configs, ``w12_probe.py``'s stand-in decode and bf16 configs, ``stream_probe.py``'s layouts,
+``cluster_merge_probe.py``'s kernels lowered for Hopper, ``stall_table.py`` on a recorded Nsight Compute page, ``loop_copies.py``'s count of cache
+copies in a compiled loop (``split_probe.py``'s run is in ``test_skinny_matmul.py``). Probes whose question is settled
+are deleted with their tests; their results name the commit to rerun them from: ``tree_probe.py``,
+``attention_ablation_probe.py`` and ``fusion_flag_probe.py`` are at ``a1b13e9``; ``rope_prologue_probe.py``,
+``cupti_switch_probe.py`` (and ``cupti_switch.sh``), ``grid_barrier_probe.py``, ``prefetch_probe.py``,
+``skinny_model_probe.py``, ``combine_probe.py``, ``pdl_probe.py`` and ``topk_probe.py`` at ``63e1118``."""
 
 import importlib.util
 import re
@@ -27,18 +27,6 @@ def load_probe(name, monkeypatch):
   return probe
 
 
-@pytest.mark.parametrize("mbytes", [0, 8])
-def test_prefetch_probe_chain_lowers_for_hopper(monkeypatch, mbytes):
-  """The chain (skinny matmuls, and with ``mbytes`` a prefetch kernel after each) is legal Mosaic GPU for sm_90:
-  its TMA prefetch boxes included."""
-  probe = load_probe("prefetch_probe", monkeypatch)
-  ws = [[jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in probe.SHAPES]]
-  x = jax.ShapeDtypeStruct((1, 4096), jnp.bfloat16)
-  text = probe.chain(1, mbytes).trace(x, ws).lower(lowering_platforms=("cuda",)).as_text()
-  kernels = len(re.findall(r"custom_call @mosaic_gpu", text))
-  assert kernels == len(probe.SHAPES) * (2 if mbytes else 1), kernels
-
-
 def test_swiglu_matmul_probe_configs_are_valid_and_it_refuses_a_cpu(monkeypatch):
   """Every pipeline config the probe times is a valid tuning config, and off a GPU it stops with a line naming the
   backend (here, before any device minute is spent on a broken script)."""
@@ -51,27 +39,6 @@ def test_swiglu_matmul_probe_configs_are_valid_and_it_refuses_a_cpu(monkeypatch)
   monkeypatch.setattr("sys.argv", ["swiglu_matmul_probe.py", "--m", "1"])
   with pytest.raises(SystemExit, match="needs a Hopper GPU; this backend is 'cpu'"):
     probe.main()
-
-
-def test_grid_barrier_probe_lowers_for_hopper_and_knows_its_answer(monkeypatch):
-  """The probe's phased kernel (a GMEM-semaphore grid barrier between phases) and its one-phase launches lower for
-  sm_90; the closed form it checks the GPU against is P neighbour steps; off a GPU it stops naming the backend."""
-  probe = load_probe("grid_barrier_probe", monkeypatch)
-  import numpy as np
-
-  x = np.random.default_rng(0).normal(size=(4, probe.WIDTH)).astype(np.float32)
-  steps = x
-  for _ in range(3):
-    steps = np.roll(steps, -1, axis=0) + np.float32(1)  # row i takes row i + 1, plus one, rounded in f32 each time
-  np.testing.assert_array_equal(probe.expected(x, 3), steps)
-  assert probe.expected(x, 3).dtype == np.float32
-  assert not np.array_equal(np.roll(x, -3, axis=0) + 3, steps)  # why the closed form read right=False on the H200
-  spec = jax.ShapeDtypeStruct((64, probe.WIDTH), jnp.float32)
-  for fn, kernels in ((lambda v: probe.phased(v, 3), 1), (lambda v: probe.launches(v, 3), 3)):
-    text = jax.jit(fn).trace(spec).lower(lowering_platforms=("cuda",)).as_text()
-    assert text.count("custom_call @mosaic_gpu") == kernels
-  with pytest.raises(SystemExit, match="needs a Hopper GPU; this backend is 'cpu'"):
-    probe.main([])
 
 
 def test_cluster_merge_probe_lowers_for_hopper(monkeypatch):
@@ -188,16 +155,6 @@ def test_w12_probe_records_the_kernel_form_it_traced(monkeypatch):
   assert mosaic_gpu._register_decode_call.__name__ == "_register_decode_call"  # undone
 
 
-def test_cupti_switch_probe_switches_pick_their_branch_and_say_why_no_kernel_time(monkeypatch, capsys):
-  probe = load_probe("cupti_switch_probe", monkeypatch)
-  rows = probe.main(["--layers", "3", "--hidden", "64", "--rows", "4", "--calls", "1", "--iters", "2"])
-  assert [r["program"] for r in rows] == ["branch alone", "switch", "switch, donated", "switch, small branch",
-                                          "prefix, branch", "prefix, switch"]
-  assert all(r["same"] for r in rows), rows  # the three outputs (small, big, prefix then big) differ
-  assert all(r["kernel_ms"] is None and r["wall_ms"] > 0 for r in rows)  # no CUPTI on a CPU
-  assert "CUPTI kernel timings need an NVIDIA GPU" in capsys.readouterr().out
-
-
 def test_loop_copies_finds_a_branchs_cache_copies_and_bills_one_branch_a_round(monkeypatch, capsys, tmp_path):
   """``loop_copies.py``: a while loop whose ``lax.switch`` branch writes a carried cache twice gets a copy of it
   (XLA's CPU compile; the probe runs the same count on a GPU), which the count finds inside the loop and bills once a
@@ -238,29 +195,3 @@ def test_loop_copies_finds_a_branchs_cache_copies_and_bills_one_branch_a_round(m
   # under xla its branches write the cache where it lies (`spec.switch_in_place`; as a `lax.switch`: 4 copies)
   rows = probe.main(["--engines", "specpilot@7,8", "--attentions", "xla"])
   assert rows[0]["engine"] == "specpilot[7,8]" and [f for f in rows[0]["copies"] if "layer" not in f["cache"]] == []
-
-
-@pytest.mark.parametrize("seed", [0, 1])
-def test_rope_prologue_probe_norms_and_rotates_q_as_the_reference_does(monkeypatch, seed):
-  """The probe's attention head that norms and rotates its own Q tile from the q|k|v projection's unsummed K splits
-  gives the scores of the head that loads the reference's roped q (interpret mode; a sign or half swapped would be
-  off by the scores' own size), and both lower for sm_90 as one Mosaic GPU kernel; off a GPU the probe stops."""
-  probe = load_probe("rope_prologue_probe", monkeypatch)
-  from jax.experimental.pallas import mosaic_gpu as plgpu
-
-  parts, q_norm, k_norm, cos, sin, k = probe.example(seed)
-  q = probe.roped_q(parts, q_norm, k_norm, cos, sin)
-  interpret = plgpu.InterpretGPUParams()
-  plain = np.asarray(probe.plain_q(q, k, interpret=interpret))
-  fused = np.asarray(probe.rope_prologue(parts, q_norm, cos, sin, k, interpret=interpret))
-  rows = np.s_[:, ::probe.NODES]
-  np.testing.assert_allclose(plain[rows], probe.reference_scores(q, k), rtol=1e-5, atol=1e-4)
-  np.testing.assert_allclose(fused[rows], plain[rows], rtol=0, atol=0.05)
-  assert np.abs(plain[rows]).max() > 5
-  assert not np.delete(plain, rows[1], axis=1).any()  # the rows past the one node read zeros
-  if seed == 0:
-    for fn, args in ((probe.plain_q, (q, k)), (probe.rope_prologue, (parts, q_norm, cos, sin, k))):
-      text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-      assert text.count("custom_call @mosaic_gpu") == 1, fn.__name__
-    with pytest.raises(SystemExit, match="needs a Hopper GPU; this backend is 'cpu'"):
-      probe.main([])

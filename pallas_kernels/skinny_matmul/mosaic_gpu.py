@@ -81,10 +81,10 @@ SPLIT_K_BY_SHAPE: dict[tuple[int, int], int] = {}
 ``auto_split_k``'s. Why: the auto split fills every SM with ``blocks_per_sm`` blocks, which is what a matmul timed
 alone wants, but each split adds an XLA sum kernel after it. In a chain of 64 dependent 4096 x 4096 matmuls on the
 H200, no split (64 blocks) took 20.5 us a link against 22.8 with the auto split of 8
-(docs/results/2026-12-01-pdl-h200/callC_pdl_probe.txt). ``scripts/h200/split_probe.py`` measures every decode
-shape in such chains and writes this table (``bench_roofline.py --skinny-splits`` loads it). Empty: the auto split,
-which the decode loop measured best (the probe's picks were 0.05 ms a step slower,
-docs/results/2026-12-01-drafter-tree-h200/)."""
+(docs/results/2026-12-01-pdl-h200/callC_pdl_probe.txt; ``pdl_probe.py``, at ``63e1118``).
+``scripts/h200/split_probe.py`` measures every decode shape in such chains and writes this table
+(``bench_roofline.py --skinny-splits`` loads it). Empty: the auto split, which the decode loop measured best (the
+probe's picks were 0.05 ms a step slower, docs/results/2026-12-01-drafter-tree-h200/)."""
 
 
 def check_supported(x: jax.Array, w: jax.Array, config: TuningConfig) -> None:

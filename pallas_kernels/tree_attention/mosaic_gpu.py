@@ -29,7 +29,7 @@ more, each split writes its normalised f32 partial and its log2-sum-exp, both as
 of its own where shared memory allows, so both stores are in flight at once; else from
 the output tile's once TMA has read the partial), and a jnp combine
 (``_combine``) weights them: ``o = sum_s 2**(lse_s - m) o_s / sum_s 2**(lse_s - m)``.
-Elementwise throughout, so XLA makes it one kernel (``scripts/h200/combine_probe.py``); with ``COMBINE_KERNEL``
+Elementwise throughout, so XLA makes it one kernel (``combine_probe.py``, at ``63e1118``); with ``COMBINE_KERNEL``
 it is one Mosaic GPU kernel of the same operations instead (``_combine_kernel``). The merge inside this kernel
 (the row block's CTAs meeting at a GMEM semaphore) was built and timed on the H200: its merge lengthened the kernel by
 what the merge kernel took, and XLA added a memset of the semaphores a call, so the AR step went 4.405 -> 4.457 ms

@@ -1,4 +1,4 @@
-"""What the chain probes (``pdl_probe.py``, ``split_probe.py``) time: a jitted call by wall clock.
+"""What ``split_probe.py`` (and the chain probes deleted after ``63e1118``) time: a jitted call by wall clock.
 
 A chain of dependent kernels is timed whole, by the host's clock around synchronised calls, because what the probes
 look for (kernels overlapping, launch gaps, a sum kernel between two matmuls) is invisible in a sum of kernel times.

@@ -152,7 +152,7 @@ counted (``RANK_TOP_K_MAX``), the whole tree stage at batch 1, µs:
   197.0 (128 nodes; (32, 8) would count 4,096 candidates a row, the costly kind, above). Not re-timed on an H200:
   the stage is small latency-bound kernels, whose order the two cards have kept in every sweep so far.
 Screening at all: ``lax.top_k`` over the 151,936 log-probs of 15 depths took 558 µs at k = 64 on the H200
-(``scripts/h200/topk_probe.py``, docs/results/2026-12-01-pdl-h200/callB_topk.txt), one screened level 66.
+(``topk_probe.py``, at ``63e1118``; docs/results/2026-12-01-pdl-h200/callB_topk.txt), one screened level 66.
 Sorting every small top-k instead (batches above ``RANK_TOP_K_MAX_BATCH``), the single level would still win at 8
 nodes (114.9 against 121.1 µs on that H100) and lose at 16 (183.5 against 141.9)."""
 VOCAB_TOPK_CHUNK_LARGE = 64

@@ -23,12 +23,14 @@ BF16 = ml_dtypes.bfloat16
 
 
 def inputs(lead, h, seed, with_delta=True, dtype=jnp.bfloat16):
-  k = jax.random.split(jax.random.key(seed), 3)
+  """Drawn in numpy and then put on the device (jnp ops here would compile at every new shape)."""
+  rng = np.random.default_rng(seed)
   # rows of very different scales, so a wrong per-row statistic shows
-  x = (jax.random.normal(k[0], (*lead, h)) * jnp.exp(jax.random.uniform(k[1], (*lead, 1), minval=-3, maxval=3)))
-  delta = jax.random.normal(k[2], (*lead, h)) if with_delta else None
-  w = 1.0 + 0.1 * jax.random.normal(jax.random.key(seed + 1), (h,))
-  return x.astype(dtype), None if delta is None else delta.astype(dtype), w.astype(dtype)
+  x = rng.normal(size=(*lead, h)) * np.exp(rng.uniform(-3, 3, (*lead, 1)))
+  delta = rng.normal(size=(*lead, h)) if with_delta else None
+  w = 1.0 + 0.1 * rng.normal(size=h)
+  cast = lambda a: jnp.asarray(a.astype(np.float32).astype(dtype))  # noqa: E731
+  return cast(x), None if delta is None else cast(delta), cast(w)
 
 
 def assert_close_to_reference(got, want):
@@ -158,10 +160,9 @@ def split_k_update(m, k, h, split, seed, interpret=True):
   """A skinny matmul's unsummed ``[*m, h]`` output (``SplitKPartials``) and the residual rows it updates; ``m`` an
   int or a leading shape."""
   lead = (m,) if isinstance(m, int) else tuple(m)
-  keys = jax.random.split(jax.random.key(seed), 3)
-  a = jax.random.normal(keys[0], (*lead, k)).astype(jnp.bfloat16)
-  w = (jax.random.normal(keys[1], (k, h)) / np.sqrt(k)).astype(jnp.bfloat16)
-  x = jax.random.normal(keys[2], (*lead, h)).astype(jnp.bfloat16)
+  rng = np.random.default_rng(seed)  # drawn in numpy: jnp ops here would compile at every new shape
+  a, w, x = (jnp.asarray(v.astype(np.float32).astype(BF16))
+             for v in (rng.normal(size=(*lead, k)), rng.normal(size=(k, h)) / np.sqrt(k), rng.normal(size=(*lead, h))))
   params = plgpu.InterpretGPUParams() if interpret else None
 
   def matmul(reduce):

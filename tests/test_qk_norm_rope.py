@@ -21,16 +21,23 @@ EPS = 1e-6
 INTERPRET = plgpu.InterpretGPUParams()
 
 
+def bf16(a):
+  return jnp.asarray(np.asarray(a, np.float32).astype(jnp.bfloat16))
+
+
 def inputs(b, t, hq, hkv, d, seed, norm=True):
-  k = jax.random.split(jax.random.key(seed), 5)
+  """The q|k|v rows, norm weights and rope tables, drawn in numpy and then put on the device (jnp ops here would
+  compile at every new shape)."""
+  rng = np.random.default_rng(seed)
   # heads of very different scales, so a wrong per-head statistic shows
-  scale = jnp.exp(jax.random.uniform(k[0], (b, t, hq + 2 * hkv, 1), minval=-3, maxval=3))
-  qkv = jax.random.normal(k[1], (b, t, hq + 2 * hkv, d)) * scale
-  qkv = qkv.reshape(b, t, (hq + 2 * hkv) * d).astype(jnp.bfloat16)  # named sizes: t may be 0
-  q_norm, k_norm = ((1.0 + 0.2 * jax.random.normal(key, (d,))).astype(jnp.bfloat16) for key in k[2:4])
-  ang = jax.random.uniform(k[4], (b, t, d // 2), maxval=50.0)
-  ang = jnp.concatenate([ang, ang], -1)  # HF's layout: each frequency twice
-  return qkv, *((q_norm, k_norm) if norm else (None, None)), jnp.cos(ang), jnp.sin(ang)
+  scale = np.exp(rng.uniform(-3, 3, (b, t, hq + 2 * hkv, 1)))
+  qkv = rng.normal(size=(b, t, hq + 2 * hkv, d)) * scale
+  qkv = bf16(qkv.reshape(b, t, (hq + 2 * hkv) * d))  # named sizes: t may be 0
+  q_norm, k_norm = (bf16(1.0 + 0.2 * rng.normal(size=d)) for _ in range(2))
+  ang = rng.uniform(0, 50.0, (b, t, d // 2))
+  ang = np.concatenate([ang, ang], -1)  # HF's layout: each frequency twice
+  cos, sin = (jnp.asarray(f(ang).astype(np.float32)) for f in (np.cos, np.sin))
+  return qkv, *((q_norm, k_norm) if norm else (None, None)), cos, sin
 
 
 def numpy_heads(qkv, q_norm, k_norm, cos, sin, hkv):
@@ -114,9 +121,9 @@ class TestMosaicGpuInterpret(QkNormRopeSuite):
 
 def projection(t, k, hq, hkv, d, split, seed, interpret=True):
   """A skinny matmul's q|k|v projection of ``t`` token rows, unsummed (``SplitKPartials``) and summed."""
-  keys = jax.random.split(jax.random.key(seed), 2)
-  a = jax.random.normal(keys[0], (1, t, k)).astype(jnp.bfloat16)
-  w = (jax.random.normal(keys[1], (k, (hq + 2 * hkv) * d)) / np.sqrt(k)).astype(jnp.bfloat16)
+  rng = np.random.default_rng(seed)
+  a = bf16(rng.normal(size=(1, t, k)))
+  w = bf16(rng.normal(size=(k, (hq + 2 * hkv) * d)) / np.sqrt(k))
 
   def matmul(reduce):
     return skinny_mosaic_gpu.skinny_matmul(a, w, config=SkinnyConfig(split_k=split), reduce=reduce,

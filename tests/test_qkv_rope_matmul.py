@@ -27,14 +27,16 @@ D = 128
 def inputs(m, k, hq, hkv, seed, norm=True):
   """bf16 ``x`` ``[1, m, k]`` and ``w`` whose heads' columns differ in scale by up to e^6 (a head's statistic or a
   swapped head shows), the norm weights, and rope tables of angles up to 50 (HF's layout: each frequency twice)."""
-  key = jax.random.split(jax.random.key(seed), 6)
-  x = jax.random.normal(key[0], (1, m, k)).astype(jnp.bfloat16)
-  scale = jnp.exp(jax.random.uniform(key[1], (hq + 2 * hkv, 1), minval=-3, maxval=3))
-  w = (jax.random.normal(key[2], (k, hq + 2 * hkv, D)) * scale / np.sqrt(k)).reshape(k, -1).astype(jnp.bfloat16)
-  q_norm, k_norm = ((1.0 + 0.2 * jax.random.normal(kk, (D,))).astype(jnp.bfloat16) for kk in key[3:5])
-  ang = jax.random.uniform(key[5], (1, m, D // 2), maxval=50.0)
-  ang = jnp.concatenate([ang, ang], -1)
-  return x, w, *((q_norm, k_norm) if norm else (None, None)), jnp.cos(ang), jnp.sin(ang)
+  rng = np.random.default_rng(seed)  # drawn in numpy: jnp ops here would compile at every new shape
+  bf16 = lambda a: jnp.asarray(np.asarray(a, np.float32).astype(jnp.bfloat16))  # noqa: E731
+  x = bf16(rng.normal(size=(1, m, k)))
+  scale = np.exp(rng.uniform(-3, 3, (hq + 2 * hkv, 1)))
+  w = bf16((rng.normal(size=(k, hq + 2 * hkv, D)) * scale / np.sqrt(k)).reshape(k, -1))
+  q_norm, k_norm = (bf16(1.0 + 0.2 * rng.normal(size=D)) for _ in range(2))
+  ang = rng.uniform(0, 50.0, (1, m, D // 2))
+  ang = np.concatenate([ang, ang], -1)
+  cos, sin = (jnp.asarray(f(ang).astype(np.float32)) for f in (np.cos, np.sin))
+  return x, w, *((q_norm, k_norm) if norm else (None, None)), cos, sin
 
 
 def assert_close(got, want):

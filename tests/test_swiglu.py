@@ -22,11 +22,11 @@ INTERPRET = plgpu.InterpretGPUParams()
 
 def gate_up_rows(lead, inter, seed, dtype=jnp.bfloat16):
   # gates over several decades and both signs: silu's tails and its near-zero region both show
-  k = jax.random.split(jax.random.key(seed), 2)
-  gate = jax.random.normal(k[0], (*lead, inter)) * jnp.exp(jax.random.uniform(k[1], (*lead, inter), minval=-4,
-                                                                             maxval=2.5))
-  up = jax.random.normal(jax.random.key(seed + 1), (*lead, inter))
-  return jnp.concatenate([gate, up], axis=-1).astype(dtype)
+  # (drawn in numpy: jnp ops here would compile at every new shape)
+  rng = np.random.default_rng(seed)
+  gate = rng.normal(size=(*lead, inter)) * np.exp(rng.uniform(-4, 2.5, (*lead, inter)))
+  up = rng.normal(size=(*lead, inter))
+  return jnp.asarray(np.concatenate([gate, up], axis=-1).astype(np.float32).astype(dtype))
 
 
 def assert_close(got, want):
@@ -76,9 +76,9 @@ class TestMosaicGpuInterpret(SwigluSuite):
 
 def projection(m, k, inter, split, seed, interpret=True):
   """The skinny kernel's gate|up projection of ``m`` rows, unreduced (``SplitKPartials``) or reduced."""
-  keys = jax.random.split(jax.random.key(seed), 2)
-  x = jax.random.normal(keys[0], (m, k)).astype(jnp.bfloat16)
-  w = (jax.random.normal(keys[1], (k, 2 * inter)) * 3 / np.sqrt(k)).astype(jnp.bfloat16)
+  rng = np.random.default_rng(seed)
+  x = jnp.asarray(rng.normal(size=(m, k)).astype(np.float32).astype(jnp.bfloat16))
+  w = jnp.asarray((rng.normal(size=(k, 2 * inter)) * 3 / np.sqrt(k)).astype(np.float32).astype(jnp.bfloat16))
   return lambda reduce: skinny_mosaic_gpu.skinny_matmul(x, w, config=SkinnyConfig(split_k=split), reduce=reduce,
                                                         interpret=INTERPRET if interpret else None)
 

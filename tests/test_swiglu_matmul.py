@@ -26,11 +26,11 @@ Config = sm_mosaic_gpu.TuningConfig
 def random_pair(lead, k, inter, seed):
   """bf16 ``x`` and ``w_gate_up`` whose gate channels span four decades of scale (silu's tails and its near-zero
   region both show) and whose up channels differ from the gate's, so a swapped or shifted column block shows."""
-  kx, kw, ks = jax.random.split(jax.random.key(seed), 3)
-  x = jax.random.normal(kx, (*lead, k))
-  scale = jnp.exp(jax.random.uniform(ks, (2 * inter,), minval=np.log(1e-2), maxval=np.log(1e2)))
-  w = jax.random.normal(kw, (k, 2 * inter)) * scale / np.sqrt(k)
-  return x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
+  rng = np.random.default_rng(seed)  # drawn in numpy: jnp ops here would compile at every new shape
+  x = rng.normal(size=(*lead, k))
+  scale = np.exp(rng.uniform(np.log(1e-2), np.log(1e2), 2 * inter))
+  w = rng.normal(size=(k, 2 * inter)) * scale / np.sqrt(k)
+  return tuple(jnp.asarray(a.astype(np.float32).astype(jnp.bfloat16)) for a in (x, w))
 
 
 def assert_close(got, x, w):

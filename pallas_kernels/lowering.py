@@ -15,8 +15,8 @@ before.
 
 What a kernel body reads from module state at trace time is part of the key: ``pdl.ENABLED``, which every kernel's
 ``pdl.begin_kernel`` reads. A wrapped entry must take every other setting it depends on as an argument (the tree
-attention kernel takes its ablation switches so), or a later trace with the setting changed would get the kernel
-traced before.
+attention kernel takes ``early_cache`` and ``lse_apart`` so), or a later trace with the setting changed would get the
+kernel traced before.
 
 In Pallas interpret mode (``interpret`` set: the CPU tests) the entry runs as it is, unwrapped: there is no GPU
 lowering to save, and an eager model forward whose interpreted kernels each ran as a jitted call of their own hung

@@ -371,7 +371,8 @@ def test_kernel_loops_carry_their_kernels_to_their_jobs(tmp_path):
     before, splits_before = choices.current(), dict(skinny_mosaic_gpu.SPLIT_K_BY_SHAPE)
     try:
         res = br.apply_kernel_settings(split)
-        assert res["skinny_splits"] == split["skinny_splits"] and res["norm"] == "mosaic_gpu" and res["pdl"] is False
+        assert res["skinny_splits"] == split["skinny_splits"]
+        assert choices.current()["norm"] == choices.current()["matmul"] == "mosaic_gpu" and not choices.current()["pdl"]
         assert skinny_mosaic_gpu.SPLIT_K_BY_SHAPE[(256, 512)] == 2 and skinny_mosaic_gpu.SPLIT_K_BY_SHAPE[(64, 64)] == 1
     finally:
         choices.use(**before)

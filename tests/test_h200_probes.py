@@ -1,7 +1,8 @@
 """The GPU probes run here, so a broken script fails on the CPU, not in device minutes: ``swiglu_matmul_probe.py``'s
 configs, ``w12_probe.py``'s stand-in decode and bf16 configs, ``stream_probe.py``'s layouts,
-``cluster_merge_probe.py``'s kernels lowered for Hopper, ``stall_table.py`` on a recorded Nsight Compute page, ``loop_copies.py``'s count of cache
-copies in a compiled loop (``split_probe.py``'s run is in ``test_skinny_matmul.py``). Probes whose question is settled
+``cluster_merge_probe.py``'s kernels lowered for Hopper, ``stall_table.py`` on a recorded Nsight Compute page,
+``loop_copies.py``'s count of cache copies in a compiled loop (``split_probe.py``'s run is in
+``test_skinny_matmul.py``). Probes whose question is settled
 are deleted with their tests; their results name the commit to rerun them from: ``tree_probe.py``,
 ``attention_ablation_probe.py`` and ``fusion_flag_probe.py`` are at ``a1b13e9``; ``rope_prologue_probe.py``,
 ``cupti_switch_probe.py`` (and ``cupti_switch.sh``), ``grid_barrier_probe.py``, ``prefetch_probe.py``,

@@ -72,17 +72,18 @@ def test_the_lowering_time_script_reports_and_restores(capsys):
 
 
 def test_a_setting_passed_in_reaches_an_already_traced_kernel(monkeypatch):
-  """``pallas_kernels.pdl.ENABLED`` is read at trace time: a second trace with it on lowers a kernel of its own (the
-  grid-dependency wait after the prefix pipeline's first loads, ``early_cache``), not the first trace's."""
-  def attend(*args):  # a new function each trace: jit's cache of the outer program is not the question here
-    return tree_mosaic_gpu.tree_attention(*args, interpretable=False, cache_settled=True)
+  """A setting the kernel entry takes as an argument is part of its key: with PDL on in both traces, only
+  ``cache_settled`` differing (the grid-dependency wait after the prefix pipeline's first loads, ``early_cache``),
+  the second trace lowers a kernel of its own, not the first trace's."""
+  def attend(*args, settled):  # a new function each trace: jit's cache of the outer program is not the question here
+    return tree_mosaic_gpu.tree_attention(*args, interpretable=False, cache_settled=settled)
 
   kv, tree_kv = sds((1, 2048, 8, 128), BF16), sds((1, 16, 8, 128), BF16)
   args = (sds((1, 16, 32, 128), BF16), kv, kv, sds((1,), jnp.int32), tree_kv, tree_kv,
           sds((1, 16, num_words(16)), jnp.uint32))
-  plain = cuda_text(lambda *a: attend(*a), *args)
   monkeypatch.setattr(pdl, "ENABLED", True)
-  assert cuda_text(lambda *a: attend(*a), *args) != plain
+  plain = cuda_text(lambda *a: attend(*a, settled=False), *args)
+  assert cuda_text(lambda *a: attend(*a, settled=True), *args) != plain
 
 
 def test_a_static_name_must_name_a_parameter():

@@ -117,6 +117,13 @@ def whole_batch(engine):
     return engine
 
 
+def on_device(a, dtype=jnp.bfloat16) -> jax.Array:
+    """A numpy array as a device array of ``dtype``, rounded on the host through float32 (as jnp's conversion does
+    without x64). Random test inputs are drawn in numpy and put on the device so: jnp ops or ``jax.random`` draws
+    compile at every new shape (~0.7 s a case on a 2-core CPU, docs/h200_runbook.md, fifty-eighth session)."""
+    return jnp.asarray(np.asarray(a, np.float32).astype(dtype))
+
+
 def bf16_step_inputs(cfg: ModelConfig, capacity: int = 16, length: int = 5):
     """A random bf16 target (seed 1) and a KV cache of ``capacity`` slots with ``length`` random committed positions:
     what the kernel-in-the-model tests run one forward over."""

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+import models as tm
 from pallas_kernels.add_rms_norm import add_rms_norm, add_rms_norm_reference
 from pallas_kernels.add_rms_norm.reference import rms_norm
 from pallas_kernels.add_rms_norm import mosaic_gpu as norm_mosaic_gpu
@@ -23,14 +24,12 @@ BF16 = ml_dtypes.bfloat16
 
 
 def inputs(lead, h, seed, with_delta=True, dtype=jnp.bfloat16):
-  """Drawn in numpy and then put on the device (jnp ops here would compile at every new shape)."""
   rng = np.random.default_rng(seed)
   # rows of very different scales, so a wrong per-row statistic shows
   x = rng.normal(size=(*lead, h)) * np.exp(rng.uniform(-3, 3, (*lead, 1)))
   delta = rng.normal(size=(*lead, h)) if with_delta else None
   w = 1.0 + 0.1 * rng.normal(size=h)
-  cast = lambda a: jnp.asarray(a.astype(np.float32).astype(dtype))  # noqa: E731
-  return cast(x), None if delta is None else cast(delta), cast(w)
+  return tm.on_device(x, dtype), None if delta is None else tm.on_device(delta, dtype), tm.on_device(w, dtype)
 
 
 def assert_close_to_reference(got, want):
@@ -160,9 +159,9 @@ def split_k_update(m, k, h, split, seed, interpret=True):
   """A skinny matmul's unsummed ``[*m, h]`` output (``SplitKPartials``) and the residual rows it updates; ``m`` an
   int or a leading shape."""
   lead = (m,) if isinstance(m, int) else tuple(m)
-  rng = np.random.default_rng(seed)  # drawn in numpy: jnp ops here would compile at every new shape
-  a, w, x = (jnp.asarray(v.astype(np.float32).astype(BF16))
-             for v in (rng.normal(size=(*lead, k)), rng.normal(size=(k, h)) / np.sqrt(k), rng.normal(size=(*lead, h))))
+  rng = np.random.default_rng(seed)
+  a, w, x = map(tm.on_device, (rng.normal(size=(*lead, k)), rng.normal(size=(k, h)) / np.sqrt(k),
+                               rng.normal(size=(*lead, h))))
   params = plgpu.InterpretGPUParams() if interpret else None
 
   def matmul(reduce):
@@ -238,7 +237,6 @@ def test_kernel_inside_the_model_in_interpret_mode(monkeypatch):
     """A bf16 model forward with every residual add and norm on the kernel (interpret mode): the hidden states it
     returns and its logits match the XLA path's, and the kernel ran at each of the layers' adds."""
     from specpilot.models import target
-    from tests import models as tm
 
     calls = []
 
@@ -266,7 +264,6 @@ def test_model_hands_the_o_and_down_splits_to_the_kernel(monkeypatch):
   the norm kernel as unsummed K splits, and the forward's logits match the XLA path's."""
   from pallas_kernels.skinny_matmul import ops as skinny_ops
   from specpilot.models import target
-  from tests import models as tm
 
   deltas = []
 
@@ -295,7 +292,6 @@ def test_drafter_hands_its_residual_updates_to_the_kernel(monkeypatch):
   from pallas_kernels.skinny_matmul import ops as skinny_ops
   from specpilot.models import dflash
   from specpilot.models.kv_cache import KVCache
-  from tests import models as tm
 
   deltas = []
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+import models as tm
 from pallas_kernels.qk_norm_rope import mosaic_gpu as rope_mosaic_gpu
 from pallas_kernels.qk_norm_rope import ops as rope_ops
 from pallas_kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_reference
@@ -21,22 +22,17 @@ EPS = 1e-6
 INTERPRET = plgpu.InterpretGPUParams()
 
 
-def bf16(a):
-  return jnp.asarray(np.asarray(a, np.float32).astype(jnp.bfloat16))
-
-
 def inputs(b, t, hq, hkv, d, seed, norm=True):
-  """The q|k|v rows, norm weights and rope tables, drawn in numpy and then put on the device (jnp ops here would
-  compile at every new shape)."""
+  """The q|k|v rows, norm weights and rope tables (``tm.on_device``)."""
   rng = np.random.default_rng(seed)
   # heads of very different scales, so a wrong per-head statistic shows
   scale = np.exp(rng.uniform(-3, 3, (b, t, hq + 2 * hkv, 1)))
   qkv = rng.normal(size=(b, t, hq + 2 * hkv, d)) * scale
-  qkv = bf16(qkv.reshape(b, t, (hq + 2 * hkv) * d))  # named sizes: t may be 0
-  q_norm, k_norm = (bf16(1.0 + 0.2 * rng.normal(size=d)) for _ in range(2))
+  qkv = tm.on_device(qkv.reshape(b, t, (hq + 2 * hkv) * d))  # named sizes: t may be 0
+  q_norm, k_norm = (tm.on_device(1.0 + 0.2 * rng.normal(size=d)) for _ in range(2))
   ang = rng.uniform(0, 50.0, (b, t, d // 2))
   ang = np.concatenate([ang, ang], -1)  # HF's layout: each frequency twice
-  cos, sin = (jnp.asarray(f(ang).astype(np.float32)) for f in (np.cos, np.sin))
+  cos, sin = (tm.on_device(f(ang), jnp.float32) for f in (np.cos, np.sin))
   return qkv, *((q_norm, k_norm) if norm else (None, None)), cos, sin
 
 
@@ -122,8 +118,8 @@ class TestMosaicGpuInterpret(QkNormRopeSuite):
 def projection(t, k, hq, hkv, d, split, seed, interpret=True):
   """A skinny matmul's q|k|v projection of ``t`` token rows, unsummed (``SplitKPartials``) and summed."""
   rng = np.random.default_rng(seed)
-  a = bf16(rng.normal(size=(1, t, k)))
-  w = bf16(rng.normal(size=(k, (hq + 2 * hkv) * d)) / np.sqrt(k))
+  a = tm.on_device(rng.normal(size=(1, t, k)))
+  w = tm.on_device(rng.normal(size=(k, (hq + 2 * hkv) * d)) / np.sqrt(k))
 
   def matmul(reduce):
     return skinny_mosaic_gpu.skinny_matmul(a, w, config=SkinnyConfig(split_k=split), reduce=reduce,
@@ -214,7 +210,6 @@ def test_model_runs_the_kernel_on_the_qkv_projection(monkeypatch, t, attention):
   them apart and packed for the tree-attention kernel above one token; its logits and new K/V match the XLA path's."""
   from pallas_kernels.skinny_matmul import ops as skinny_ops
   from specpilot.models import target
-  from tests import models as tm
 
   seen = []
 

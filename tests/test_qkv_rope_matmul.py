@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+import models as tm
 from pallas_kernels import skinny_matmul
 from pallas_kernels.qk_norm_rope import qk_norm_rope
 from pallas_kernels.qkv_rope_matmul import mosaic_gpu as qr_mosaic_gpu
@@ -27,15 +28,14 @@ D = 128
 def inputs(m, k, hq, hkv, seed, norm=True):
   """bf16 ``x`` ``[1, m, k]`` and ``w`` whose heads' columns differ in scale by up to e^6 (a head's statistic or a
   swapped head shows), the norm weights, and rope tables of angles up to 50 (HF's layout: each frequency twice)."""
-  rng = np.random.default_rng(seed)  # drawn in numpy: jnp ops here would compile at every new shape
-  bf16 = lambda a: jnp.asarray(np.asarray(a, np.float32).astype(jnp.bfloat16))  # noqa: E731
-  x = bf16(rng.normal(size=(1, m, k)))
+  rng = np.random.default_rng(seed)
+  x = tm.on_device(rng.normal(size=(1, m, k)))
   scale = np.exp(rng.uniform(-3, 3, (hq + 2 * hkv, 1)))
-  w = bf16((rng.normal(size=(k, hq + 2 * hkv, D)) * scale / np.sqrt(k)).reshape(k, -1))
-  q_norm, k_norm = (bf16(1.0 + 0.2 * rng.normal(size=D)) for _ in range(2))
+  w = tm.on_device((rng.normal(size=(k, hq + 2 * hkv, D)) * scale / np.sqrt(k)).reshape(k, -1))
+  q_norm, k_norm = (tm.on_device(1.0 + 0.2 * rng.normal(size=D)) for _ in range(2))
   ang = rng.uniform(0, 50.0, (1, m, D // 2))
   ang = np.concatenate([ang, ang], -1)
-  cos, sin = (jnp.asarray(f(ang).astype(np.float32)) for f in (np.cos, np.sin))
+  cos, sin = (tm.on_device(f(ang), jnp.float32) for f in (np.cos, np.sin))
   return x, w, *((q_norm, k_norm) if norm else (None, None)), cos, sin
 
 
@@ -182,7 +182,6 @@ def test_model_runs_the_kernel_on_the_qkv_projection(monkeypatch):
   """With the kernel chosen (interpret mode, two splits), a one-token target forward on the tree-attention path hands
   the q|k|v projection to it as three arrays; its logits and new K/V match the XLA path's."""
   from specpilot.models import target
-  from tests import models as tm
 
   seen = []
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+import models as tm
 from pallas_kernels.skinny_matmul import TuningConfig as SkinnyConfig
 from pallas_kernels.skinny_matmul import mosaic_gpu as skinny_mosaic_gpu
 from pallas_kernels.split_k import SplitKPartials
@@ -22,11 +23,10 @@ INTERPRET = plgpu.InterpretGPUParams()
 
 def gate_up_rows(lead, inter, seed, dtype=jnp.bfloat16):
   # gates over several decades and both signs: silu's tails and its near-zero region both show
-  # (drawn in numpy: jnp ops here would compile at every new shape)
   rng = np.random.default_rng(seed)
   gate = rng.normal(size=(*lead, inter)) * np.exp(rng.uniform(-4, 2.5, (*lead, inter)))
   up = rng.normal(size=(*lead, inter))
-  return jnp.asarray(np.concatenate([gate, up], axis=-1).astype(np.float32).astype(dtype))
+  return tm.on_device(np.concatenate([gate, up], axis=-1), dtype)
 
 
 def assert_close(got, want):
@@ -77,8 +77,8 @@ class TestMosaicGpuInterpret(SwigluSuite):
 def projection(m, k, inter, split, seed, interpret=True):
   """The skinny kernel's gate|up projection of ``m`` rows, unreduced (``SplitKPartials``) or reduced."""
   rng = np.random.default_rng(seed)
-  x = jnp.asarray(rng.normal(size=(m, k)).astype(np.float32).astype(jnp.bfloat16))
-  w = jnp.asarray((rng.normal(size=(k, 2 * inter)) * 3 / np.sqrt(k)).astype(np.float32).astype(jnp.bfloat16))
+  x = tm.on_device(rng.normal(size=(m, k)))
+  w = tm.on_device(rng.normal(size=(k, 2 * inter)) * 3 / np.sqrt(k))
   return lambda reduce: skinny_mosaic_gpu.skinny_matmul(x, w, config=SkinnyConfig(split_k=split), reduce=reduce,
                                                         interpret=INTERPRET if interpret else None)
 
@@ -138,7 +138,6 @@ def test_model_runs_the_kernel_on_the_gate_up_projection(monkeypatch):
   forward's logits match the XLA path's."""
   from pallas_kernels.skinny_matmul import ops as skinny_ops
   from specpilot.models import target
-  from tests import models as tm
 
   seen = []
 

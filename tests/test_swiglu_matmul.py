@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+import models as tm
 from pallas_kernels import skinny_matmul, swiglu, w12
 from pallas_kernels.swiglu_matmul import mosaic_gpu as sm_mosaic_gpu
 from pallas_kernels.swiglu_matmul import ops as sm_ops
@@ -26,11 +27,11 @@ Config = sm_mosaic_gpu.TuningConfig
 def random_pair(lead, k, inter, seed):
   """bf16 ``x`` and ``w_gate_up`` whose gate channels span four decades of scale (silu's tails and its near-zero
   region both show) and whose up channels differ from the gate's, so a swapped or shifted column block shows."""
-  rng = np.random.default_rng(seed)  # drawn in numpy: jnp ops here would compile at every new shape
+  rng = np.random.default_rng(seed)
   x = rng.normal(size=(*lead, k))
   scale = np.exp(rng.uniform(np.log(1e-2), np.log(1e2), 2 * inter))
   w = rng.normal(size=(k, 2 * inter)) * scale / np.sqrt(k)
-  return tuple(jnp.asarray(a.astype(np.float32).astype(jnp.bfloat16)) for a in (x, w))
+  return tm.on_device(x), tm.on_device(w)
 
 
 def assert_close(got, x, w):

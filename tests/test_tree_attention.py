@@ -2,6 +2,7 @@
 kernel interpreted on CPU, and the kernel on a real Hopper when one is present. All are
 checked against a float64 numpy oracle; the ancestor bitmask against a brute-force walk."""
 
+import functools
 import logging
 
 import jax
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+import models as tm
 from pallas_kernels import pdl
 from pallas_kernels import tree_attention as ta
 from pallas_kernels.tree_attention import mosaic_gpu as ta_mosaic_gpu
@@ -69,11 +71,10 @@ def oracle(q, k_cache, v_cache, lengths, k_tree, v_tree, visible_tree):
 
 
 def make_inputs(b, n, hq, hkv, d, s, kind, lengths, seed, dtype=jnp.bfloat16):
-    """Built in numpy and only then put on the device: jnp ops here would compile at every new shape (~0.7 s a case
-    on a 2-core CPU). The bits pack the brute-force walk; ``parents_to_ancestor_bits`` is checked against the same
-    walk above."""
+    """Built in numpy (``tm.on_device``). The bits pack the brute-force walk; ``parents_to_ancestor_bits`` is checked
+    against the same walk above."""
     rng = np.random.default_rng(seed)
-    normal = lambda *shape: jnp.asarray(rng.normal(size=shape).astype(dtype))
+    normal = lambda *shape: tm.on_device(rng.normal(size=shape), dtype)  # noqa: E731
     parents = np.stack([tree_parents(kind, n, rng) for _ in range(b)])
     visible = np.stack([ancestor_walk(p) for p in parents])
     bits = ta.dense_to_ancestor_bits(visible)
@@ -124,6 +125,11 @@ def test_bits_match_the_engine_tree_mask():
 # attention: one suite per implementation
 
 
+# jitted, as the model calls them: one compile a case, not one per op
+jitted_reference = jax.jit(functools.partial(ta.tree_attention, implementation="reference"))
+jitted_packed_reference = jax.jit(functools.partial(ta.tree_attention_packed, implementation="reference"))
+
+
 class TreeAttentionSuite:
     """Cases every implementation must pass; subclasses say how to run one."""
 
@@ -163,8 +169,8 @@ class TreeAttentionSuite:
 
 
 class TestReference(TreeAttentionSuite):
-    def run(self, args, config):  # jitted, as the model calls it: one compile a case, not one per op
-        return jax.jit(ta.tree_attention, static_argnames="implementation")(*args, implementation="reference")
+    def run(self, args, config):
+        return jitted_reference(*args)
 
     def test_matches_the_model_attention(self):
         """The reference equals ``target.attention`` under the dense cache mask the engine builds (f32)."""
@@ -290,8 +296,7 @@ def pack(args):
 
 class TestPackedReference(TreeAttentionSuite):
     def run(self, args, config):
-        packed_reference = jax.jit(ta.tree_attention_packed, static_argnames="implementation")
-        return packed_reference(*pack(args), implementation="reference")
+        return jitted_packed_reference(*pack(args))
 
     def test_unpack_heads_inverts_pack(self):
         args, _ = make_inputs(2, 5, 8, 2, 64, 64, "random", [3, 9], seed=4)
